@@ -1,0 +1,64 @@
+"""Where dshd keeps its socket and its state (PROTOCOL.md §1, STORAGE.md §1).
+
+Theory of operation: the daemon and every client resolve the socket path the same way, so
+both import this module. Resolution order for the socket: an explicit path (``--socket`` or
+``DSH_SOCKET``), then system mode ``/run/dsh/dshd.sock``, then user mode
+``$XDG_RUNTIME_DIR/dsh/dshd.sock``, else ``/tmp/dsh-$UID/dshd.sock``. The state directory is
+``$XDG_STATE_HOME/dsh`` (default ``~/.local/state/dsh``) in user mode and ``/var/lib/dsh`` in
+system mode. Nothing here creates anything.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+SYSTEM_SOCKET = Path("/run/dsh/dshd.sock")
+SYSTEM_STATE = Path("/var/lib/dsh")
+
+#: Client-supplied and daemon-minted ids (sessions, calls) must match this, and must not be
+#: one of the reserved segments (PROTOCOL.md §3.1, STORAGE.md §1).
+ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+RESERVED_IDS = frozenset({"__proto__", "constructor", "prototype"})
+
+
+def is_valid_id(value: object) -> bool:
+    """True when ``value`` may name a session or a call (and so a file or directory)."""
+    return (
+        isinstance(value, str)
+        and ID_RE.fullmatch(value) is not None
+        and value not in RESERVED_IDS
+    )
+
+
+def socket_path(explicit: str | os.PathLike[str] | None = None, *, system: bool = False) -> Path:
+    """Resolve the daemon socket path (PROTOCOL.md §1).
+
+    ``explicit`` wins, then ``$DSH_SOCKET``, then the system or user default.
+    """
+    if explicit:
+        return Path(explicit)
+    env = os.environ.get("DSH_SOCKET")
+    if env:
+        return Path(env)
+    if system:
+        return SYSTEM_SOCKET
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime:
+        return Path(runtime) / "dsh" / "dshd.sock"
+    return Path(f"/tmp/dsh-{os.getuid()}") / "dshd.sock"
+
+
+def state_dir(explicit: str | os.PathLike[str] | None = None, *, system: bool = False) -> Path:
+    """Resolve the state directory (STORAGE.md §1): explicit, ``$DSH_STATE_DIR``, then defaults."""
+    if explicit:
+        return Path(explicit)
+    env = os.environ.get("DSH_STATE_DIR")
+    if env:
+        return Path(env)
+    if system:
+        return SYSTEM_STATE
+    xdg = os.environ.get("XDG_STATE_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".local" / "state"
+    return base / "dsh"
