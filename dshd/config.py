@@ -1,0 +1,107 @@
+"""Daemon configuration: one msgspec struct, built once at start and passed down.
+
+Theory of operation: every setting has an embedded default, so ``dshd`` runs with no config
+file at all. A TOML file (``dshd --config PATH``, else ``$XDG_CONFIG_HOME/dsh/dshd.toml`` in
+user mode or ``/etc/dsh/dshd.toml`` in system mode, when present) is read with ``tomllib`` and
+converted with msgspec; an unknown key is an error that names the key. Command-line flags
+override the file. Units are in the field names' comments: bytes, seconds, counts.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+from . import paths
+
+
+class ConfigError(Exception):
+    """The config file is missing, not TOML, or has a key or value dshd does not know."""
+
+
+class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    #: System mode: /run/dsh socket (0660, group ``group``), /var/lib/dsh state.
+    system: bool = False
+    #: Socket path; None resolves per PROTOCOL.md §1.
+    socket: str | None = None
+    #: State directory; None resolves per STORAGE.md §1.
+    state_dir: str | None = None
+    #: Group let in on the socket in system mode.
+    group: str = "dsh"
+    #: Largest accepted request line, bytes (PROTOCOL.md §1).
+    max_message_bytes: int = 16 * 1024 * 1024
+    #: Default approval policy of new sessions.
+    approval_policy: Literal["ask", "never"] = "ask"
+    #: Default sandbox mode of new sessions (EXEC.md §3).
+    sandbox: Literal["read-only", "workspace-write", "danger-full-access"] = "workspace-write"
+    #: Log compression (STORAGE.md §2).
+    compression: Literal["zstd", "none"] = "zstd"
+    #: Coalescing window of the event log, seconds (STORAGE.md §4).
+    coalesce_seconds: float = 0.200
+    #: Retained output window per call (EXEC.md §2): UTF-8 bytes and lines.
+    output_max_bytes: int = 51_200
+    output_max_lines: int = 2_000
+    #: Grace between SIGTERM and SIGKILL, and wait for EOF after exit, seconds (EXEC.md §2).
+    kill_grace_seconds: float = 2.0
+    eof_grace_seconds: float = 2.0
+    #: Per-connection send queue: stream bytes queued before a subscription is dropped to
+    #: "needs base", and response bytes queued before the connection is closed.
+    send_queue_stream_bytes: int = 4 * 1024 * 1024
+    send_queue_response_bytes: int = 64 * 1024 * 1024
+    #: A connection whose queue does not drain for this long is closed, seconds.
+    stalled_client_seconds: float = 60.0
+    #: Concurrent requests in flight per connection (more get -32013).
+    max_requests_per_connection: int = 256
+    #: Sessions a daemon holds open at once (more get -32013).
+    max_sessions: int = 1024
+    #: Publication pacing (EXEC.md §2): minimum interval, seconds; and the rate that spaces
+    #: large publishes, bytes per second.
+    publish_interval_seconds: float = 0.010
+    publish_rate_bytes: int = 256 * 1024
+    #: Log output: "auto" (console on a TTY, JSON otherwise), "console" or "json".
+    log_format: Literal["auto", "console", "json"] = "auto"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    def socket_path(self) -> Path:
+        return paths.socket_path(self.socket, system=self.system)
+
+    def state_path(self) -> Path:
+        return paths.state_dir(self.state_dir, system=self.system)
+
+
+def default_config_path(system: bool) -> Path:
+    if system:
+        return Path("/etc/dsh/dshd.toml")
+    xdg = os.environ.get("XDG_CONFIG_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".config"
+    return base / "dsh" / "dshd.toml"
+
+
+def load_config(path: str | os.PathLike[str] | None, *, system: bool = False, **overrides) -> Config:
+    """Build the Config: defaults < TOML file < ``overrides`` (flags; None values ignored).
+
+    ``path`` given and missing is an error; the default path is read only when it exists.
+    Raises ConfigError with the file and the offending key or value.
+    """
+    data: dict = {}
+    explicit = path is not None
+    file = Path(path) if explicit else default_config_path(system)
+    if explicit or file.exists():
+        try:
+            with open(file, "rb") as fh:
+                data = tomllib.load(fh)
+        except FileNotFoundError:
+            raise ConfigError(f"config file {file} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {file} is not valid TOML: {exc}") from None
+    if system:
+        data["system"] = True
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return msgspec.convert(data, Config)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"config file {file}: {exc}") from None

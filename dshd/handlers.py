@@ -1,0 +1,263 @@
+"""JSON-RPC method handlers (PROTOCOL.md §2–§3.6), and the one place errors become responses.
+
+Theory of operation: :func:`dispatch` looks the method up in ``METHODS``, decodes its params
+into the method's msgspec struct (bad params → ``-32602`` naming the field), runs the handler
+and encodes the result. Domain exceptions are mapped to JSON-RPC errors here and nowhere else;
+an unexpected exception is logged with its traceback and answered ``-32603`` without closing the
+connection. One canonical log line per request.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from typing import TYPE_CHECKING, Awaitable, Callable
+
+import msgspec
+import structlog
+
+from protocol import rpc
+
+from . import __version__
+from .paths import is_valid_id
+from .sessions.registry import SessionLimit, SessionNotFound
+from .sessions.streams import Subscription
+from .storage.errors import LockHeld, LogCorrupt, LogTooNew, StorageError
+
+if TYPE_CHECKING:
+    from .connection import Connection
+
+log = structlog.get_logger("dshd.rpc")
+
+TOOLS = {"bash"}
+
+
+def _bad(message: str, **data) -> rpc.RpcError:
+    return rpc.RpcError(rpc.INVALID_PARAMS, message, data or None)
+
+
+async def _session(conn: "Connection", session_id: str):
+    if not is_valid_id(session_id):
+        raise _bad(
+            f"invalid sessionId {session_id!r}: ids match [A-Za-z0-9_-]{{1,64}}",
+            field="sessionId",
+        )
+    try:
+        return await conn.daemon.registry.get(session_id)
+    except SessionNotFound:
+        raise rpc.RpcError(
+            rpc.SESSION_NOT_FOUND,
+            f"session {session_id} not found; `dsh sessions` lists the sessions",
+        ) from None
+    except LockHeld as exc:
+        raise rpc.RpcError(rpc.SESSION_LOCKED, f"session {session_id} is locked by another process: {exc}") from None
+    except (LogCorrupt, LogTooNew) as exc:
+        raise rpc.RpcError(
+            rpc.STORAGE_FAILURE, f"session {session_id} cannot be opened: {exc}",
+            {"code": "LOG_DAMAGED"},
+        ) from None
+    except SessionLimit as exc:
+        raise rpc.RpcError(rpc.LIMIT_EXCEEDED, str(exc)) from None
+
+
+# ---------------------------------------------------------------------- lifecycle
+async def initialize(conn: "Connection", p: rpc.InitializeParams) -> dict:
+    if conn.initialized:
+        raise rpc.RpcError(rpc.INVALID_REQUEST, "initialize was already called on this connection")
+    if p.protocolVersion != 1:
+        raise rpc.RpcError(
+            rpc.UNSUPPORTED_VERSION,
+            f"protocol version {p.protocolVersion} is not supported; this dshd speaks 1",
+            {"supported": [1]},
+        )
+    conn.initialized = True
+    conn.client = dict(p.client or {})
+    conn.capabilities = dict(p.capabilities or {})
+    sandbox = conn.daemon.sandbox.describe()
+    return {
+        "protocolVersion": 1,
+        "server": {"name": "dshd", "version": __version__},
+        "sandbox": {"provider": sandbox["provider"], "completeness": sandbox["completeness"]},
+        "tools": sorted(TOOLS),
+    }
+
+
+async def daemon_status(conn: "Connection", p: rpc.EmptyParams) -> dict:
+    return conn.daemon.status()
+
+
+# ---------------------------------------------------------------------- sessions
+async def session_create(conn: "Connection", p: rpc.SessionCreateParams) -> dict:
+    if not os.path.isabs(p.cwd):
+        raise _bad(f"cwd must be an absolute directory, got {p.cwd!r}", field="cwd")
+    if not os.path.isdir(p.cwd):
+        raise _bad(f"cwd {p.cwd!r} is not an existing directory", field="cwd")
+    try:
+        session = await conn.daemon.registry.create(
+            os.path.normpath(p.cwd), p.title, p.approvalPolicy, p.sandbox, p.env
+        )
+    except SessionLimit as exc:
+        raise rpc.RpcError(rpc.LIMIT_EXCEEDED, str(exc)) from None
+    return {"sessionId": session.id}
+
+
+async def session_list(conn: "Connection", p: rpc.EmptyParams) -> dict:
+    return {"sessions": await conn.daemon.registry.list()}
+
+
+async def session_get(conn: "Connection", p: rpc.SessionGetParams) -> dict:
+    return (await _session(conn, p.sessionId)).info()
+
+
+async def session_events(conn: "Connection", p: rpc.SessionEventsParams) -> dict:
+    session = await _session(conn, p.sessionId)
+    events = session.events(p.afterSeq, p.limit)
+    return {"events": events, "lastSeq": session.log.last_seq}
+
+
+async def session_set_policy(conn: "Connection", p: rpc.SetApprovalPolicyParams) -> dict:
+    session = await _session(conn, p.sessionId)
+    await session.set_policy(p.policy, source="session.setApprovalPolicy")
+    return {}
+
+
+# ---------------------------------------------------------------------- tools
+def _check_bash_arguments(arguments: dict) -> None:
+    command = arguments.get("command")
+    if not isinstance(command, str) or not command:
+        raise _bad("bash needs arguments.command, a non-empty string", field="arguments.command")
+    timeout = arguments.get("timeout")
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 7 * 86400
+    ):
+        raise _bad("arguments.timeout is seconds, a number > 0 (at most 7 days)", field="arguments.timeout")
+
+
+async def tool_run(conn: "Connection", p: rpc.ToolRunParams) -> dict:
+    if p.callId is not None and not is_valid_id(p.callId):
+        raise _bad(f"invalid callId {p.callId!r}: ids match [A-Za-z0-9_-]{{1,64}}", field="callId")
+    session = await _session(conn, p.sessionId)
+    if p.name not in TOOLS:
+        raise rpc.RpcError(rpc.UNKNOWN_TOOL, f"unknown tool {p.name!r}; known: {sorted(TOOLS)}")
+    _check_bash_arguments(p.arguments)
+    call_id = p.callId or ("c-" + secrets.token_hex(6))
+    if call_id in session.call_ids:
+        return {"callId": call_id, "existing": True}
+    try:
+        session.start_call(call_id, p.name, p.arguments, p.approved)
+    except StorageError as exc:
+        raise rpc.RpcError(rpc.STORAGE_FAILURE, str(exc)) from None
+    return {"callId": call_id}
+
+
+async def tool_wait(conn: "Connection", p: rpc.ToolWaitParams) -> dict:
+    session = await _session(conn, p.sessionId)
+    try:
+        result = await session.wait_result(p.callId, p.timeout)
+    except KeyError:
+        raise rpc.RpcError(rpc.CALL_NOT_FOUND, f"call {p.callId} not found in session {p.sessionId}") from None
+    if result is None:
+        raise rpc.RpcError(rpc.TIMEOUT, f"call {p.callId} is still running after {p.timeout} s; wait again")
+    return result
+
+
+async def tool_cancel(conn: "Connection", p: rpc.ToolCancelParams) -> dict:
+    session = await _session(conn, p.sessionId)
+    try:
+        return {"cancelled": session.cancel_call(p.callId)}
+    except KeyError:
+        raise rpc.RpcError(rpc.CALL_NOT_FOUND, f"call {p.callId} not found in session {p.sessionId}") from None
+
+
+# ---------------------------------------------------------------------- streams
+async def subscribe(conn: "Connection", p: rpc.SubscribeParams) -> dict:
+    session = await _session(conn, p.sessionId)
+    sub = Subscription(conn.daemon.mint_subscription_id(), session.id, conn)
+    conn.subscriptions[sub.id] = sub
+    # The response must precede the base batch on the wire: attach after it is queued.
+    return AfterResponse({"subscriptionId": sub.id}, lambda: session.subscribe(sub))
+
+
+async def unsubscribe(conn: "Connection", p: rpc.UnsubscribeParams) -> dict:
+    sub = conn.subscriptions.pop(p.subscriptionId, None)
+    if sub is None:
+        raise _bad(f"no subscription {p.subscriptionId!r} on this connection", field="subscriptionId")
+    session = conn.daemon.registry.open.get(sub.session_id)
+    if session is not None:
+        session.unsubscribe(sub)
+    return {}
+
+
+class AfterResponse:
+    """A result whose ``then`` runs right after the response line is queued."""
+
+    def __init__(self, result: object, then: Callable[[], None]) -> None:
+        self.result = result
+        self.then = then
+
+
+Handler = Callable[["Connection", object], Awaitable[object]]
+
+METHODS: dict[str, tuple[type, Handler]] = {
+    "initialize": (rpc.InitializeParams, initialize),
+    "daemon.status": (rpc.EmptyParams, daemon_status),
+    "session.create": (rpc.SessionCreateParams, session_create),
+    "session.list": (rpc.EmptyParams, session_list),
+    "session.get": (rpc.SessionGetParams, session_get),
+    "session.events": (rpc.SessionEventsParams, session_events),
+    "session.setApprovalPolicy": (rpc.SetApprovalPolicyParams, session_set_policy),
+    "tool.run": (rpc.ToolRunParams, tool_run),
+    "tool.wait": (rpc.ToolWaitParams, tool_wait),
+    "tool.cancel": (rpc.ToolCancelParams, tool_cancel),
+    "subscribe": (rpc.SubscribeParams, subscribe),
+    "unsubscribe": (rpc.UnsubscribeParams, unsubscribe),
+}
+
+
+async def dispatch(conn: "Connection", item) -> bytes | None:
+    """Run one request (or notification) and return its encoded response line (or None)."""
+    if isinstance(item, rpc.RpcError):  # an element of a batch that was not a valid request
+        return rpc.encode_error(item.id, item.code, item.message, item.data)
+    is_request = isinstance(item, rpc.Request)
+    rid = item.id if is_request else None
+    started = time.perf_counter()
+    code = None
+    try:
+        if not conn.initialized and item.method != "initialize":
+            raise rpc.RpcError(rpc.NOT_INITIALIZED, "send initialize first")
+        entry = METHODS.get(item.method)
+        if entry is None:
+            raise rpc.RpcError(rpc.METHOD_NOT_FOUND, f"method {item.method!r} not found")
+        params_type, handler = entry
+        params = rpc.decode_params(item.params, params_type)
+        result = await handler(conn, params)
+        if isinstance(result, AfterResponse):
+            if is_request:
+                conn.send_line(rpc.encode_response(rid, result.result))
+            result.then()
+            return None
+        return rpc.encode_response(rid, result) if is_request else None
+    except rpc.RpcError as exc:
+        code = exc.code
+        return rpc.encode_error(rid, exc.code, exc.message, exc.data) if is_request else None
+    except StorageError as exc:
+        code = rpc.STORAGE_FAILURE
+        return rpc.encode_error(rid, code, f"storage failure: {exc}") if is_request else None
+    except Exception:
+        code = rpc.INTERNAL_ERROR
+        log.exception("rpc.internal_error", method=item.method)
+        return (
+            rpc.encode_error(rid, code, "internal error in dshd; see the daemon log")
+            if is_request
+            else None
+        )
+    finally:
+        log.info(
+            "rpc",
+            conn=conn.id,
+            method=item.method,
+            id=rid,
+            error=code,
+            ms=round((time.perf_counter() - started) * 1000, 2),
+        )

@@ -1,0 +1,266 @@
+"""The daemon: listen, check peers, accept, shut down (PROTOCOL.md §1, §3.6).
+
+Theory of operation: :func:`serve` builds every long-lived object once (config, daemon lock,
+sandbox verdict, session registry) and runs them in one nursery: the registry (which owns the
+sessions and their tool calls), the accept loop and the signal watcher. Each accepted
+connection is a task in a separate handler nursery so that a graceful stop can stop accepting
+first, then tell the sessions to settle their calls and flush, then put a deadline on the
+handlers. ``READY=1`` goes to systemd (``NOTIFY_SOCKET``) once the socket listens; under socket
+activation (``LISTEN_FDS``) the passed socket is used as is.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import socket as stdsocket
+import struct
+import time
+from pathlib import Path
+
+import structlog
+import trio
+
+from . import __version__
+from .config import Config
+from .connection import Connection
+from .sessions.registry import SessionRegistry
+from .storage.lock import DaemonLock
+
+log = structlog.get_logger("dshd")
+
+SD_LISTEN_FDS_START = 3
+
+
+class StartupError(Exception):
+    """dshd cannot start; the message says why and what to do."""
+
+
+def sd_notify(message: str) -> None:
+    """Send ``message`` to systemd's notify socket when there is one (sd_notify(3))."""
+    addr = os.environ.get("NOTIFY_SOCKET")
+    if not addr:
+        return
+    if addr.startswith("@"):
+        addr = "\0" + addr[1:]
+    with stdsocket.socket(stdsocket.AF_UNIX, stdsocket.SOCK_DGRAM | stdsocket.SOCK_CLOEXEC) as s:
+        try:
+            s.connect(addr)
+            s.sendall(message.encode())
+        except OSError as exc:
+            log.warning("sd_notify.failed", error=str(exc))
+
+
+def peer_uid(sock: trio.socket.SocketType) -> int | None:
+    """The connecting process's uid via SO_PEERCRED (Linux), or None where unavailable."""
+    try:
+        creds = sock.getsockopt(stdsocket.SOL_SOCKET, stdsocket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return None
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return uid
+
+
+def _group_members(group: str) -> set[int]:
+    import grp
+    import pwd
+
+    try:
+        g = grp.getgrnam(group)
+    except KeyError:
+        return set()
+    uids = set()
+    for name in g.gr_mem:
+        try:
+            uids.add(pwd.getpwnam(name).pw_uid)
+        except KeyError:
+            pass
+    for p in pwd.getpwall():
+        if p.pw_gid == g.gr_gid:
+            uids.add(p.pw_uid)
+    return uids
+
+
+def _activated_socket() -> stdsocket.socket | None:
+    """The first socket passed by systemd socket activation, or None."""
+    if os.environ.get("LISTEN_PID") != str(os.getpid()):
+        return None
+    try:
+        count = int(os.environ.get("LISTEN_FDS", "0"))
+    except ValueError:
+        return None
+    if count < 1:
+        return None
+    for var in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
+        os.environ.pop(var, None)
+    sock = stdsocket.socket(fileno=SD_LISTEN_FDS_START)
+    sock.setblocking(False)
+    return sock
+
+
+def _bind_socket(path: Path, system: bool, group: str) -> stdsocket.socket:
+    """Create the socket directory (0700 user / 0750 system) and bind a 0600/0660 socket."""
+    parent = path.parent
+    parent.mkdir(parents=True, exist_ok=True, mode=0o750 if system else 0o700)
+    st = parent.stat()
+    if st.st_uid != os.getuid():
+        raise StartupError(f"socket directory {parent} belongs to uid {st.st_uid}, not to us")
+    os.chmod(parent, 0o750 if system else 0o700)
+    if path.exists() or path.is_symlink():
+        probe = stdsocket.socket(stdsocket.AF_UNIX, stdsocket.SOCK_STREAM)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            path.unlink()  # stale socket of a daemon that died
+        else:
+            raise StartupError(
+                f"another dshd is already listening on {path}; stop it first "
+                "(`systemctl --user stop dshd`, or kill the process)"
+            )
+        finally:
+            probe.close()
+    sock = stdsocket.socket(stdsocket.AF_UNIX, stdsocket.SOCK_STREAM | stdsocket.SOCK_CLOEXEC)
+    old = os.umask(0o177 if not system else 0o117)
+    try:
+        sock.bind(str(path))
+    finally:
+        os.umask(old)
+    if system:
+        import grp
+
+        try:
+            os.chown(path, -1, grp.getgrnam(group).gr_gid)
+        except (KeyError, PermissionError):
+            log.warning("socket.group_missing", group=group)
+        os.chmod(path, 0o660)
+    else:
+        os.chmod(path, 0o600)
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock
+
+
+class Daemon:
+    """Everything the connection handlers share; built once, passed down."""
+
+    def __init__(self, config: Config, state_dir: Path, sandbox) -> None:
+        self.config = config
+        self.state_dir = state_dir
+        self.sandbox = sandbox
+        self.registry = SessionRegistry(config, state_dir, sandbox)
+        self.connections: set[Connection] = set()
+        self.started_at = time.time_ns() // 1_000_000
+        self.pid = os.getpid()
+        self.stopping = False
+        self._allowed_uids = {os.getuid(), 0}
+        if config.system:
+            self._allowed_uids |= _group_members(config.group)
+        self._next_sub = 0
+
+    def peer_allowed(self, uid: int | None) -> bool:
+        return uid is not None and uid in self._allowed_uids
+
+    def mint_subscription_id(self) -> str:
+        self._next_sub += 1
+        return f"sub-{self._next_sub}"
+
+    def status(self) -> dict:
+        return {
+            "version": __version__,
+            "pid": self.pid,
+            "startedAt": self.started_at,
+            "sessionsOpen": len(self.registry.open),
+            "connections": len(self.connections),
+            "subscriptions": sum(len(c.subscriptions) for c in self.connections),
+            "sandbox": self.sandbox.describe(),
+            "stateDir": str(self.state_dir),
+        }
+
+
+async def serve(config: Config, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Run the daemon until SIGTERM/SIGINT; then stop gracefully (bounded by 10 s).
+
+    Raises StartupError (with a sentence a person can act on) when it cannot start.
+    """
+    from .execution.sandbox import NoSandbox
+    from .storage.errors import LockHeld
+
+    state_dir = config.state_path()
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    daemon_lock = DaemonLock(state_dir)
+    try:
+        daemon_lock.acquire()
+    except LockHeld as exc:
+        raise StartupError(f"{exc}; only one dshd may use a state directory") from None
+    try:
+        sandbox = NoSandbox()
+        daemon = Daemon(config, state_dir, sandbox)
+        sock = _activated_socket()
+        path = config.socket_path()
+        if sock is None:
+            try:
+                sock = _bind_socket(path, config.system, config.group)
+            except OSError as exc:
+                if exc.errno in (errno.EACCES, errno.EPERM):
+                    raise StartupError(f"cannot create the socket {path}: {exc.strerror}") from None
+                raise
+            own_socket = True
+        else:
+            own_socket = False
+        listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+        try:
+            async with trio.open_nursery() as outer:
+                await outer.start(daemon.registry.run)
+                async with trio.open_nursery() as handlers:
+                    accept_scope = trio.CancelScope()
+
+                    async def accept_loop() -> None:
+                        with accept_scope:
+                            while True:
+                                stream = await listener.accept()
+                                handlers.start_soon(_handle, daemon, stream)
+
+                    handlers.start_soon(accept_loop)
+                    log.info(
+                        "dshd.ready",
+                        socket=str(path),
+                        state_dir=str(state_dir),
+                        pid=daemon.pid,
+                        sandbox=sandbox.describe(),
+                    )
+                    sd_notify("READY=1\nSTATUS=listening")
+                    task_status.started(daemon)
+                    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                        async for signum in signals:
+                            log.info("dshd.stopping", signal=signal.Signals(signum).name)
+                            break
+                    daemon.stopping = True
+                    sd_notify("STOPPING=1")
+                    accept_scope.cancel()
+                    # Sessions settle their calls (TOOL_CANCELLED) and flush; then handlers end.
+                    await daemon.registry.aclose()
+                    with trio.move_on_after(8):
+                        while daemon.registry.open:
+                            await trio.sleep(0.02)
+                    handlers.cancel_scope.cancel()
+                outer.cancel_scope.cancel()
+        finally:
+            await listener.aclose()
+            if own_socket:
+                try:
+                    path.unlink()
+                except FileNotFoundError:
+                    pass
+    finally:
+        daemon_lock.release()
+    log.info("dshd.stopped")
+
+
+async def _handle(daemon: Daemon, stream: trio.SocketStream) -> None:
+    conn = Connection(daemon, stream, peer_uid(stream.socket))
+    daemon.connections.add(conn)
+    try:
+        await conn.run()
+    finally:
+        daemon.connections.discard(conn)

@@ -1,0 +1,194 @@
+"""The session registry: mints, opens, lists and closes sessions (PROTOCOL.md §3.1).
+
+Theory of operation: the registry owns a nursery; each open session is a task in it
+(``Session.run``). A session is opened for write lazily, on the first request that names it,
+and then stays open for the daemon's lifetime (bounded by ``max_sessions``). Sessions that are
+not open are listed from their logs read-only, so a damaged log is listed as damaged without
+breaking the list. Opening is serialised per session id so two concurrent requests never race
+to open the same log.
+"""
+
+from __future__ import annotations
+
+import secrets
+import string
+import time
+from pathlib import Path
+
+import structlog
+import trio
+
+from ..config import Config
+from ..paths import is_valid_id
+from ..storage.errors import LockHeld, StorageError
+from ..storage.format import Header
+from ..storage.reader import list_session_dirs, read_log
+from ..storage.writer import SessionLog
+from .session import Session
+
+log = structlog.get_logger("dshd.registry")
+
+_ALPHABET = string.digits + string.ascii_lowercase
+
+
+def _base36(n: int) -> str:
+    out = ""
+    while n:
+        n, r = divmod(n, 36)
+        out = _ALPHABET[r] + out
+    return out or "0"
+
+
+def mint_session_id() -> str:
+    """Time-ordered, short, opaque: 8 base36 chars of ms + 4 random."""
+    rand = "".join(secrets.choice(_ALPHABET) for _ in range(4))
+    return _base36(time.time_ns() // 1_000_000) + rand
+
+
+class SessionNotFound(LookupError):
+    pass
+
+
+class SessionLimit(Exception):
+    pass
+
+
+class SessionRegistry:
+    def __init__(self, config: Config, state_dir: Path, sandbox) -> None:
+        self.config = config
+        self.state_dir = state_dir
+        self.sessions_dir = state_dir / "sessions"
+        self.sandbox = sandbox
+        self.open: dict[str, Session] = {}
+        self._opening: dict[str, trio.Lock] = {}
+        self._claims: set[str] = set()
+        self._nursery: trio.Nursery | None = None
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await trio.sleep_forever()
+
+    async def aclose(self) -> None:
+        """Graceful stop: every session cancels its calls, settles them and flushes."""
+        for session in list(self.open.values()):
+            session.close()
+
+    async def _start(self, log_: SessionLog) -> Session:
+        session = Session(log_, self.sessions_dir / log_.header.id, self.config, self.sandbox)
+        assert self._nursery is not None
+        await self._nursery.start(self._own, session)
+        self.open[session.id] = session
+        return session
+
+    async def _own(self, session: Session, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            await session.run(task_status=task_status)
+        finally:
+            self.open.pop(session.id, None)
+
+    def _check_capacity(self) -> None:
+        if len(self.open) >= self.config.max_sessions:
+            raise SessionLimit(
+                f"this daemon already holds {len(self.open)} open sessions "
+                f"(max_sessions = {self.config.max_sessions})"
+            )
+
+    async def create(
+        self,
+        cwd: str,
+        title: str | None,
+        policy: str | None,
+        sandbox: str | None,
+        env: dict[str, str] | None,
+    ) -> Session:
+        self._check_capacity()
+        session_id = mint_session_id()
+        header = Header(id=session_id, createdAt=time.time_ns() // 1_000_000, cwd=cwd, title=title)
+        log_ = SessionLog.create(
+            self.state_dir,
+            session_id,
+            header,
+            compression=self.config.compression,
+            coalesce=self.config.coalesce_seconds,
+            claims=self._claims,
+        )
+        session = await self._start(log_)
+        await session.record_settings(
+            policy=policy or self.config.approval_policy,
+            mode=sandbox or self.config.sandbox,
+            env=env or {},
+            source="session.create" if (policy or sandbox) else "config",
+        )
+        log.info("session.created", session=session_id, cwd=cwd)
+        return session
+
+    async def get(self, session_id: str) -> Session:
+        """The open session, opening it for write if needed.
+
+        Raises SessionNotFound, LockHeld (another process holds it), LogCorrupt/LogTooNew,
+        SessionLimit.
+        """
+        if not is_valid_id(session_id):
+            raise SessionNotFound(session_id)
+        session = self.open.get(session_id)
+        if session is not None:
+            return session
+        lock = self._opening.setdefault(session_id, trio.Lock())
+        async with lock:
+            session = self.open.get(session_id)
+            if session is not None:
+                return session
+            if not (self.sessions_dir / session_id).is_dir():
+                raise SessionNotFound(session_id)
+            self._check_capacity()
+            log_ = await SessionLog.open_for_write(
+                self.state_dir,
+                session_id,
+                compression=self.config.compression,
+                coalesce=self.config.coalesce_seconds,
+                claims=self._claims,
+            )
+            return await self._start(log_)
+
+    async def list(self) -> list[dict]:
+        """SessionInfo for every session; damaged ones carry ``damaged``."""
+        ids = await trio.to_thread.run_sync(list_session_dirs, self.state_dir)
+        infos = []
+        for session_id in ids:
+            session = self.open.get(session_id)
+            if session is not None:
+                infos.append(session.info())
+                continue
+            infos.append(await trio.to_thread.run_sync(self._info_from_disk, session_id))
+        infos.sort(key=lambda i: (i.get("createdAt") or 0, i["sessionId"]))
+        return infos
+
+    def _info_from_disk(self, session_id: str) -> dict:
+        try:
+            read = read_log(self.sessions_dir / session_id, session_id)
+        except FileNotFoundError:
+            return {"sessionId": session_id, "damaged": "no log file (created but never written)"}
+        except StorageError as exc:
+            return {"sessionId": session_id, "damaged": str(exc)}
+        policy, mode = self.config.approval_policy, self.config.sandbox
+        for ev in read.events:
+            if ev.type == "approval/policy":
+                policy = ev.data.get("policy", policy)
+            elif ev.type == "sandbox/mode":
+                mode = ev.data.get("mode", mode)
+        h = read.header
+        return {
+            "sessionId": session_id,
+            "title": h.title,
+            "cwd": h.cwd,
+            "createdAt": h.createdAt,
+            "approvalPolicy": policy,
+            "sandbox": mode,
+            "running": 0,
+            "lastSeq": read.events[-1].seq if read.events else -1,
+        }
+
+
+__all__ = ["SessionRegistry", "SessionNotFound", "SessionLimit", "LockHeld"]

@@ -1,0 +1,440 @@
+"""One open session: its event log (the truth), its lane view, its running tool calls.
+
+Theory of operation:
+
+* A session is opened for write exactly once per daemon (``SessionRegistry``) and then owned by
+  :meth:`Session.run`, a task in the registry's nursery. That task owns the log writer's
+  coalescing task, the lane publisher, and a nursery for tool calls. Tool calls therefore
+  live as long as the session, never as long as the connection that asked for them: a client
+  that disconnects never stops a tool.
+* The log (``dshd.storage.SessionLog``) is the truth; everything in memory here is derived from
+  it and rebuilt on open (policy, sandbox mode, settled results, the lane's ``recent``).
+* One tool call follows EXEC.md §1: ``tool/call`` appended → gate (``dshd.approval``) →
+  checkpoint barrier (the log is durable through ``tool/call``) → spawn with output captured at
+  the source → ``tool/result`` appended and made durable → the call leaves the lane's ``tools``
+  and enters ``recent``. Every early exit still appends a ``tool/result`` with an ``errorCode``
+  and a sentence a person can act on.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+import structlog
+import trio
+
+from protocol.tracker import Tracker
+
+from ..config import Config
+from ..execution.capture import OutputCapture, ShellOutputLimits, SpillSink
+from ..execution.process import bash_argv, run_command
+from ..storage.errors import StorageError
+from ..storage.writer import SessionLog
+from .. import approval
+from .streams import Publisher, Subscription
+
+log = structlog.get_logger("dshd.session")
+
+RECENT_MAX = 20
+_json = msgspec.json.Encoder()
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class CallFailed(Exception):
+    """A call ended before or instead of running; ``code`` is its symbolic errorCode."""
+
+    def __init__(self, code: str, sentence: str) -> None:
+        super().__init__(sentence)
+        self.code = code
+        self.sentence = sentence
+
+
+@dataclass
+class Call:
+    """A tool call of this daemon run that has not settled yet."""
+
+    call_id: str
+    name: str
+    arguments: dict
+    approved: bool
+    seq: int  # seq of its tool/call event
+    cancel: trio.Event = field(default_factory=trio.Event)
+    capture: OutputCapture | None = None
+    synced_version: int = -1
+    synced_spill: str | None = None
+    started: bool = False
+
+
+class Session:
+    """An open, writable session. Create through ``SessionRegistry``, never directly."""
+
+    def __init__(self, log_: SessionLog, session_dir: Path, config: Config, sandbox) -> None:
+        self.log = log_
+        self.id = log_.header.id
+        self.dir = session_dir
+        self.config = config
+        self.sandbox = sandbox
+        self.calls: dict[str, Call] = {}
+        self.call_ids: set[str] = set()
+        self.call_names: dict[str, str] = {}
+        self.results: dict[str, dict] = {}
+        self._settled: dict[str, trio.Event] = {}
+        self.policy = config.approval_policy
+        self.mode = config.sandbox
+        self.env: dict[str, str] = {}
+        recent: list[dict] = []
+        for ev in log_.events:
+            self._absorb(ev.type, ev.data, recent)
+        recent.reverse()
+        h = log_.header
+        self.tracker = Tracker(
+            {
+                "session": {
+                    "sessionId": self.id,
+                    "title": h.title,
+                    "cwd": h.cwd,
+                    "approvalPolicy": self.policy,
+                    "sandbox": self.mode,
+                },
+                "tools": {},
+                "approvals": {},
+                "recent": recent[:RECENT_MAX],
+                "turn": None,
+            }
+        )
+        self.publisher = Publisher(
+            self.tracker,
+            before_flush=self._sync_captures,
+            interval=config.publish_interval_seconds,
+            rate=config.publish_rate_bytes,
+        )
+        self._calls_nursery: trio.Nursery | None = None
+        self._closed = trio.Event()
+
+    # ----------------------------------------------------------------- derived state
+    def _absorb(self, type_: str, data: dict, recent: list[dict] | None = None) -> None:
+        """Fold one logged event into the in-memory state (used on open)."""
+        if type_ == "approval/policy":
+            self.policy = data.get("policy", self.policy)
+        elif type_ == "sandbox/mode":
+            self.mode = data.get("mode", self.mode)
+        elif type_ == "session/env":
+            self.env = dict(data.get("env") or {})
+        elif type_ == "tool/call":
+            cid = data["callId"]
+            self.call_ids.add(cid)
+            self.call_names[cid] = data.get("name", "")
+        elif type_ == "tool/result":
+            cid = data["callId"]
+            self.results[cid] = data
+            ev = self._settled.setdefault(cid, trio.Event())
+            ev.set()
+            if recent is not None:
+                recent.append(self._recent_entry(cid, data))
+
+    def _recent_entry(self, call_id: str, result: dict) -> dict:
+        return {
+            "callId": call_id,
+            "name": self.call_names.get(call_id),
+            "isError": bool(result.get("isError")),
+            "exitCode": result.get("exitCode"),
+            "errorCode": result.get("errorCode"),
+        }
+
+    def info(self) -> dict:
+        """SessionInfo of PROTOCOL.md §3.1."""
+        h = self.log.header
+        return {
+            "sessionId": self.id,
+            "title": h.title,
+            "cwd": h.cwd,
+            "createdAt": h.createdAt,
+            "approvalPolicy": self.policy,
+            "sandbox": self.mode,
+            "running": len(self.calls),
+            "lastSeq": self.log.last_seq,
+        }
+
+    def events(self, after_seq: int, limit: int) -> list:
+        """Events with seq > after_seq, oldest first, unflushed tail included."""
+        evs = self.log.events
+        start = max(after_seq + 1, 0)
+        return evs[start : start + limit]
+
+    # ----------------------------------------------------------------- lifetime
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Own the log writer, the publisher and the calls until the registry closes us."""
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self.log.run)
+                await nursery.start(self.publisher.run)
+                async with trio.open_nursery() as calls:
+                    self._calls_nursery = calls
+                    task_status.started()
+                    await self._closed.wait()
+                    # Graceful stop: cancel every running call; each settles TOOL_CANCELLED.
+                    for call in list(self.calls.values()):
+                        call.cancel.set()
+                self._calls_nursery = None
+                nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(10):
+                self.publisher.publish_now()
+                try:
+                    await self.log.aclose()
+                except StorageError as exc:
+                    log.error("session.close_failed", session=self.id, error=str(exc))
+
+    def close(self) -> None:
+        self._closed.set()
+
+    # ----------------------------------------------------------------- policy / mode
+    async def record_settings(self, *, policy: str, mode: str, env: dict, source: str) -> None:
+        self.policy = policy
+        self.mode = mode
+        self.log.append("approval/policy", {"policy": policy, "source": source})
+        self.log.append("sandbox/mode", {"mode": mode, "source": source})
+        if env:
+            self.env = dict(env)
+            self.log.append("session/env", {"env": dict(env)}, ignorable=True)
+        await self.log.flush()
+
+    async def set_policy(self, policy: str, source: str) -> None:
+        self.policy = policy
+        ev = self.log.append("approval/policy", {"policy": policy, "source": source})
+        self.tracker.set(["session", "approvalPolicy"], policy)
+        self.publisher.mark_dirty()
+        await self.log.wait_durable(ev.seq)
+
+    # ----------------------------------------------------------------- subscriptions
+    def subscribe(self, sub: Subscription) -> None:
+        self.publisher.attach(sub)
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        self.publisher.detach(sub)
+
+    # ----------------------------------------------------------------- tool calls
+    def start_call(self, call_id: str, name: str, arguments: dict, approved: bool) -> None:
+        """Append ``tool/call`` and start the call's pipeline in the session's nursery.
+
+        The caller has checked the id is new and the tool and arguments are valid.
+        """
+        if self._calls_nursery is None:
+            raise StorageError("the session is closing; no new calls are accepted")
+        ev = self.log.append(
+            "tool/call",
+            {"callId": call_id, "name": name, "arguments": _json.encode(arguments).decode()},
+        )
+        self.call_ids.add(call_id)
+        self.call_names[call_id] = name
+        self._settled.setdefault(call_id, trio.Event())
+        call = Call(call_id, name, arguments, approved, ev.seq)
+        self.calls[call_id] = call
+        limits = ShellOutputLimits(
+            max_bytes=self.config.output_max_bytes, max_lines=self.config.output_max_lines
+        )
+        call.capture = OutputCapture(
+            limits, SpillSink(self.dir / "spill" / f"{call_id}.log")
+        )
+        self.tracker.set(
+            ["tools", call_id],
+            {
+                "name": name,
+                "args": arguments,
+                "state": "waiting-approval",
+                "startedAt": now_ms(),
+                "output": call.capture.tool_output(),
+            },
+        )
+        call.synced_version = call.capture.version
+        self.publisher.mark_dirty()
+        self._calls_nursery.start_soon(self._run_call, call)
+
+    async def _run_call(self, call: Call) -> None:
+        slog = log.bind(session=self.id, call=call.call_id)
+        result: dict
+        try:
+            try:
+                await approval.gate(self, call)
+                await self._barrier(call)
+                result = await self._execute(call)
+            except CallFailed as failed:
+                result = self._failed_result(call, failed.code, failed.sentence)
+        except BaseException:
+            # Shutdown cancelled us mid-call: settle as cancelled, shielded and bounded.
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                result = self._failed_result(
+                    call,
+                    "TOOL_CANCELLED",
+                    "the daemon stopped while the call ran; its process group was killed",
+                )
+                await self._settle(call, result, slog)
+            raise
+        await self._settle(call, result, slog)
+
+    async def _barrier(self, call: Call) -> None:
+        """Checkpoint barrier (EXEC.md §1): the log is durable through ``tool/call``."""
+        if call.cancel.is_set():
+            raise CallFailed(
+                "ABORTED_BEFORE_DISPATCH", "cancelled before it started; nothing ran"
+            )
+        try:
+            async with trio.open_nursery() as n:
+                async def watch_cancel() -> None:
+                    await call.cancel.wait()
+                    n.cancel_scope.cancel()
+
+                n.start_soon(watch_cancel)
+                await self.log.wait_durable(call.seq)
+                n.cancel_scope.cancel()
+        except StorageError as exc:
+            raise CallFailed(
+                "STORAGE_FAILURE",
+                f"the session log could not be made durable ({exc}); the command was not run. "
+                "Free disk space or fix the state directory, then retry.",
+            ) from None
+        if call.cancel.is_set():
+            raise CallFailed(
+                "ABORTED_BEFORE_DISPATCH", "cancelled before it started; nothing ran"
+            )
+
+    async def _execute(self, call: Call) -> dict:
+        args = call.arguments
+        argv, completeness = self.sandbox.confine(
+            bash_argv(args["command"]), self.mode, self.log.header.cwd
+        )
+        env = dict(os.environ)
+        env.update(self.env)
+        env["DSH_CALL_ID"] = call.call_id
+        env["DSH_SESSION_ID"] = self.id
+        call.started = True
+        self.tracker.set(["tools", call.call_id, "state"], "running")
+        self.tracker.set(["tools", call.call_id, "startedAt"], now_ms())
+        self.publisher.mark_dirty()
+        timeout = args.get("timeout")
+        outcome = await run_command(
+            argv,
+            cwd=self.log.header.cwd,
+            env=env,
+            capture=call.capture,
+            on_output=self.publisher.mark_dirty,
+            timeout=float(timeout) if timeout is not None else None,
+            cancel=call.cancel,
+            kill_grace=self.config.kill_grace_seconds,
+            eof_grace=self.config.eof_grace_seconds,
+        )
+        cap = call.capture
+        details: dict = {"truncation": dict(cap.truncation)}
+        if cap.spill_path:
+            details["spillPath"] = cap.spill_path
+        if outcome.exit_code is not None:
+            details["exitCode"] = outcome.exit_code
+        content = cap.text
+        result = {
+            "callId": call.call_id,
+            "isError": bool(outcome.exit_code != 0 or outcome.error or outcome.timed_out
+                            or outcome.cancelled),
+            "content": content,
+            "details": details,
+        }
+        if outcome.exit_code is not None:
+            result["exitCode"] = outcome.exit_code
+        if outcome.timed_out:
+            result["errorCode"] = "TOOL_TIMEOUT"
+            result["message"] = (
+                f"timed out after {args.get('timeout')} s; the process group was killed"
+            )
+        elif outcome.cancelled:
+            result["errorCode"] = "TOOL_CANCELLED"
+            result["message"] = "cancelled; the process group was killed"
+        elif outcome.error:
+            result["errorCode"] = "TOOL_FAILED"
+            result["message"] = outcome.error
+        return result
+
+    def _failed_result(self, call: Call, code: str, sentence: str) -> dict:
+        result = {
+            "callId": call.call_id,
+            "isError": True,
+            "content": sentence,
+            "details": {},
+            "errorCode": code,
+        }
+        if call.started and call.capture is not None:
+            result["content"] = call.capture.text
+            result["details"] = {"truncation": dict(call.capture.truncation)}
+            if call.capture.spill_path:
+                result["details"]["spillPath"] = call.capture.spill_path
+            result["message"] = sentence
+        return result
+
+    async def _settle(self, call: Call, result: dict, slog) -> None:
+        """Append ``tool/result``, make it durable, move the call from tools to recent."""
+        ev = self.log.append("tool/result", result)
+        self.results[call.call_id] = result
+        self.calls.pop(call.call_id, None)
+        self.tracker.delete(["tools", call.call_id])
+        for approval_id, entry in list(self.tracker.value["approvals"].items()):
+            if entry.get("callId") == call.call_id:
+                self.tracker.delete(["approvals", approval_id])
+        self.tracker.insert(["recent"], 0, self._recent_entry(call.call_id, result))
+        if len(self.tracker.value["recent"]) > RECENT_MAX:
+            self.tracker.splice(["recent"], RECENT_MAX, len(self.tracker.value["recent"]) - RECENT_MAX, [])
+        self.publisher.mark_dirty()
+        durable = True
+        try:
+            await self.log.wait_durable(ev.seq)
+        except StorageError as exc:
+            durable = False
+            slog.error("tool.result_not_durable", error=str(exc))
+        self._settled[call.call_id].set()
+        slog.info(
+            "tool.settled",
+            exit_code=result.get("exitCode"),
+            error_code=result.get("errorCode"),
+            durable=durable,
+            total_bytes=(result.get("details") or {}).get("truncation", {}).get("totalBytes"),
+        )
+
+    async def wait_result(self, call_id: str, timeout: float | None) -> dict | None:
+        """The call's result once durable; None on timeout. KeyError for an unknown call."""
+        if call_id not in self.call_ids:
+            raise KeyError(call_id)
+        ev = self._settled.setdefault(call_id, trio.Event())
+        with trio.move_on_after(math.inf if timeout is None else timeout):
+            await ev.wait()
+            result = self.results[call_id]
+            return result
+        return None
+
+    def cancel_call(self, call_id: str) -> bool:
+        if call_id not in self.call_ids:
+            raise KeyError(call_id)
+        call = self.calls.get(call_id)
+        if call is None:
+            return False
+        call.cancel.set()
+        return True
+
+    # ----------------------------------------------------------------- lane sync
+    def _sync_captures(self) -> None:
+        """Pull changed capture state into the lane tracker (called by the publisher)."""
+        for call in self.calls.values():
+            cap = call.capture
+            if cap is None or cap.version == call.synced_version:
+                continue
+            base = ["tools", call.call_id, "output"]
+            self.tracker.set_text(base + ["content", 0, "text"], cap.text)
+            self.tracker.set(base + ["truncation"], dict(cap.truncation))
+            if cap.spill_path and call.synced_spill != cap.spill_path:
+                self.tracker.set(base + ["details", "spillPath"], cap.spill_path)
+                call.synced_spill = cap.spill_path
+            call.synced_version = cap.version
