@@ -1,0 +1,88 @@
+"""The storage layer's exceptions, as one tree (STORAGE.md §4, §5).
+
+Theory of operation: everything the storage room raises on purpose derives from
+`StorageError`, so a caller that must fail closed (the checkpoint barrier, `tool.run`) catches
+one class. The subclasses say what the caller can do next:
+
+```
+StorageError
+ ├── StorageWriteError   a write/fsync failed; the batch stays buffered, retry with flush()
+ ├── LogCorrupt          a complete frame is damaged; refuse to write, report it (fsck)
+ ├── LogTooNew           written by a newer dshd; upgrade
+ └── LockHeld            another writer (process or handle) owns the lock
+```
+Plain `OSError`s that are not about the log's integrity (a missing session directory:
+`FileNotFoundError`) pass through unchanged; invalid ids are `ValueError`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class StorageError(Exception):
+    """Base of every error the storage layer raises on purpose."""
+
+
+class StorageWriteError(StorageError):
+    """A durable write failed (STORAGE.md §4).
+
+    The file was rolled back to its size before the write (or will be, before the next write),
+    the batch is still buffered, timed writes are paused, and every `flush()` retries and raises
+    this until one succeeds. `__cause__` is the underlying `OSError` (or `LockHeld`).
+    """
+
+
+class LogCorrupt(StorageError):
+    """A complete frame or line of a log is damaged (STORAGE.md §5).
+
+    Attributes: ``session_id`` (str), ``path`` (Path of the log), ``offset`` (int, bytes from
+    the start of the file: the frame for zstd, the line for plain logs), ``reason`` (str).
+    """
+
+    def __init__(self, session_id: str, path: Path, offset: int, reason: str) -> None:
+        self.session_id = session_id
+        self.path = Path(path)
+        self.offset = offset
+        self.reason = reason
+        super().__init__(
+            f"session {session_id}: log {self.path} is damaged at byte {offset}: {reason}; "
+            "it will not be opened for writing (run `dsh fsck`)"
+        )
+
+
+class LogTooNew(StorageError):
+    """The log (or one of its events) was written by a newer dshd (STORAGE.md §2, §3).
+
+    Attributes: ``session_id``, ``path``, ``offset`` (bytes; 0 for the header), ``detail``.
+    """
+
+    def __init__(self, session_id: str, path: Path, offset: int, detail: str) -> None:
+        self.session_id = session_id
+        self.path = Path(path)
+        self.offset = offset
+        self.detail = detail
+        super().__init__(
+            f"session {session_id}: log {self.path} was written by a newer dshd: upgrade "
+            f"({detail}, at byte {offset})"
+        )
+
+
+class LockHeld(StorageError):
+    """An exclusive lock is held by someone else (STORAGE.md §4).
+
+    Attributes: ``path`` (the lock file), ``holder``: the holder's pid (int) when the lock
+    file names one, a description (str, e.g. ``"another handle in this process"``), or None
+    when it cannot be known.
+    """
+
+    def __init__(self, path: Path, holder: int | str | None) -> None:
+        self.path = Path(path)
+        self.holder = holder
+        if isinstance(holder, int):
+            who = f"process {holder}"
+        elif holder:
+            who = holder
+        else:
+            who = "another process"
+        super().__init__(f"{self.path} is locked by {who}")

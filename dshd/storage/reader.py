@@ -1,0 +1,301 @@
+"""Reading a session log and recovering its torn tail, without ever changing the file (STORAGE.md §5).
+
+Theory of operation: the whole file is read into memory and parsed in one pass.
+
+- **zstd**: frame boundaries come from the frame *structure* (`format.scan_zstd_frame`: header,
+  3-byte block headers, checksum), not from trying to decompress. A frame whose structure is
+  complete is decompressed on its own with a fresh decompressor; zstd verifies its content
+  checksum at the end of the frame. Any failure there (checksum, decompression, a line that
+  does not parse, a seq gap) is damage: `LogCorrupt` naming the session, the file and the
+  frame's byte offset.
+- **Torn tail**: the file ends inside the last frame (or, plain, the last line has no ``\\n``).
+  The complete blocks of the torn frame are decompressed one by one and every complete line
+  that parses and carries the next seq is kept (``recovered``). A bit flip that stretches a
+  block header would also look like "the file ends inside this frame", so a torn verdict is
+  only accepted when no complete, checksum-valid frame starts anywhere after it; otherwise the
+  log is damaged. A tail of zero bytes (the size of a never-fsynced write reached the disk, its
+  data did not) counts as torn with nothing to recover.
+- The first frame (line) is the header: exactly one line, ``version`` 1 (a newer version is
+  `LogTooNew`), ``id`` equal to the session id. Event seq is dense from 0; an unknown event type
+  without ``ignorable`` is `LogTooNew`.
+
+Reads never write: the write handle (`writer.SessionLog`) fixes a torn tail on its first write.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+from pathlib import Path
+
+import msgspec
+import zstandard
+
+from dshd.paths import is_valid_id
+
+from .errors import LogCorrupt, LogTooNew
+from .format import (
+    FORMAT_VERSION,
+    KNOWN_TYPES,
+    LOG_NAME_PLAIN,
+    LOG_NAME_ZSTD,
+    ZSTD_MAGIC,
+    Event,
+    Header,
+    HeaderTooNew,
+    decode_event,
+    decode_header,
+    scan_zstd_frame,
+)
+
+_LOG_NAME_RE = re.compile(r"session\.v(\d+)\.jsonl(?:\.zst)?")
+
+
+class LogRead(msgspec.Struct):
+    """What `read_log` found.
+
+    ``events``: every event in seq order, recovered ones included. ``torn``: the file ends
+    inside its last frame (line). ``valid_bytes``: the offset where the torn tail starts (the
+    file size when not torn). ``recovered``: the events kept from the torn tail (already in
+    ``events``). ``path``/``compression`` (``"zstd"`` | ``"none"``)/``size``: the file read.
+    """
+
+    header: Header
+    events: list[Event]
+    torn: bool
+    valid_bytes: int
+    recovered: list[Event]
+    path: Path
+    compression: str
+    size: int
+
+
+def session_dir_for(state_dir: Path, session_id: str) -> Path:
+    """``<state>/sessions/<id>`` (STORAGE.md §1). Raises ValueError for an invalid id."""
+    if not is_valid_id(session_id):
+        raise ValueError(f"invalid session id: {session_id!r}")
+    return Path(state_dir) / "sessions" / session_id
+
+
+def list_session_dirs(state_dir: Path) -> list[str]:
+    """Sorted ids of the directories under ``<state>/sessions`` whose names are valid ids.
+
+    Damaged or log-less sessions are listed too (the caller reads each). [] when the
+    ``sessions`` directory does not exist.
+    """
+    try:
+        entries = list(os.scandir(Path(state_dir) / "sessions"))
+    except FileNotFoundError:
+        return []
+    return sorted(e.name for e in entries if is_valid_id(e.name) and e.is_dir(follow_symlinks=False))
+
+
+def find_log(session_dir: Path, session_id: str) -> tuple[Path, str]:
+    """Return ``(path, compression)`` of the v1 log in ``session_dir``.
+
+    Raises `FileNotFoundError` when there is no log (or no directory), `LogTooNew` when only a
+    newer version's log exists, `LogCorrupt` when both a zstd and a plain v1 log exist.
+    """
+    session_dir = Path(session_dir)
+    zst, plain = session_dir / LOG_NAME_ZSTD, session_dir / LOG_NAME_PLAIN
+    has_zst, has_plain = os.path.lexists(zst), os.path.lexists(plain)
+    if has_zst and has_plain:
+        raise LogCorrupt(session_id, zst, 0, f"both {LOG_NAME_ZSTD} and {LOG_NAME_PLAIN} exist")
+    if has_zst:
+        return zst, "zstd"
+    if has_plain:
+        return plain, "none"
+    for name in sorted(os.listdir(session_dir)):
+        m = _LOG_NAME_RE.fullmatch(name)
+        if m and int(m.group(1)) > FORMAT_VERSION:
+            raise LogTooNew(session_id, session_dir / name, 0, f"only {name} exists")
+    raise FileNotFoundError(errno.ENOENT, "no session log yet", str(zst))
+
+
+def read_log(session_dir: Path, session_id: str) -> LogRead:
+    """Read and check the log of one session (STORAGE.md §5); never changes the file.
+
+    Raises `ValueError` (invalid id), `FileNotFoundError` (no log yet), `LogCorrupt`,
+    `LogTooNew`.
+    """
+    if not is_valid_id(session_id):
+        raise ValueError(f"invalid session id: {session_id!r}")
+    path, compression = find_log(session_dir, session_id)
+    with open(path, "rb") as f:
+        data = f.read()
+    return parse_log(data, session_id=session_id, path=path, compression=compression)
+
+
+def parse_log(data: bytes, *, session_id: str, path: Path, compression: str) -> LogRead:
+    """Parse the bytes of a whole log (pure). Same verdicts as `read_log`."""
+    lines = _LineChecker(session_id, Path(path))
+    if compression == "zstd":
+        torn, valid = _parse_zstd(data, lines)
+    elif compression == "none":
+        torn, valid = _parse_plain(data, lines)
+    else:
+        raise ValueError(f"unknown compression {compression!r}")
+    assert lines.header is not None
+    return LogRead(
+        header=lines.header,
+        events=lines.events,
+        torn=torn,
+        valid_bytes=valid,
+        recovered=lines.recovered,
+        path=Path(path),
+        compression=compression,
+        size=len(data),
+    )
+
+
+class _LineChecker:
+    """Accepts lines in order: the header first, then events with dense seq."""
+
+    def __init__(self, session_id: str, path: Path) -> None:
+        self.session_id = session_id
+        self.path = path
+        self.header: Header | None = None
+        self.events: list[Event] = []
+        self.recovered: list[Event] = []
+
+    def corrupt(self, offset: int, reason: str) -> LogCorrupt:
+        return LogCorrupt(self.session_id, self.path, offset, reason)
+
+    def complete(self, line: bytes, offset: int) -> None:
+        """A line from a complete frame: anything wrong is damage (or too new)."""
+        if self.header is None:
+            try:
+                header = decode_header(line)
+            except HeaderTooNew as e:
+                raise LogTooNew(self.session_id, self.path, offset, str(e)) from None
+            except ValueError as e:
+                raise self.corrupt(offset, f"bad header line ({e})") from None
+            if header.id != self.session_id:
+                raise self.corrupt(offset, f"the header names session {header.id!r}")
+            self.header = header
+            return
+        try:
+            event = decode_event(line)
+        except ValueError as e:
+            raise self.corrupt(offset, f"event line does not parse ({e})") from None
+        expected = len(self.events)
+        if event.seq != expected:
+            raise self.corrupt(offset, f"seq gap: expected {expected}, found {event.seq}")
+        if event.type not in KNOWN_TYPES and not event.ignorable:
+            raise LogTooNew(self.session_id, self.path, offset, f"unknown event type {event.type!r}")
+        self.events.append(event)
+
+    def tentative(self, line: bytes) -> bool:
+        """A complete line from a torn tail: keep it if it is a well-formed next event."""
+        if self.header is None:
+            return False
+        try:
+            event = decode_event(line)
+        except ValueError:
+            return False
+        if event.seq != len(self.events):
+            return False
+        if event.type not in KNOWN_TYPES and not event.ignorable:
+            return False
+        self.events.append(event)
+        self.recovered.append(event)
+        return True
+
+
+def _parse_plain(data: bytes, lines: _LineChecker) -> tuple[bool, int]:
+    pos, n = 0, len(data)
+    while pos < n:
+        nl = data.find(b"\n", pos)
+        if nl == -1:
+            if lines.header is None:
+                raise lines.corrupt(pos, "the header line is incomplete")
+            # A torn last line: keep it only if it happens to be a whole record.
+            lines.tentative(data[pos:])
+            return True, pos
+        lines.complete(data[pos:nl], pos)
+        pos = nl + 1
+    if lines.header is None:
+        raise lines.corrupt(0, "the log is empty")
+    return False, n
+
+
+def _decompress_frame(frame: bytes | memoryview) -> bytes:
+    """Decompress one complete frame, verifying its checksum. Raises zstandard.ZstdError."""
+    d = zstandard.ZstdDecompressor().decompressobj()
+    out = d.decompress(frame)
+    if not d.eof or d.unused_data:
+        raise zstandard.ZstdError("frame does not end where its structure ends")
+    return out
+
+
+def _complete_frame_after(data: bytes, start: int) -> bool:
+    """True when a complete, checksum-valid data frame starts somewhere after ``start``."""
+    view = memoryview(data)
+    at = data.find(ZSTD_MAGIC, start + 1)
+    while at != -1:
+        scan = scan_zstd_frame(view, at)
+        if scan.kind == "frame" and scan.checksum:
+            try:
+                _decompress_frame(view[at : scan.end])
+                return True
+            except zstandard.ZstdError:
+                pass
+        at = data.find(ZSTD_MAGIC, at + 1)
+    return False
+
+
+def _parse_zstd(data: bytes, lines: _LineChecker) -> tuple[bool, int]:
+    view = memoryview(data)
+    pos, n = 0, len(data)
+    while pos < n:
+        scan = scan_zstd_frame(view, pos)
+        if scan.kind == "bad":
+            if lines.header is not None and not data[pos:].strip(b"\0"):
+                return True, pos  # a zero-filled tail: torn, nothing to recover
+            raise lines.corrupt(pos, scan.reason)
+        if scan.kind == "torn":
+            if _complete_frame_after(data, pos):
+                raise lines.corrupt(pos, "a frame is cut short but complete frames follow it")
+            if lines.header is None:
+                raise lines.corrupt(pos, "the header frame is incomplete")
+            _recover_torn_frame(view, scan.start, scan.pieces, lines)
+            return True, pos
+        if scan.kind == "skippable":
+            pos = scan.end
+            continue
+        if not scan.checksum:
+            raise lines.corrupt(pos, "frame written without a content checksum")
+        try:
+            content = _decompress_frame(view[pos : scan.end])
+        except zstandard.ZstdError as e:
+            raise lines.corrupt(pos, f"frame does not decompress ({e})") from None
+        if not content.endswith(b"\n"):
+            raise lines.corrupt(pos, "frame does not end with a complete line")
+        parts = content[:-1].split(b"\n")
+        if lines.header is None and len(parts) != 1:
+            raise lines.corrupt(pos, "the header frame holds more than one line")
+        for part in parts:
+            lines.complete(part, pos)
+        pos = scan.end
+    if lines.header is None:
+        raise lines.corrupt(0, "the log is empty")
+    return False, n
+
+
+def _recover_torn_frame(
+    view: memoryview, start: int, pieces: tuple[int, ...], lines: _LineChecker
+) -> None:
+    """Decompress the complete blocks of a torn frame and keep its complete, valid lines."""
+    d = zstandard.ZstdDecompressor().decompressobj()
+    out = bytearray()
+    prev = start
+    for end in pieces:
+        try:
+            out += d.decompress(view[prev:end])
+        except zstandard.ZstdError:
+            break
+        prev = end
+    for line in bytes(out).split(b"\n")[:-1]:
+        if not lines.tentative(line):
+            break

@@ -1,0 +1,166 @@
+"""Crash repair: the closers a session needs after an unclean stop (STORAGE.md §5).
+
+Theory of operation: `repair_closers` is pure. It walks the events once and keeps track of
+what was opened and never closed:
+
+- tool calls announced in ``message/assistant.toolCalls`` with neither ``tool/call`` nor
+  ``tool/result`` → ``tool/result`` with ``errorCode: TOOL_NOT_STARTED``;
+- ``tool/call`` without ``tool/result`` → ``tool/result`` with ``TOOL_OUTCOME_UNKNOWN``, with
+  the last checkpointed output window (sidecar, §6) when there is one;
+- ``approval/asked`` without ``approval/decided`` → ``approval/decided {outcome: cancelled,
+  by: repair}``;
+- a ``step/start`` without ``step/end`` → ``step/end``; a ``turn/start`` without ``turn/end``
+  → ``turn/end {reason: interrupted}``.
+
+The order is fixed, innermost first, so that the log reads as a clean unwinding:
+approvals (in the order they were asked), then tool results (in the order the calls were
+first named), then steps (most recently opened first), then turns (most recently opened
+first). Running it on a log that already ends with its closers yields nothing (idempotent).
+Repair never re-runs anything; the writer appends the closers and flushes them
+(`SessionLog.open_for_write(repair=True)`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .format import Event
+
+TOOL_NOT_STARTED = "TOOL_NOT_STARTED"
+TOOL_OUTCOME_UNKNOWN = "TOOL_OUTCOME_UNKNOWN"
+
+#: The sentences a person (or a model) acts on, verbatim from STORAGE.md §5.
+NOT_STARTED_TEXT = "interrupted before it started; retry if still needed"
+OUTCOME_UNKNOWN_TEXT = (
+    "it may or may not have run; retry only if read-only or idempotent, "
+    "otherwise check the outside world first"
+)
+LAST_OUTPUT_INTRO = "last output checkpointed before the interruption:"
+
+
+def _window_parts(window: Any) -> tuple[str | None, dict]:
+    """(text, details) of a pending window: a str, or a ToolOutput value (PROTOCOL.md §3.3)."""
+    if isinstance(window, str):
+        return window, {}
+    if not isinstance(window, Mapping):
+        return None, {}
+    text_parts = []
+    for block in window.get("content") or []:
+        if isinstance(block, Mapping) and isinstance(block.get("text"), str):
+            text_parts.append(block["text"])
+    details: dict = {}
+    if isinstance(window.get("truncation"), Mapping):
+        details["truncation"] = dict(window["truncation"])
+    inner = window.get("details")
+    if isinstance(inner, Mapping) and isinstance(inner.get("spillPath"), str):
+        details["spillPath"] = inner["spillPath"]
+    return "".join(text_parts), details
+
+
+def repair_closers(
+    events: list[Event], pending_windows: Mapping[str, Any] | None = None
+) -> list[tuple[str, dict]]:
+    """The ``(type, data)`` closers for ``events`` (STORAGE.md §5), in a deterministic order.
+
+    ``pending_windows`` maps callId → the last checkpointed output of that call: its text
+    (str) or the ToolOutput value read back from the sidecar (``content[].text``,
+    ``truncation``, ``details.spillPath``). A ``TOOL_OUTCOME_UNKNOWN`` result appends the
+    text to its content and carries ``truncation``/``spillPath`` in ``details``.
+    Tool results have the shape ``{callId, isError: true, content: str, details: {...},
+    errorCode}``. Pure; never raises on odd data (events with missing keys are skipped).
+    """
+    windows = pending_windows or {}
+    named: dict[str, None] = {}  # callId in first-mention order (dict keeps insertion order)
+    called: set[str] = set()
+    resulted: set[str] = set()
+    asked: dict[str, None] = {}
+    decided: set[str] = set()
+    steps: dict[tuple[str, str], None] = {}
+    turns: dict[str, None] = {}
+
+    for ev in events:
+        d = ev.data
+        t = ev.type
+        if t == "message/assistant":
+            for tc in d.get("toolCalls") or []:
+                if isinstance(tc, Mapping) and isinstance(tc.get("callId"), str):
+                    named.setdefault(tc["callId"], None)
+        elif t == "tool/call":
+            cid = d.get("callId")
+            if isinstance(cid, str):
+                named.setdefault(cid, None)
+                called.add(cid)
+        elif t == "tool/result":
+            cid = d.get("callId")
+            if isinstance(cid, str):
+                named.setdefault(cid, None)
+                resulted.add(cid)
+        elif t == "approval/asked":
+            aid = d.get("approvalId")
+            if isinstance(aid, str):
+                asked.setdefault(aid, None)
+        elif t == "approval/decided":
+            aid = d.get("approvalId")
+            if isinstance(aid, str):
+                decided.add(aid)
+        elif t == "step/start":
+            key = (d.get("turnId"), d.get("stepId"))
+            steps.pop(key, None)
+            steps[key] = None  # re-opened: most recent position
+        elif t == "step/end":
+            steps.pop((d.get("turnId"), d.get("stepId")), None)
+        elif t == "turn/start":
+            tid = d.get("turnId")
+            turns.pop(tid, None)
+            turns[tid] = None
+        elif t == "turn/end":
+            turns.pop(d.get("turnId"), None)
+
+    closers: list[tuple[str, dict]] = []
+    for aid in asked:
+        if aid not in decided:
+            closers.append(
+                ("approval/decided", {"approvalId": aid, "outcome": "cancelled", "by": "repair"})
+            )
+    for cid in named:
+        if cid in resulted:
+            continue
+        if cid in called:
+            content = OUTCOME_UNKNOWN_TEXT
+            details: dict = {}
+            if cid in windows:
+                text, details = _window_parts(windows[cid])
+                if text:
+                    content = f"{OUTCOME_UNKNOWN_TEXT}\n\n{LAST_OUTPUT_INTRO}\n{text}"
+            code = TOOL_OUTCOME_UNKNOWN
+        else:
+            content, details, code = NOT_STARTED_TEXT, {}, TOOL_NOT_STARTED
+        closers.append(
+            (
+                "tool/result",
+                {"callId": cid, "isError": True, "content": content, "details": details,
+                 "errorCode": code},
+            )
+        )
+    for turn_id, step_id in reversed(steps):
+        closers.append(("step/end", {"turnId": turn_id, "stepId": step_id}))
+    for turn_id in reversed(turns):
+        closers.append(("turn/end", {"turnId": turn_id, "reason": "interrupted"}))
+    return closers
+
+
+def unresolved_calls(events: list[Event]) -> list[str]:
+    """callIds with a ``tool/call`` and no ``tool/result``, in order (the calls whose pending
+    output window the repair wants; STORAGE.md §5, §6)."""
+    called: dict[str, None] = {}
+    resulted: set[str] = set()
+    for ev in events:
+        cid = ev.data.get("callId")
+        if not isinstance(cid, str):
+            continue
+        if ev.type == "tool/call":
+            called.setdefault(cid, None)
+        elif ev.type == "tool/result":
+            resulted.add(cid)
+    return [cid for cid in called if cid not in resulted]

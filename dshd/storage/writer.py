@@ -1,0 +1,624 @@
+"""The one write handle of a session log: append, coalesce, group-commit, recover (STORAGE.md §4, §5).
+
+Theory of operation: a `SessionLog` owns the log's file descriptor and the session lock for
+its whole life. ``append`` is synchronous and in memory only: it gives the event the next seq,
+encodes its line at once (so a value JSON cannot carry fails the caller, not a later write)
+and puts it in the buffer. Nothing is durable until a write has fsynced it:
+
+- **flush()** writes everything buffered as ONE frame (plain: one run of lines) and returns
+  the durable seq once ``fsync`` has returned. Writes are serialised by one lock; a flusher
+  first notes the seq it needs, and if the write that held the lock already covered it, it
+  returns without writing: concurrent flushers share one fsync (group commit).
+- **run()** is the coalescing task the owner starts in its nursery: buffered events go out at
+  most ``coalesce`` seconds after the *first* of them was appended (later appends do not push
+  the deadline). It exits when `aclose` starts.
+- **Failure**: before a write the file size is noted; if the write or its fsync fails the file
+  is truncated back (and fsynced; if even that fails, the truncation is retried first thing on
+  the next write), the batch stays buffered, timed writes pause, and every ``flush()`` retries
+  and raises `StorageWriteError` until one succeeds. Callers fail closed.
+- **Publishing** (a log made by `create`): the first write makes the directories (fsyncing each
+  parent), takes the session lock, writes header frame + first batch to a temp file opened
+  ``O_EXCL``, fsyncs it, ``link()``s it to the log's name (never overwriting), fsyncs the
+  directory and unlinks the temp name. The temp's fd becomes the log's fd.
+- **Opening** (`open_for_write`): the session lock is taken *before* the log is read; the log
+  is read through the same fd that will write it. A torn tail's kept records are events that
+  are not yet durable: the first write truncates the torn bytes, fsyncs, and re-appends them
+  as their own frame before the new batch. With ``repair=True`` the crash closers
+  (`repair.repair_closers`) are appended and flushed before the handle is returned, and the
+  pending-output sidecars of calls whose ``tool/result`` is durable are unlinked.
+
+Blocking file work runs in ``trio.to_thread.run_sync`` (never abandoned on cancel, so a write
+in flight always finishes and the in-memory state matches the file).
+
+One writer per session: across processes the ``session.lock`` flock; inside one process the
+flock refuses a second handle too, and the optional ``claims`` set (one per daemon, owned by
+whoever owns the sessions; no module-level registry) refuses it before any file is touched.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+import zstandard
+
+from . import sidecar
+from .errors import LockHeld, StorageError, StorageWriteError
+from .format import (
+    COMPRESSIONS,
+    KNOWN_TYPES,
+    LOCK_NAME,
+    LOG_NAME_PLAIN,
+    LOG_NAME_ZSTD,
+    Event,
+    Header,
+    encode_line,
+)
+from .lock import lock_file, unlock_file
+from .reader import LogRead, find_log, parse_log, session_dir_for
+from .repair import repair_closers, unresolved_calls
+
+DEFAULT_COALESCE = 0.200
+ZSTD_LEVEL = 3
+
+
+def now_ms() -> int:
+    """Wall-clock time in integer ms since the Unix epoch (event ``time``)."""
+    return time.time_ns() // 1_000_000
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        if n <= 0:
+            raise OSError("pwrite wrote nothing")
+        view = view[n:]
+        offset += n
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    offset = 0
+    while True:
+        chunk = os.pread(fd, 1 << 20, offset)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        offset += len(chunk)
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+class SessionLog:
+    """One writer per session (STORAGE.md §4). Build with `create` or `open_for_write`.
+
+    Public state (read-only for callers): ``header`` (`Header`), ``events`` (every event,
+    flushed or not, in seq order; recovered and repair events included), ``last_seq`` (-1 when
+    empty), ``durable_seq`` (highest seq known fsynced; -1 when none), ``path`` (the log file),
+    ``session_dir``, ``compression``, ``coalesce`` (seconds).
+    """
+
+    def __init__(
+        self,
+        *,
+        state_dir: Path,
+        session_id: str,
+        header: Header,
+        compression: str,
+        coalesce: float,
+        claims: set[str] | None,
+        read: LogRead | None = None,
+        fd: int | None = None,
+        lock_fd: int | None = None,
+    ) -> None:
+        if compression not in COMPRESSIONS:
+            raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
+        if coalesce < 0:
+            raise ValueError("coalesce must be >= 0 seconds")
+        self.state_dir = Path(state_dir)
+        self.session_id = session_id
+        self.session_dir = session_dir_for(self.state_dir, session_id)
+        self.compression = compression
+        self.path = self.session_dir / (LOG_NAME_ZSTD if compression == "zstd" else LOG_NAME_PLAIN)
+        self.coalesce = coalesce
+        self.header = header
+        self._claims = claims
+        self._fd = fd
+        self._lock_fd = lock_fd
+        self._compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_checksum=True)
+
+        self.events: list[Event] = []
+        self.last_seq = -1
+        self.durable_seq = -1
+        self._published = read is not None
+        self._size = 0  # end of the known-good bytes of the file
+        self._truncate_to: int | None = None  # bytes to cut before the next write
+        self._fix: list[tuple[int, bytes]] = []  # torn-tail records to re-append
+        if read is not None:
+            self.events = list(read.events)
+            self.last_seq = len(self.events) - 1
+            self.durable_seq = self.last_seq - len(read.recovered)
+            self._fix = [(ev.seq, encode_line(ev)) for ev in read.recovered]
+            self._size = read.valid_bytes
+            if read.torn:
+                self._truncate_to = read.valid_bytes
+        self._pending: list[tuple[int, bytes, float]] = []  # (seq, line, trio time appended)
+        self._pending_since: float | None = None
+
+        self._write_lock = trio.Lock()
+        self._changed = trio.Event()
+        self._failed: BaseException | None = None
+        self._runner_active = False
+        self._closing = False
+        self._closed = False
+
+        self._fsyncs = 0
+        self._frames = 0
+        self._writes = 0
+        self._write_errors = 0
+
+    # --- construction ---------------------------------------------------------------------
+
+    @staticmethod
+    def _claim(claims: set[str] | None, session_dir: Path, session_id: str) -> None:
+        if claims is None:
+            return
+        if session_id in claims:
+            raise LockHeld(session_dir / LOCK_NAME, "another writer in this process")
+        claims.add(session_id)
+
+    @classmethod
+    def create(
+        cls,
+        state_dir: Path,
+        session_id: str,
+        header: Header,
+        *,
+        compression: str = "zstd",
+        coalesce: float = DEFAULT_COALESCE,
+        claims: set[str] | None = None,
+    ) -> SessionLog:
+        """A handle for a new session log; no I/O (STORAGE.md §4).
+
+        The first write publishes the log (temp ``O_EXCL`` + fsync + ``link`` + directory
+        fsync); it fails with `StorageWriteError` if a log already exists or the session lock
+        is held. ``compression``: ``"zstd"`` | ``"none"``; ``coalesce``: seconds.
+        ``claims``: the owner's set of session ids with a live writer in this process (the
+        id is added now, removed by `aclose`). Raises `ValueError` (invalid id, ``header.id``
+        differs from ``session_id``, unknown compression), `LockHeld` (id in ``claims``).
+        """
+        session_dir = session_dir_for(state_dir, session_id)
+        if header.id != session_id:
+            raise ValueError(f"header.id {header.id!r} differs from session id {session_id!r}")
+        cls._claim(claims, session_dir, session_id)
+        try:
+            return cls(
+                state_dir=state_dir,
+                session_id=session_id,
+                header=header,
+                compression=compression,
+                coalesce=coalesce,
+                claims=claims,
+            )
+        except BaseException:
+            if claims is not None:
+                claims.discard(session_id)
+            raise
+
+    @classmethod
+    async def open_for_write(
+        cls,
+        state_dir: Path,
+        session_id: str,
+        *,
+        compression: str | None = None,
+        coalesce: float = DEFAULT_COALESCE,
+        claims: set[str] | None = None,
+        repair: bool = False,
+    ) -> SessionLog:
+        """Open an existing session log for writing (STORAGE.md §4, §5).
+
+        Takes ``session.lock`` first (exclusive, non-blocking, identity re-checked), then reads
+        the log through the fd it will write. Torn-tail records are kept and re-appended on
+        the first write. With ``repair=True`` the crash closers are appended (one shared
+        ``time``) and flushed before returning, then sidecars of settled calls are unlinked.
+        ``compression`` is informational: the format on disk wins (a config change applies to
+        new sessions only). Raises `ValueError` (invalid id), `FileNotFoundError` (no session
+        directory or no log), `LockHeld`, `LogCorrupt`, `LogTooNew`, `StorageWriteError`
+        (the repair flush failed; nothing is left open).
+        """
+        session_dir = session_dir_for(state_dir, session_id)
+        cls._claim(claims, session_dir, session_id)
+        try:
+            read, fd, lock_fd = await trio.to_thread.run_sync(cls._open_sync, session_dir, session_id)
+        except BaseException:
+            if claims is not None:
+                claims.discard(session_id)
+            raise
+        log = cls(
+            state_dir=state_dir,
+            session_id=session_id,
+            header=read.header,
+            compression=read.compression,
+            coalesce=coalesce,
+            claims=claims,
+            read=read,
+            fd=fd,
+            lock_fd=lock_fd,
+        )
+        try:
+            if repair:
+                await log._repair()
+            await log._retire_settled_sidecars()
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await log._close_files()
+            raise
+        return log
+
+    @staticmethod
+    def _open_sync(session_dir: Path, session_id: str) -> tuple[LogRead, int, int]:
+        if not session_dir.is_dir():
+            raise FileNotFoundError(2, "no such session directory", str(session_dir))
+        lock_fd = lock_file(session_dir / LOCK_NAME)
+        try:
+            path, compression = find_log(session_dir, session_id)
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+            try:
+                read = parse_log(
+                    _read_all(fd), session_id=session_id, path=path, compression=compression
+                )
+            except BaseException:
+                os.close(fd)
+                raise
+        except BaseException:
+            unlock_file(lock_fd)
+            raise
+        return read, fd, lock_fd
+
+    async def _repair(self) -> None:
+        windows: dict[str, Any] = {}
+        for call_id in unresolved_calls(self.events):
+            window = await trio.to_thread.run_sync(
+                sidecar.read_pending_window, self.session_dir, call_id
+            )
+            if window is not None:
+                windows[call_id] = window
+        at = now_ms()
+        for type_, data in repair_closers(self.events, windows):
+            self.append(type_, data, time_ms=at)
+        if not self._durable_through(self.last_seq):
+            await self.flush()
+
+    async def _retire_settled_sidecars(self) -> None:
+        settled = [
+            ev.data["callId"]
+            for ev in self.events
+            if ev.type == "tool/result"
+            and ev.seq <= self.durable_seq
+            and isinstance(ev.data.get("callId"), str)
+        ]
+        if settled:
+            await trio.to_thread.run_sync(sidecar.retire_settled, self.session_dir, settled)
+
+    # --- appending and flushing -----------------------------------------------------------
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def _durable_through(self, seq: int) -> bool:
+        return self._published and seq <= self.durable_seq
+
+    def append(
+        self,
+        type: str,
+        data: dict,
+        *,
+        ignorable: bool = False,
+        time_ms: int | None = None,
+    ) -> Event:
+        """Add one event in memory with the next seq and return it (STORAGE.md §3, §4).
+
+        Not durable until a flush (timed by `run`, or `flush`/`wait_durable`). ``time_ms``
+        defaults to now (ms since the epoch). ``data`` is encoded now and must not be mutated
+        afterwards. Raises `ValueError` (unknown type without ``ignorable``, a string with
+        lone surrogates), `TypeError` (``data`` not a dict, or not JSON-encodable), and
+        `StorageError` once `aclose` has begun; on any error no seq is consumed.
+        """
+        if self._closing or self._closed:
+            raise StorageError(f"session {self.session_id}: the log is closed")
+        if not isinstance(type, str) or not type:
+            raise ValueError("event type must be a non-empty string")
+        if type not in KNOWN_TYPES and not ignorable:
+            raise ValueError(f"unknown event type {type!r} (pass ignorable=True for extensions)")
+        if not isinstance(data, dict):
+            raise TypeError(f"event data must be a dict, got {data.__class__.__name__}")
+        event = Event(
+            seq=self.last_seq + 1,
+            time=now_ms() if time_ms is None else time_ms,
+            type=type,
+            data=data,
+            ignorable=ignorable,
+        )
+        line = encode_line(event)
+        now = trio.current_time()
+        self.events.append(event)
+        self.last_seq = event.seq
+        self._pending.append((event.seq, line, now))
+        if self._pending_since is None:
+            self._pending_since = now
+            self._notify()
+        return event
+
+    async def flush(self) -> int:
+        """Make every event appended so far durable; return the durable seq (STORAGE.md §4).
+
+        Writes the buffer as one frame and returns once fsync returned. Concurrent callers
+        share one write (group commit). Raises `StorageWriteError` when the write fails (the
+        batch stays buffered, timed writes pause; the next flush retries), `StorageError` when
+        the handle is closed.
+        """
+        if self._closed:
+            raise StorageError(f"session {self.session_id}: the log is closed")
+        target = self.last_seq
+        async with self._write_lock:
+            if self._durable_through(target):
+                return self.durable_seq
+            if self._closed:
+                raise StorageError(f"session {self.session_id}: the log is closed")
+            await self._write_locked()
+        return self.durable_seq
+
+    async def wait_durable(self, seq: int, *, flush: bool = True) -> None:
+        """Return once event ``seq`` is durable.
+
+        ``flush=True`` (default) flushes now if needed (a checkpoint barrier). ``flush=False``
+        waits for the timed write of `run` instead (which must be running). Raises
+        `ValueError` for a seq never appended, `StorageWriteError` (a write failed; with
+        ``flush=False`` as soon as timed writes are paused), `StorageError` (closed).
+        """
+        if seq > self.last_seq:
+            raise ValueError(f"seq {seq} was never appended (last is {self.last_seq})")
+        if flush:
+            if not self._durable_through(seq):
+                await self.flush()
+            return
+        while not self._durable_through(seq):
+            if self._failed is not None:
+                raise StorageWriteError(
+                    f"session {self.session_id}: timed writes are paused after a failed write"
+                ) from self._failed
+            if self._closed:
+                raise StorageError(f"session {self.session_id}: the log is closed")
+            await self._changed.wait()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The coalescing task: flush buffered events ``coalesce`` s after the first of them.
+
+        Start it in the owner's nursery (``await nursery.start(log.run)``); it returns when
+        `aclose` begins. A failed timed write is not raised here: it pauses timed writes and
+        the next `flush` reports it.
+        """
+        if self._runner_active:
+            raise RuntimeError("SessionLog.run is already running")
+        self._runner_active = True
+        try:
+            task_status.started()
+            while not self._closing:
+                changed = self._changed
+                since = self._pending_since
+                if since is None or self._failed is not None:
+                    await changed.wait()
+                    continue
+                deadline = since + self.coalesce
+                if trio.current_time() < deadline:
+                    with trio.move_on_at(deadline):
+                        await changed.wait()
+                    continue
+                try:
+                    await self.flush()
+                except StorageError:
+                    pass  # paused (or closed); flush() callers get the error
+        finally:
+            self._runner_active = False
+
+    async def _write_locked(self) -> None:
+        pending = list(self._pending)
+        fix = list(self._fix)
+        payloads: list[bytes] = []
+        if not self._published:
+            payloads.append(encode_line(self.header))
+        if fix:
+            payloads.append(b"".join(line for _, line in fix))
+        if pending:
+            payloads.append(b"".join(line for _, line, _ in pending))
+        try:
+            if self._published:
+                await trio.to_thread.run_sync(self._append_sync, payloads)
+            else:
+                await trio.to_thread.run_sync(self._publish_sync, payloads)
+        except (OSError, LockHeld, zstandard.ZstdError) as e:
+            self._failed = e
+            self._write_errors += 1
+            self._notify()
+            raise StorageWriteError(
+                f"session {self.session_id}: writing {self.path} failed ({e}); "
+                f"{len(self._pending) + len(self._fix)} events stay buffered and the next "
+                "flush retries"
+            ) from e
+        self._published = True
+        self._fix.clear()
+        del self._pending[: len(pending)]
+        if pending:
+            self.durable_seq = pending[-1][0]
+        elif fix:
+            self.durable_seq = fix[-1][0]
+        self._pending_since = self._pending[0][2] if self._pending else None
+        self._failed = None
+        self._notify()
+
+    # --- blocking file work (runs in a worker thread) -------------------------------------
+
+    def _fsync(self, fd: int) -> None:
+        self._fsyncs += 1
+        os.fsync(fd)
+
+    def _fsync_dir(self, path: Path) -> None:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            self._fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _frames_of(self, payloads: list[bytes]) -> bytes:
+        self._frames += len(payloads)
+        if self.compression == "zstd":
+            return b"".join(self._compressor.compress(p) for p in payloads)
+        return b"".join(payloads)
+
+    def _append_sync(self, payloads: list[bytes]) -> None:
+        fd = self._fd
+        assert fd is not None
+        if self._truncate_to is not None:
+            os.ftruncate(fd, self._truncate_to)
+            self._fsync(fd)
+            self._size = self._truncate_to
+            self._truncate_to = None
+        if not payloads:
+            return
+        blob = self._frames_of(payloads)
+        noted = self._size
+        self._writes += 1
+        try:
+            _pwrite_all(fd, blob, noted)
+            self._fsync(fd)
+        except BaseException:
+            try:
+                os.ftruncate(fd, noted)
+                self._fsync(fd)
+            except OSError:
+                self._truncate_to = noted
+            raise
+        self._size = noted + len(blob)
+
+    def _makedirs_durable(self, path: Path) -> None:
+        missing = []
+        while not path.is_dir():
+            missing.append(path)
+            if path.parent == path:
+                break
+            path = path.parent
+        for directory in reversed(missing):
+            try:
+                os.mkdir(directory, 0o700)
+            except FileExistsError:
+                continue
+            self._fsync_dir(directory.parent)
+
+    def _publish_sync(self, payloads: list[bytes]) -> None:
+        self._makedirs_durable(self.session_dir)
+        if self._lock_fd is None:
+            self._lock_fd = lock_file(self.session_dir / LOCK_NAME)
+        other = self.session_dir / (LOG_NAME_PLAIN if self.compression == "zstd" else LOG_NAME_ZSTD)
+        if os.path.lexists(other):
+            raise FileExistsError(17, "a log of the other format already exists", str(other))
+        blob = self._frames_of(payloads)
+        tmp = self.session_dir / f".{self.path.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp"
+        self._writes += 1
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        linked = False
+        try:
+            _pwrite_all(fd, blob, 0)
+            self._fsync(fd)
+            os.link(tmp, self.path)
+            linked = True
+            self._fsync_dir(self.session_dir)
+        except BaseException:
+            os.close(fd)
+            _unlink_quietly(tmp)
+            if linked:
+                _unlink_quietly(self.path)
+            raise
+        _unlink_quietly(tmp)  # a temp left by a crash here is harmless: never read
+        self._fd = fd
+        self._size = len(blob)
+
+    # --- closing --------------------------------------------------------------------------
+
+    async def _close_files(self) -> None:
+        async with self._write_lock:  # a write in flight finishes before its fd closes
+            fd, self._fd = self._fd, None
+            lock_fd, self._lock_fd = self._lock_fd, None
+            try:
+                if fd is not None:
+                    os.close(fd)
+            finally:
+                if lock_fd is not None:
+                    unlock_file(lock_fd)
+                if self._claims is not None:
+                    self._claims.discard(self.session_id)
+                self._closed = True
+                self._closing = True
+                self._notify()
+
+    async def aclose(self, *, timeout: float = 30.0) -> None:
+        """Final flush, then release the lock and close the file (idempotent).
+
+        The flush runs shielded, bounded by ``timeout`` seconds; its error
+        (`StorageWriteError`) is raised after everything is closed: events still buffered
+        then are lost, and the caller is told. The `run` task returns.
+        """
+        if self._closed:
+            return
+        self._closing = True
+        self._notify()
+        error: BaseException | None = None
+        with trio.CancelScope(shield=True):
+            try:
+                with trio.move_on_after(timeout) as scope:
+                    if not self._durable_through(self.last_seq) and (self._pending or self._fix):
+                        await self.flush()
+                if scope.cancelled_caught:
+                    error = StorageWriteError(
+                        f"session {self.session_id}: the final flush did not finish in {timeout} s"
+                    )
+            except StorageError as e:
+                error = e
+            finally:
+                await self._close_files()
+        if error is not None:
+            raise error
+
+    # --- introspection --------------------------------------------------------------------
+
+    def statistics(self) -> dict:
+        """Counters and state: ``last_seq``, ``durable_seq``, ``buffered`` (events not yet
+        durable), ``fsyncs`` (file and directory fsyncs issued), ``frames`` (frames written),
+        ``writes`` (write attempts), ``write_errors``, ``failed`` (str of the last unrecovered
+        error or None), ``bytes`` (known-good file size), ``published``, ``closed``."""
+        return {
+            "session_id": self.session_id,
+            "compression": self.compression,
+            "last_seq": self.last_seq,
+            "durable_seq": self.durable_seq,
+            "buffered": len(self._pending) + len(self._fix),
+            "fsyncs": self._fsyncs,
+            "frames": self._frames,
+            "writes": self._writes,
+            "write_errors": self._write_errors,
+            "failed": None if self._failed is None else str(self._failed),
+            "bytes": self._size,
+            "published": self._published,
+            "closed": self._closed,
+        }
