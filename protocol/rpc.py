@@ -1,0 +1,569 @@
+"""JSON-RPC 2.0 messages of the dshd client protocol, sans-IO (PROTOCOL.md §1–§4).
+
+Theory of operation: the transport hands this module one line (one JSON text, the trailing
+``\\n`` optional) and gets back a list of classified messages; to answer, it asks for bytes.
+Nothing here reads, writes, or knows about connections or sessions.
+
+* ``parse_message(line) -> Messages``: a single object or a batch array. Each element becomes a
+  ``Request`` (has ``id``), a ``Notification`` (no ``id``), a ``Response`` / ``ErrorResponse``
+  (the client side), or an ``RpcError`` (code ``INVALID_REQUEST``, carrying the element's
+  ``id`` when it could be read, else ``None``). Malformed JSON is one ``RpcError(PARSE_ERROR)``;
+  an empty batch is one ``INVALID_REQUEST``. ``Messages.is_batch`` says whether the line was
+  an array. ``params`` and ``result`` stay ``msgspec.Raw`` (undecoded bytes) until the handler
+  knows what it expects.
+* ``decode_params(raw, Type)``: the method's params struct (below), or ``RpcError(-32602)``
+  whose message names the field (``"invalid params: Expected `int` <= 10000 - at `$.limit`"``).
+  Absent and ``null`` params decode as ``{}``. Unknown fields are ignored (new fields may be
+  added, PROTOCOL.md intro).
+* ``encode_response`` / ``encode_error`` / ``encode_request`` / ``encode_notification``: one
+  compact JSON line ending in ``b"\\n"``. ``result``/``params`` may be any msgspec-encodable
+  value (dicts, Structs, ``msgspec.Raw`` for pre-encoded JSON).
+
+Params structs are frozen msgspec Structs whose field names are the wire names (camelCase,
+exactly as in PROTOCOL.md §3); each camelCase field also reads under its snake_case name
+(``p.sessionId == p.session_id``). ``METHOD_PARAMS`` maps every method to its struct.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, TypedDict
+
+import msgspec
+from msgspec import UNSET, Meta, Raw
+
+__all__ = [
+    "ALREADY_DECIDED",
+    "APPROVAL_NOT_FOUND",
+    "CALL_NOT_FOUND",
+    "ERROR_NAMES",
+    "INTERNAL_ERROR",
+    "INVALID_PARAMS",
+    "INVALID_REQUEST",
+    "LIMIT_EXCEEDED",
+    "METHOD_NOT_FOUND",
+    "METHOD_PARAMS",
+    "NOT_INITIALIZED",
+    "PARSE_ERROR",
+    "PERMISSION_DENIED",
+    "SESSION_LOCKED",
+    "SESSION_NOT_FOUND",
+    "STORAGE_FAILURE",
+    "TIMEOUT",
+    "UNKNOWN_TOOL",
+    "UNSUPPORTED_VERSION",
+    "ApprovalDecideParams",
+    "BashArguments",
+    "Capabilities",
+    "ClientInfo",
+    "DaemonStatusParams",
+    "EmptyParams",
+    "ErrorObject",
+    "ErrorResponse",
+    "InitializeParams",
+    "Messages",
+    "Notification",
+    "Request",
+    "Response",
+    "RpcError",
+    "SessionCreateParams",
+    "SessionEventsParams",
+    "SessionGetParams",
+    "SessionListParams",
+    "SetApprovalPolicyParams",
+    "StreamParams",
+    "SubscribeParams",
+    "ToolCancelParams",
+    "ToolRunParams",
+    "ToolWaitParams",
+    "TurnCancelParams",
+    "TurnStartParams",
+    "TurnSteerParams",
+    "UnsubscribeParams",
+    "decode_params",
+    "encode_batch",
+    "encode_error",
+    "encode_notification",
+    "encode_request",
+    "encode_response",
+    "parse_message",
+]
+
+# --- error codes (PROTOCOL.md §4) ---------------------------------------------------------------
+
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+PERMISSION_DENIED = -32001
+NOT_INITIALIZED = -32002
+UNSUPPORTED_VERSION = -32003
+SESSION_NOT_FOUND = -32004
+SESSION_LOCKED = -32005
+CALL_NOT_FOUND = -32006
+APPROVAL_NOT_FOUND = -32007
+TIMEOUT = -32010
+ALREADY_DECIDED = -32011
+UNKNOWN_TOOL = -32012
+LIMIT_EXCEEDED = -32013
+STORAGE_FAILURE = -32014
+
+#: code -> short name, for logs.
+ERROR_NAMES: dict[int, str] = {
+    PARSE_ERROR: "parse error",
+    INVALID_REQUEST: "invalid request",
+    METHOD_NOT_FOUND: "method not found",
+    INVALID_PARAMS: "invalid params",
+    INTERNAL_ERROR: "internal error",
+    PERMISSION_DENIED: "permission denied",
+    NOT_INITIALIZED: "not initialized",
+    UNSUPPORTED_VERSION: "unsupported protocol version",
+    SESSION_NOT_FOUND: "session not found",
+    SESSION_LOCKED: "session locked by another process",
+    CALL_NOT_FOUND: "call not found",
+    APPROVAL_NOT_FOUND: "approval not found",
+    TIMEOUT: "timeout",
+    ALREADY_DECIDED: "already decided",
+    UNKNOWN_TOOL: "unknown tool",
+    LIMIT_EXCEEDED: "limit exceeded",
+    STORAGE_FAILURE: "storage failure",
+}
+
+
+class RpcError(Exception):
+    """A JSON-RPC error: ``code`` (int, §4), ``message`` (str), ``data`` (JSON or None).
+
+    Raised by ``decode_params`` (and by handlers); returned, not raised, by ``parse_message``
+    for elements that are not valid messages, with ``id`` set to the element's id when it could
+    be read (else ``None``). Answer one with ``encode_error(id, e.code, e.message, e.data)``.
+    """
+
+    def __init__(self, code: int, message: str, data: Any = None, *, id: Any = None) -> None:
+        super().__init__(f"{code} {message}")
+        self.code = code
+        self.message = message
+        self.data = data
+        self.id = id
+
+    def __repr__(self) -> str:
+        return f"RpcError({self.code}, {self.message!r}, data={self.data!r}, id={self.id!r})"
+
+
+# --- message structs ----------------------------------------------------------------------------
+
+Id = int | str | None
+
+
+class Request(msgspec.Struct, frozen=True):
+    """A call that wants an answer. ``params``: undecoded JSON (empty ``Raw`` when absent)."""
+
+    id: Id
+    method: str
+    params: Raw = Raw()
+
+
+class Notification(msgspec.Struct, frozen=True):
+    """A call without ``id``: never answered (PROTOCOL.md §1, batches)."""
+
+    method: str
+    params: Raw = Raw()
+
+
+class Response(msgspec.Struct, frozen=True):
+    """A successful answer; ``result`` is undecoded JSON (decode with ``msgspec.json.decode``)."""
+
+    id: Id
+    result: Raw
+
+
+class ErrorObject(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The ``error`` member of an error answer."""
+
+    code: int
+    message: str
+    data: Any = None
+
+
+class ErrorResponse(msgspec.Struct, frozen=True):
+    """An error answer (the client side); ``error.data`` is already decoded."""
+
+    id: Id
+    error: ErrorObject
+
+
+class Messages(list):
+    """The classified elements of one line (a list).
+
+    ``is_batch`` (alias ``batch``) is True when the line was a JSON array: answer the requests
+    in it with one array line (``encode_batch``). ``items`` is the list itself.
+    """
+
+    is_batch: bool = False
+
+    @property
+    def batch(self) -> bool:
+        return self.is_batch
+
+    @property
+    def items(self) -> list:
+        return self
+
+
+class _Envelope(msgspec.Struct):
+    jsonrpc: Any = UNSET
+    id: Any = UNSET
+    method: Any = UNSET
+    params: Raw = Raw()
+    result: Raw = Raw()
+    error: Any = UNSET
+
+
+_envelope_decoder = msgspec.json.Decoder(_Envelope)
+_batch_decoder = msgspec.json.Decoder(list[Raw])
+_error_object_decoder = msgspec.json.Decoder(ErrorObject)
+_encoder = msgspec.json.Encoder()
+_WS = b" \t\r\n"
+
+
+def _first_byte(data: Any) -> bytes:
+    for b in memoryview(data).cast("B"):
+        if b not in _WS:
+            return bytes((b,))
+    return b""
+
+
+def _classify(raw: Any) -> Any:
+    try:
+        env = _envelope_decoder.decode(raw)
+    except msgspec.ValidationError:
+        return RpcError(INVALID_REQUEST, "invalid request: a message is a JSON object")
+    rid = env.id
+    id_ok = rid is UNSET or rid is None or type(rid) is str or type(rid) is int
+    known_id = rid if (id_ok and rid is not UNSET) else None
+    if env.jsonrpc != "2.0":
+        return RpcError(INVALID_REQUEST, 'invalid request: "jsonrpc" must be "2.0"', id=known_id)
+    if not id_ok:
+        return RpcError(INVALID_REQUEST, "invalid request: id must be a string, an integer or null")
+    if env.method is not UNSET:
+        if type(env.method) is not str:
+            return RpcError(
+                INVALID_REQUEST, "invalid request: method must be a string", id=known_id
+            )
+        params = env.params
+        if params:
+            first = _first_byte(params)
+            if first == b"n":  # null: treated as absent
+                params = Raw()
+            elif first not in (b"{", b"["):
+                return RpcError(
+                    INVALID_REQUEST, "invalid request: params must be an object", id=known_id
+                )
+        if rid is UNSET:
+            return Notification(env.method, params)
+        return Request(rid, env.method, params)
+    has_result = bool(env.result)
+    has_error = env.error is not UNSET
+    if (has_result or has_error) and rid is not UNSET:
+        if has_result and has_error:
+            return RpcError(
+                INVALID_REQUEST, "invalid response: both result and error", id=known_id
+            )
+        if has_result:
+            return Response(rid, env.result)
+        try:
+            error = msgspec.convert(env.error, ErrorObject)
+        except msgspec.ValidationError as e:
+            return RpcError(INVALID_REQUEST, f"invalid response: error object: {e}", id=known_id)
+        return ErrorResponse(rid, error)
+    return RpcError(
+        INVALID_REQUEST,
+        "invalid request: not a request (method, id), a notification (method)"
+        " or a response (id, result or error)",
+        id=known_id,
+    )
+
+
+def parse_message(line: bytes | bytearray | memoryview | str) -> Messages:
+    """Classify one line (PROTOCOL.md §1); see the module docstring.
+
+    Returns a ``Messages`` list of ``Request | Notification | Response | ErrorResponse |
+    RpcError``; never raises on bad input.
+    """
+    out = Messages()
+    if isinstance(line, str):
+        line = line.encode("utf-8", "surrogatepass")
+    try:
+        if _first_byte(line) == b"[":
+            elements = _batch_decoder.decode(line)
+            out.is_batch = True  # a malformed array is one parse error, answered unbatched
+            if not elements:
+                out.append(RpcError(INVALID_REQUEST, "invalid request: empty batch"))
+            for element in elements:
+                out.append(_classify(element))
+        else:
+            out.append(_classify(line))
+    except msgspec.ValidationError:  # a subclass of DecodeError: keep first
+        out.append(RpcError(INVALID_REQUEST, "invalid request"))
+    except msgspec.DecodeError as e:
+        out.append(RpcError(PARSE_ERROR, f"parse error: {e}; send one JSON text per line"))
+    return out
+
+
+# --- encoding -----------------------------------------------------------------------------------
+
+
+def _line(obj: Any) -> bytes:
+    return _encoder.encode(obj) + b"\n"
+
+
+def encode_response(id: Id, result: Any) -> bytes:
+    """``{"jsonrpc":"2.0","id":id,"result":result}`` + ``\\n``."""
+    return _line({"jsonrpc": "2.0", "id": id, "result": result})
+
+
+def encode_error(id: Id, code: int, message: str, data: Any = None) -> bytes:
+    """``{"jsonrpc":"2.0","id":id,"error":{"code","message","data"?}}`` + ``\\n``.
+
+    ``data`` is left out when None. ``id`` is None when the request's id is unknown.
+    """
+    error: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        error["data"] = data
+    return _line({"jsonrpc": "2.0", "id": id, "error": error})
+
+
+def encode_request(id: Id, method: str, params: Any = None) -> bytes:
+    """``{"jsonrpc":"2.0","id","method","params"?}`` + ``\\n`` (params left out when None)."""
+    msg: dict[str, Any] = {"jsonrpc": "2.0", "id": id, "method": method}
+    if params is not None:
+        msg["params"] = params
+    return _line(msg)
+
+
+def encode_notification(method: str, params: Any = None) -> bytes:
+    """``{"jsonrpc":"2.0","method","params"?}`` + ``\\n`` (params left out when None)."""
+    msg: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
+    if params is not None:
+        msg["params"] = params
+    return _line(msg)
+
+
+def encode_batch(lines: list[bytes]) -> bytes:
+    """Join encoded lines (from the ``encode_*`` functions) into one batch array line.
+
+    An empty list gives ``b""``: a batch of only notifications gets no answer at all.
+    """
+    if not lines:
+        return b""
+    return b"[" + b",".join(line.rstrip(b"\n") for line in lines) + b"]\n"
+
+
+# --- params -------------------------------------------------------------------------------------
+
+_RESERVED_IDS = frozenset({"__proto__", "constructor", "prototype"})
+
+ClientCallId = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+Seconds = Annotated[float, Meta(ge=0)]
+ApprovalPolicy = Literal["ask", "never"]
+SandboxMode = Literal["read-only", "workspace-write", "danger-full-access"]
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)([A-Z])", lambda m: "_" + m.group(1).lower(), name)
+
+
+class _Params(msgspec.Struct, frozen=True, kw_only=True):
+    """Base of params structs: camelCase wire fields, readable under snake_case too."""
+
+
+class ClientInfo(TypedDict, total=False):
+    """``initialize.client`` (decoded as a plain dict)."""
+
+    name: str
+    version: str
+
+
+class Capabilities(TypedDict, total=False):
+    """``initialize.capabilities`` (decoded as a plain dict); ``approvals`` makes the connection
+    an approval answerer (§3.4)."""
+
+    approvals: bool
+
+
+class InitializeParams(_Params):
+    """``initialize`` (§2). Unsupported ``protocolVersion`` is the daemon's ``-32003``.
+
+    ``client`` and ``capabilities`` are plain dicts (typed: ``ClientInfo``, ``Capabilities``).
+    """
+
+    protocolVersion: int
+    client: ClientInfo | None = None
+    capabilities: Capabilities | None = None
+
+
+class EmptyParams(_Params):
+    """Methods without params (``session.list``, ``daemon.status``); any fields are ignored."""
+
+
+class SessionCreateParams(_Params):
+    """``session.create`` (§3.1); ``cwd`` must be absolute (existence is the daemon's check)."""
+
+    cwd: Annotated[str, Meta(pattern="^/")]
+    title: str | None = None
+    approvalPolicy: ApprovalPolicy | None = None
+    sandbox: SandboxMode | None = None
+    env: dict[str, str] | None = None
+
+
+SessionListParams = EmptyParams
+
+
+class SessionGetParams(_Params):
+    sessionId: str
+
+
+class SessionEventsParams(_Params):
+    """``session.events``: events with ``seq > afterSeq``, at most ``limit`` (≤ 10,000)."""
+
+    sessionId: str
+    afterSeq: Annotated[int, Meta(ge=-1)] = -1
+    limit: Annotated[int, Meta(ge=0, le=10_000)] = 1000
+
+
+class SetApprovalPolicyParams(_Params):
+    sessionId: str
+    policy: ApprovalPolicy
+
+
+class ToolRunParams(_Params):
+    """``tool.run`` (§3.2). ``callId``, when given, matches ``[A-Za-z0-9_-]{1,64}`` and is not
+    reserved; ``approved`` means the caller is the person approving this call."""
+
+    sessionId: str
+    name: str
+    arguments: dict[str, Any]
+    callId: ClientCallId | None = None
+    approved: bool = False
+
+    def __post_init__(self) -> None:
+        if self.callId in _RESERVED_IDS:
+            raise ValueError(f"callId {self.callId!r} is reserved - at `$.callId`")
+
+
+class BashArguments(_Params):
+    """``arguments`` of the built-in ``bash`` tool; ``timeout`` in seconds."""
+
+    command: str
+    timeout: Seconds | None = None
+
+
+class ToolWaitParams(_Params):
+    """``tool.wait``; ``timeout`` in seconds (None: wait until the result is durable)."""
+
+    sessionId: str
+    callId: str
+    timeout: Seconds | None = None
+
+
+class ToolCancelParams(_Params):
+    sessionId: str
+    callId: str
+
+
+class SubscribeParams(_Params):
+    sessionId: str
+
+
+class UnsubscribeParams(_Params):
+    subscriptionId: str
+
+
+class ApprovalDecideParams(_Params):
+    sessionId: str
+    approvalId: str
+    decision: Literal["allow", "reject"]
+
+
+class TurnStartParams(_Params):
+    sessionId: str
+    input: str
+
+
+class TurnCancelParams(_Params):
+    sessionId: str
+
+
+class TurnSteerParams(_Params):
+    sessionId: str
+    input: str
+
+
+DaemonStatusParams = EmptyParams
+
+
+class StreamParams(_Params):
+    """The ``stream`` notification (client side): ``ops`` is a wire batch (OPS.md §3)."""
+
+    subscriptionId: str
+    seq: Annotated[int, Meta(ge=0)]
+    ops: list[Any]
+
+
+#: Method name -> params struct (PROTOCOL.md §2–§3; ``stream`` is a server notification).
+METHOD_PARAMS: dict[str, type] = {
+    "initialize": InitializeParams,
+    "session.create": SessionCreateParams,
+    "session.list": SessionListParams,
+    "session.get": SessionGetParams,
+    "session.events": SessionEventsParams,
+    "session.setApprovalPolicy": SetApprovalPolicyParams,
+    "tool.run": ToolRunParams,
+    "tool.wait": ToolWaitParams,
+    "tool.cancel": ToolCancelParams,
+    "subscribe": SubscribeParams,
+    "unsubscribe": UnsubscribeParams,
+    "approval.decide": ApprovalDecideParams,
+    "turn.start": TurnStartParams,
+    "turn.cancel": TurnCancelParams,
+    "turn.steer": TurnSteerParams,
+    "daemon.status": DaemonStatusParams,
+    "stream": StreamParams,
+}
+
+
+def _add_snake_aliases() -> None:
+    for cls in _Params.__subclasses__():
+        for field in cls.__struct_fields__:
+            alias = _snake(field)
+            if alias != field and not hasattr(cls, alias):
+                setattr(cls, alias, property(lambda self, _f=field: getattr(self, _f)))
+
+
+_add_snake_aliases()
+
+_param_decoders: dict[type, msgspec.json.Decoder] = {}
+
+
+def decode_params(raw: Any, type_: type) -> Any:
+    """Decode ``raw`` (``msgspec.Raw``, bytes or str; empty or ``null`` means ``{}``) as ``type_``.
+
+    Raises ``RpcError(INVALID_PARAMS)`` whose message names the offending field, with
+    ``data = {"detail": <msgspec message>}``.
+    """
+    data: Any = raw.encode("utf-8") if isinstance(raw, str) else raw
+    if data is None or not data or (len(data) < 16 and bytes(data).strip() == b"null"):
+        data = b"{}"
+    decoder = _param_decoders.get(type_)
+    if decoder is None:
+        decoder = _param_decoders[type_] = msgspec.json.Decoder(type_)
+    try:
+        return decoder.decode(data)
+    except msgspec.ValidationError as e:
+        raise RpcError(
+            INVALID_PARAMS,
+            f"invalid params: {e}; see PROTOCOL.md §3 for the method's params",
+            {"detail": str(e)},
+        ) from None
+    except msgspec.DecodeError as e:
+        raise RpcError(INVALID_PARAMS, f"invalid params: malformed JSON: {e}") from None
