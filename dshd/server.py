@@ -210,41 +210,40 @@ async def serve(config: Config, *, task_status=trio.TASK_STATUS_IGNORED) -> None
             own_socket = False
         listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
         try:
-            async with trio.open_nursery() as outer:
-                await outer.start(daemon.registry.run)
-                async with trio.open_nursery() as handlers:
-                    accept_scope = trio.CancelScope()
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async with trio.open_nursery() as outer:
+                    await outer.start(daemon.registry.run)
+                    async with trio.open_nursery() as handlers:
+                        accept_scope = trio.CancelScope()
 
-                    async def accept_loop() -> None:
-                        with accept_scope:
-                            while True:
-                                stream = await listener.accept()
-                                handlers.start_soon(_handle, daemon, stream)
+                        async def accept_loop() -> None:
+                            with accept_scope:
+                                while True:
+                                    stream = await listener.accept()
+                                    handlers.start_soon(_handle, daemon, stream)
 
-                    handlers.start_soon(accept_loop)
-                    log.info(
-                        "dshd.ready",
-                        socket=str(path),
-                        state_dir=str(state_dir),
-                        pid=daemon.pid,
-                        sandbox=sandbox.describe(),
-                    )
-                    sd_notify("READY=1\nSTATUS=listening")
-                    task_status.started(daemon)
-                    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                        handlers.start_soon(accept_loop)
+                        log.info(
+                            "dshd.ready",
+                            socket=str(path),
+                            state_dir=str(state_dir),
+                            pid=daemon.pid,
+                            sandbox=sandbox.describe(),
+                        )
+                        sd_notify("READY=1\nSTATUS=listening")
+                        task_status.started(daemon)
                         async for signum in signals:
                             log.info("dshd.stopping", signal=signal.Signals(signum).name)
                             break
-                    daemon.stopping = True
-                    sd_notify("STOPPING=1")
-                    accept_scope.cancel()
-                    # Sessions settle their calls (TOOL_CANCELLED) and flush; then handlers end.
-                    await daemon.registry.aclose()
-                    with trio.move_on_after(8):
-                        while daemon.registry.open:
-                            await trio.sleep(0.02)
-                    handlers.cancel_scope.cancel()
-                outer.cancel_scope.cancel()
+                        # Graceful stop: stop accepting; sessions settle their calls
+                        # (TOOL_CANCELLED) and flush; then the handlers get a deadline.
+                        daemon.stopping = True
+                        sd_notify("STOPPING=1")
+                        accept_scope.cancel()
+                        with trio.move_on_after(8):
+                            await daemon.registry.aclose()
+                        handlers.cancel_scope.cancel()
+                    outer.cancel_scope.cancel()
         finally:
             await listener.aclose()
             if own_socket:

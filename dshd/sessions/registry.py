@@ -72,8 +72,11 @@ class SessionRegistry:
 
     async def aclose(self) -> None:
         """Graceful stop: every session cancels its calls, settles them and flushes."""
-        for session in list(self.open.values()):
+        sessions = list(self.open.values())
+        for session in sessions:
             session.close()
+        for session in sessions:
+            await session.finished.wait()
 
     async def _start(self, log_: SessionLog) -> Session:
         session = Session(log_, self.sessions_dir / log_.header.id, self.config, self.sandbox)
@@ -149,6 +152,7 @@ class SessionRegistry:
                 compression=self.config.compression,
                 coalesce=self.config.coalesce_seconds,
                 claims=self._claims,
+                repair=True,
             )
             return await self._start(log_)
 

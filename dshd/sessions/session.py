@@ -118,6 +118,7 @@ class Session:
         )
         self._calls_nursery: trio.Nursery | None = None
         self._closed = trio.Event()
+        self.finished = trio.Event()
 
     # ----------------------------------------------------------------- derived state
     def _absorb(self, type_: str, data: dict, recent: list[dict] | None = None) -> None:
@@ -192,6 +193,7 @@ class Session:
                     await self.log.aclose()
                 except StorageError as exc:
                     log.error("session.close_failed", session=self.id, error=str(exc))
+            self.finished.set()
 
     def close(self) -> None:
         self._closed.set()
@@ -380,6 +382,8 @@ class Session:
         """Append ``tool/result``, make it durable, move the call from tools to recent."""
         ev = self.log.append("tool/result", result)
         self.results[call.call_id] = result
+        # The final output state is always published before the call leaves the lane.
+        self.publisher.publish_now()
         self.calls.pop(call.call_id, None)
         self.tracker.delete(["tools", call.call_id])
         for approval_id, entry in list(self.tracker.value["approvals"].items()):
