@@ -1,0 +1,184 @@
+"""Typed calls of the dshd client protocol (PROTOCOL.md §2–§3.3, §3.6) over a ``Connection``.
+
+Theory of operation: ``connect`` resolves the socket path the way the daemon does
+(``dshd.paths.socket_path``: ``--socket``, ``DSH_SOCKET``, defaults), opens the socket, runs a
+``Connection`` for the duration of the block and sends ``initialize`` first. A missing or
+refusing socket is ``DaemonNotRunning``, whose message says how to start the daemon. Each method
+below is one request; the daemon's errors come out as ``protocol.rpc.RpcError`` with its
+``code``, ``message`` and ``data``. Results are the plain JSON objects of the spec: this layer
+names the calls, it does not model the domain.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import asynccontextmanager
+from importlib import metadata
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import trio
+
+from client.subscription import Subscription
+from client.transport import DEFAULT_INBOX_BOUND, Connection, DshClientError, open_connection
+from dshd.paths import socket_path as resolve_socket_path
+
+__all__ = ["Client", "connect", "DaemonNotRunning", "ConnectFailed", "PROTOCOL_VERSION", "dsh_version"]
+
+PROTOCOL_VERSION = 1
+
+
+class DaemonNotRunning(DshClientError):
+    """Nothing listens on the socket (missing, or a stale socket file that refuses)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        super().__init__(
+            f"dshd is not running at {self.path}; start it with `dshd` "
+            "(or `systemctl --user start dshd`)"
+        )
+
+
+class ConnectFailed(DshClientError):
+    """The socket exists but could not be connected to for another reason (e.g. permissions)."""
+
+
+def dsh_version() -> str:
+    """This client's version (the installed ``dsh`` distribution, else "0")."""
+    try:
+        return metadata.version("dsh")
+    except metadata.PackageNotFoundError:
+        return "0"
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+class Client:
+    """An initialized connection to dshd. Get one from ``connect``."""
+
+    def __init__(self, conn: Connection, path: Path, server: dict[str, Any]) -> None:
+        self._conn = conn
+        self.socket_path = path
+        #: The ``initialize`` result: protocolVersion, server {name, version}, sandbox.
+        self.server = server
+
+    @property
+    def connection(self) -> Connection:
+        return self._conn
+
+    async def call(self, method: str, params: dict[str, Any] | None = None) -> Any:
+        """Any method, by name (for methods this class has no wrapper for)."""
+        return await self._conn.call(method, params)
+
+    # -- sessions ------------------------------------------------------------------------
+    async def create_session(self, cwd: str | os.PathLike[str], title: str | None = None,
+                             **opts: Any) -> str:
+        """``session.create``; ``opts`` are further params (``approval_policy`` or
+        ``approvalPolicy``, ``sandbox``, ``env``). Returns the new session id."""
+        params: dict[str, Any] = {"cwd": os.fspath(cwd)}
+        if title is not None:
+            params["title"] = title
+        for key, value in opts.items():
+            if value is not None:
+                params[_camel(key)] = value
+        result = await self._conn.call("session.create", params)
+        return result["sessionId"]
+
+    async def list_sessions(self) -> list[dict[str, Any]]:
+        result = await self._conn.call("session.list", {})
+        return result["sessions"]
+
+    async def get_session(self, session_id: str) -> dict[str, Any]:
+        return await self._conn.call("session.get", {"sessionId": session_id})
+
+    async def events(self, session_id: str, after_seq: int = -1, limit: int = 1000) -> dict[str, Any]:
+        """One page of ``session.events``: ``{"events": [...], "lastSeq": n}``."""
+        return await self._conn.call(
+            "session.events", {"sessionId": session_id, "afterSeq": after_seq, "limit": limit}
+        )
+
+    async def iter_events(self, session_id: str, after_seq: int = -1,
+                          page_size: int = 1000) -> AsyncIterator[dict[str, Any]]:
+        """Every event after ``after_seq``, oldest first, page by page, up to the ``lastSeq``
+        the daemon reported when the walk reached it."""
+        while True:
+            page = await self.events(session_id, after_seq, page_size)
+            events = page["events"]
+            for event in events:
+                yield event
+            if not events or events[-1]["seq"] >= page["lastSeq"]:
+                return
+            after_seq = events[-1]["seq"]
+
+    # -- tools ---------------------------------------------------------------------------
+    async def run_tool(self, session_id: str, command: str, *, call_id: str | None = None,
+                       timeout: float | None = None, approved: bool = True,
+                       name: str = "bash") -> str:
+        """``tool.run`` of the bash tool; returns the callId (the existing one when
+        ``call_id`` names a call already in the session)."""
+        arguments: dict[str, Any] = {"command": command}
+        if timeout is not None:
+            arguments["timeout"] = timeout
+        params: dict[str, Any] = {
+            "sessionId": session_id,
+            "name": name,
+            "arguments": arguments,
+            "approved": approved,
+        }
+        if call_id is not None:
+            params["callId"] = call_id
+        result = await self._conn.call("tool.run", params)
+        return result["callId"]
+
+    async def wait(self, session_id: str, call_id: str, timeout: float | None = None) -> dict[str, Any]:
+        """``tool.wait``: the ToolResult once durable. With ``timeout`` the daemon answers
+        ``-32010`` when it passes (and the call keeps running)."""
+        params: dict[str, Any] = {"sessionId": session_id, "callId": call_id}
+        if timeout is not None:
+            params["timeout"] = timeout
+        return await self._conn.call("tool.wait", params)
+
+    async def cancel(self, session_id: str, call_id: str) -> bool:
+        result = await self._conn.call("tool.cancel", {"sessionId": session_id, "callId": call_id})
+        return bool(result["cancelled"])
+
+    # -- streams and daemon --------------------------------------------------------------
+    async def subscribe(self, session_id: str, *, bound: int = DEFAULT_INBOX_BOUND) -> Subscription:
+        """Subscribe to the session's lane view; iterate the returned ``Subscription``."""
+        sub = Subscription(self._conn, session_id, bound=bound)
+        await sub.open()
+        return sub
+
+    async def status(self) -> dict[str, Any]:
+        return await self._conn.call("daemon.status", {})
+
+
+@asynccontextmanager
+async def connect(
+    socket_path: str | os.PathLike[str] | None = None,
+    client_name: str = "dsh",
+    *,
+    approvals: bool = False,
+    client_version: str | None = None,
+) -> AsyncIterator[Client]:
+    """Connect to dshd and ``initialize``; the connection closes when the block ends."""
+    path = resolve_socket_path(socket_path)
+    try:
+        stream = await trio.open_unix_socket(os.fspath(path))
+    except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError) as exc:
+        raise DaemonNotRunning(path) from exc
+    except OSError as exc:
+        raise ConnectFailed(f"cannot connect to dshd at {path}: {exc.strerror or exc}") from exc
+    async with open_connection(stream) as conn:
+        server = await conn.call(
+            "initialize",
+            {
+                "protocolVersion": PROTOCOL_VERSION,
+                "client": {"name": client_name, "version": client_version or dsh_version()},
+                "capabilities": {"approvals": approvals},
+            },
+        )
+        yield Client(conn, path, server)

@@ -1,0 +1,324 @@
+"""JSON-RPC 2.0 over one Unix stream socket, NDJSON framed (PROTOCOL.md §1), for trio clients.
+
+Theory of operation: a ``Connection`` owns one byte stream and two tasks that live in the
+nursery of ``open_connection``. The *writer* task is the only one that writes: callers hand it
+whole lines through a bounded channel, so a caller cancelled mid-call never leaves half a line
+on the wire. The *reader* task is the only one that reads: it splits lines, decodes each and
+
+- hands a response to the call waiting on its ``id`` (running that call's ``on_result`` hook
+  first, in the reader, so that a ``subscribe`` registers its inbox before the reader looks at
+  the next line -- the first ``stream`` notification follows the response at once);
+- puts a ``stream`` notification into the ``Inbox`` of its ``subscriptionId``. An inbox is
+  bounded and the reader never waits on it: when it is full the inbox is marked overflowed and
+  emptied, and its consumer learns it must subscribe again (a fresh base batch);
+- keeps an error response with ``id: null`` (the daemon says why it closes, e.g. ``-32001``)
+  and raises it to the calls still waiting when the connection ends.
+
+When the stream ends or breaks every waiting call and every inbox is failed with
+``ConnectionLost`` (or that kept error); calls made later fail at once.
+
+Errors (a tree, mapped once here): ``DshClientError`` > ``DaemonNotRunning`` (in ``api``),
+``ConnectionLost``; ``RpcError`` (``protocol.rpc``) is what the daemon answered.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Callable
+
+import msgspec
+import trio
+
+from protocol.rpc import (
+    ErrorResponse,
+    Notification,
+    Response,
+    RpcError,
+    StreamParams,
+    decode_params,
+    encode_request,
+    parse_message,
+)
+
+__all__ = [
+    "DshClientError",
+    "ConnectionLost",
+    "InboxOverflow",
+    "Inbox",
+    "Connection",
+    "open_connection",
+    "MAX_LINE_BYTES",
+    "DEFAULT_INBOX_BOUND",
+]
+
+#: Longest line the client accepts from the daemon (a base batch of a busy lane is ~1 MB).
+MAX_LINE_BYTES = 64 * 1024 * 1024
+#: Stream batches queued per subscription before the client gives up on it and resubscribes.
+DEFAULT_INBOX_BOUND = 512
+_SEND_QUEUE = 64
+_READ_CHUNK = 65536
+
+
+class DshClientError(Exception):
+    """Base of the client's own errors (not the daemon's answers, which are ``RpcError``)."""
+
+
+class ConnectionLost(DshClientError):
+    """The connection to dshd ended; calls in flight and subscriptions are gone."""
+
+
+class InboxOverflow(DshClientError):
+    """A subscription fell behind and stream batches were dropped: subscribe again."""
+
+
+class _BadMessage(Exception):
+    """The daemon sent a line that is not valid JSON-RPC: the connection cannot be trusted."""
+
+
+class Inbox:
+    """Bounded queue of ``(seq, wire_ops)`` batches for one subscription, fed by the reader."""
+
+    def __init__(self, bound: int = DEFAULT_INBOX_BOUND) -> None:
+        if bound < 1:
+            raise ValueError("inbox bound must be at least 1")
+        self._bound = bound
+        self._items: deque[tuple[int, list[Any]]] = deque()
+        self._wakeup = trio.Event()
+        self._overflowed = False
+        self._closed: BaseException | None = None
+
+    @property
+    def overflowed(self) -> bool:
+        return self._overflowed
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put_nowait(self, seq: int, ops: list[Any]) -> bool:
+        """Queue a batch; never blocks. Returns False (and marks overflow) when full."""
+        if self._overflowed or self._closed is not None:
+            return False
+        if len(self._items) >= self._bound:
+            # Everything queued is useless now: the stream has a gap after it.
+            self._items.clear()
+            self._overflowed = True
+            self._wakeup.set()
+            return False
+        self._items.append((seq, ops))
+        self._wakeup.set()
+        return True
+
+    def close(self, exc: BaseException) -> None:
+        if self._closed is None:
+            self._closed = exc
+            self._wakeup.set()
+
+    def get_nowait(self) -> tuple[int, list[Any]] | None:
+        """The next batch, or None when there is none yet; raises like ``get``."""
+        if self._items:
+            return self._items.popleft()
+        if self._overflowed:
+            raise InboxOverflow("subscription fell behind; stream batches were dropped")
+        if self._closed is not None:
+            raise self._closed
+        return None
+
+    async def get(self) -> tuple[int, list[Any]]:
+        while True:
+            item = self.get_nowait()
+            if item is not None:
+                return item
+            self._wakeup = trio.Event()
+            await self._wakeup.wait()
+
+
+class _Waiter:
+    __slots__ = ("done", "result", "error", "on_result")
+
+    def __init__(self, on_result: Callable[[Any], None] | None) -> None:
+        self.done = trio.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.on_result = on_result
+
+
+class Connection:
+    """One JSON-RPC connection. Build it with ``open_connection``; use ``call``."""
+
+    def __init__(self, stream: trio.abc.Stream, *, max_line_bytes: int = MAX_LINE_BYTES) -> None:
+        self._stream = stream
+        self._max_line = max_line_bytes
+        self._ids = itertools.count(1)
+        self._pending: dict[int, _Waiter] = {}
+        self._inboxes: dict[str, Inbox] = {}
+        self._send_in, self._send_out = trio.open_memory_channel[bytes](_SEND_QUEUE)
+        self._closed: BaseException | None = None
+        self._orphan_error: RpcError | None = None
+
+    # -- public --------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self._closed is not None
+
+    async def call(
+        self,
+        method: str,
+        params: Any = None,
+        *,
+        on_result: Callable[[Any], None] | None = None,
+    ) -> Any:
+        """Send a request and return its ``result``; raise ``RpcError`` for an ``error``.
+
+        ``on_result`` runs in the reader task as the response arrives, before any later line
+        is looked at; if it raises, the call raises that instead of returning.
+        """
+        if self._closed is not None:
+            raise self._closed
+        request_id = next(self._ids)
+        waiter = _Waiter(on_result)
+        self._pending[request_id] = waiter
+        try:
+            line = encode_request(request_id, method, {} if params is None else params)
+            try:
+                await self._send_in.send(line)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                raise self._closed or ConnectionLost("connection to dshd is closed") from None
+            await waiter.done.wait()
+        finally:
+            self._pending.pop(request_id, None)
+        if waiter.error is not None:
+            raise waiter.error
+        return waiter.result
+
+    def register_inbox(self, subscription_id: str, inbox: Inbox) -> None:
+        """Route ``stream`` notifications of ``subscription_id`` to ``inbox``."""
+        if self._closed is not None:
+            inbox.close(self._closed)
+        self._inboxes[subscription_id] = inbox
+
+    def drop_inbox(self, subscription_id: str) -> None:
+        """Stop routing; later batches of that subscription are dropped."""
+        self._inboxes.pop(subscription_id, None)
+
+    def statistics(self) -> dict[str, int]:
+        return {"pending": len(self._pending), "inboxes": len(self._inboxes)}
+
+    # -- tasks ---------------------------------------------------------------------------
+    async def _writer(self) -> None:
+        try:
+            async with self._send_out:
+                async for line in self._send_out:
+                    await self._stream.send_all(line)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            self._close(ConnectionLost(f"connection to dshd lost: {exc}"))
+
+    async def _reader(self) -> None:
+        buf = bytearray()
+        scan_from = 0
+        try:
+            while True:
+                data = await self._stream.receive_some(_READ_CHUNK)
+                if not data:
+                    self._close(ConnectionLost("dshd closed the connection"))
+                    return
+                buf += data
+                start = 0
+                while (end := buf.find(b"\n", scan_from)) >= 0:
+                    line = bytes(buf[start:end])
+                    start = scan_from = end + 1
+                    if line.strip():
+                        self._dispatch(line)
+                if start:
+                    del buf[:start]
+                scan_from = len(buf)
+                if len(buf) > self._max_line:
+                    self._close(ConnectionLost(f"dshd sent a line over {self._max_line} bytes"))
+                    return
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            self._close(ConnectionLost(f"connection to dshd lost: {exc}"))
+        except _BadMessage as exc:
+            self._close(ConnectionLost(str(exc)))
+
+    # -- reader internals ----------------------------------------------------------------
+    def _dispatch(self, line: bytes) -> None:
+        for msg in parse_message(line):
+            if isinstance(msg, Notification):
+                self._notification(msg)
+            elif isinstance(msg, (Response, ErrorResponse)):
+                self._response(msg)
+            elif isinstance(msg, RpcError):
+                raise _BadMessage(f"dshd sent an invalid message: {msg.message}")
+            # A Request from the daemon: none is defined in v1; ignore it.
+
+    def _notification(self, msg: Notification) -> None:
+        if msg.method != "stream":
+            return  # a notification this client does not know: ignore (forward compatible)
+        try:
+            params = decode_params(msg.params, StreamParams)
+        except RpcError as exc:
+            raise _BadMessage(f"dshd sent an invalid stream notification: {exc.message}") from None
+        inbox = self._inboxes.get(params.subscriptionId)
+        if inbox is not None:
+            inbox.put_nowait(params.seq, params.ops)
+
+    def _response(self, msg: Response | ErrorResponse) -> None:
+        if msg.id is None:
+            if isinstance(msg, ErrorResponse):
+                self._orphan_error = RpcError(msg.error.code, msg.error.message, msg.error.data)
+            return
+        waiter = self._pending.get(msg.id) if isinstance(msg.id, int) else None
+        if waiter is None:
+            return  # its caller was cancelled; nothing waits for it any more
+        if isinstance(msg, ErrorResponse):
+            waiter.error = RpcError(msg.error.code, msg.error.message, msg.error.data)
+        else:
+            try:
+                waiter.result = msgspec.json.decode(msg.result)
+                if waiter.on_result is not None:
+                    waiter.on_result(waiter.result)
+            except Exception as exc:  # noqa: BLE001 - handed to the caller, not lost
+                waiter.error = exc
+        waiter.done.set()
+
+    def _close(self, exc: BaseException) -> None:
+        if self._closed is not None:
+            return
+        if self._orphan_error is not None:
+            exc = self._orphan_error
+        self._closed = exc
+        for waiter in self._pending.values():
+            if not waiter.done.is_set():
+                waiter.error = exc
+                waiter.done.set()
+        for inbox in self._inboxes.values():
+            inbox.close(exc)
+        self._send_in.close()
+
+
+@asynccontextmanager
+async def open_connection(
+    stream: trio.abc.Stream, *, max_line_bytes: int = MAX_LINE_BYTES
+) -> AsyncIterator[Connection]:
+    """Run a ``Connection`` over ``stream`` for the duration of the block, then close it.
+
+    An exception raised in the block comes out as itself, not wrapped in an exception group.
+    """
+    conn = Connection(stream, max_line_bytes=max_line_bytes)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(conn._reader)
+            nursery.start_soon(conn._writer)
+            try:
+                yield conn
+            finally:
+                conn._close(ConnectionLost("connection closed by the client"))
+                nursery.cancel_scope.cancel()
+                with trio.move_on_after(1) as cleanup:
+                    cleanup.shield = True
+                    await stream.aclose()
+    except BaseExceptionGroup as group:
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise
