@@ -38,6 +38,10 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     approval_policy: Literal["ask", "never"] = "ask"
     #: Default sandbox mode of new sessions (EXEC.md §3).
     sandbox: Literal["read-only", "workspace-write", "danger-full-access"] = "workspace-write"
+    #: Sandbox provider: "auto" (bwrap, else landlock, else none), or force one (EXEC.md §3).
+    sandbox_provider: Literal["auto", "bwrap", "landlock", "none"] = "auto"
+    #: Let confined tools use the network (workspace-write only; EXEC.md §3).
+    network: bool = False
     #: Log compression (STORAGE.md §2).
     compression: Literal["zstd", "none"] = "zstd"
     #: Coalescing window of the event log, seconds (STORAGE.md §4).

@@ -20,6 +20,7 @@ import structlog
 from protocol import rpc
 
 from . import __version__
+from .approval import AlreadyDecided, ApprovalNotFound
 from .paths import is_valid_id
 from .sessions.registry import SessionLimit, SessionNotFound
 from .sessions.streams import Subscription
@@ -175,8 +176,11 @@ async def subscribe(conn: "Connection", p: rpc.SubscribeParams) -> dict:
     session = await _session(conn, p.sessionId)
     sub = Subscription(conn.daemon.mint_subscription_id(), session.id, conn)
     conn.subscriptions[sub.id] = sub
+    answerer = bool(conn.capabilities.get("approvals"))
     # The response must precede the base batch on the wire: attach after it is queued.
-    return AfterResponse({"subscriptionId": sub.id}, lambda: session.subscribe(sub))
+    return AfterResponse(
+        {"subscriptionId": sub.id}, lambda: session.subscribe(sub, answerer=answerer)
+    )
 
 
 async def unsubscribe(conn: "Connection", p: rpc.UnsubscribeParams) -> dict:
@@ -197,6 +201,23 @@ class AfterResponse:
         self.then = then
 
 
+# ---------------------------------------------------------------------- approvals
+async def approval_decide(conn: "Connection", p: rpc.ApprovalDecideParams) -> dict:
+    session = await _session(conn, p.sessionId)
+    try:
+        outcome = session.approvals.decide(p.approvalId, p.decision)
+    except AlreadyDecided as exc:
+        raise rpc.RpcError(
+            rpc.ALREADY_DECIDED, f"approval {p.approvalId} was already decided: {exc.outcome}",
+            {"outcome": exc.outcome},
+        ) from None
+    except ApprovalNotFound:
+        raise rpc.RpcError(
+            rpc.APPROVAL_NOT_FOUND, f"approval {p.approvalId} not found in session {p.sessionId}"
+        ) from None
+    return {"outcome": outcome}
+
+
 Handler = Callable[["Connection", object], Awaitable[object]]
 
 METHODS: dict[str, tuple[type, Handler]] = {
@@ -210,6 +231,7 @@ METHODS: dict[str, tuple[type, Handler]] = {
     "tool.run": (rpc.ToolRunParams, tool_run),
     "tool.wait": (rpc.ToolWaitParams, tool_wait),
     "tool.cancel": (rpc.ToolCancelParams, tool_cancel),
+    "approval.decide": (rpc.ApprovalDecideParams, approval_decide),
     "subscribe": (rpc.SubscribeParams, subscribe),
     "unsubscribe": (rpc.UnsubscribeParams, unsubscribe),
 }

@@ -10,6 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+class SandboxUnavailable(Exception):
+    """No usable sandbox for the mode: nothing is spawned."""
+
+
 @dataclass(frozen=True)
 class NoSandbox:
     """Provider ``none``: argv unchanged, completeness ``none``."""
@@ -18,7 +22,7 @@ class NoSandbox:
     completeness: str = "none"
     reason: str = "no sandbox provider is configured yet"
 
-    def confine(self, argv: list[str], mode: str, workspace: str) -> tuple[list[str], str]:
+    def confine(self, argv: list[str], mode: str, workspace: str, *, hide=(), network=False) -> tuple[list[str], str]:
         return list(argv), "none"
 
     def describe(self) -> dict:

@@ -28,19 +28,25 @@ import msgspec
 import structlog
 import trio
 
+from protocol.codec import Encoder
 from protocol.tracker import Tracker
 
+from .. import barrier
+from ..approval import ApprovalDesk
 from ..config import Config
 from ..execution.capture import OutputCapture, ShellOutputLimits, SpillSink
 from ..execution.process import bash_argv, run_command
+from ..execution.sandbox import SandboxUnavailable
 from ..storage.errors import StorageError
+from ..storage.sidecar import PendingOutput
 from ..storage.writer import SessionLog
-from .. import approval
 from .streams import Publisher, Subscription
 
 log = structlog.get_logger("dshd.session")
 
 RECENT_MAX = 20
+#: Pending-output sidecar checkpoints, at most one per call per this many seconds (STORAGE §6).
+CHECKPOINT_SECONDS = 1.0
 _json = msgspec.json.Encoder()
 
 
@@ -71,6 +77,7 @@ class Call:
     synced_version: int = -1
     synced_spill: str | None = None
     started: bool = False
+    pending: PendingOutput | None = None
 
 
 class Session:
@@ -90,6 +97,7 @@ class Session:
         self.policy = config.approval_policy
         self.mode = config.sandbox
         self.env: dict[str, str] = {}
+        self.approvals = ApprovalDesk(self)
         recent: list[dict] = []
         for ev in log_.events:
             self._absorb(ev.type, ev.data, recent)
@@ -123,7 +131,9 @@ class Session:
     # ----------------------------------------------------------------- derived state
     def _absorb(self, type_: str, data: dict, recent: list[dict] | None = None) -> None:
         """Fold one logged event into the in-memory state (used on open)."""
-        if type_ == "approval/policy":
+        if type_ == "approval/decided":
+            self.approvals.absorb(type_, data)
+        elif type_ == "approval/policy":
             self.policy = data.get("policy", self.policy)
         elif type_ == "sandbox/mode":
             self.mode = data.get("mode", self.mode)
@@ -217,11 +227,15 @@ class Session:
         await self.log.wait_durable(ev.seq)
 
     # ----------------------------------------------------------------- subscriptions
-    def subscribe(self, sub: Subscription) -> None:
+    def subscribe(self, sub: Subscription, *, answerer: bool = False) -> None:
+        """Attach a subscription (base batch first); an answerer may decide approvals."""
+        if answerer:
+            self.approvals.answerer_joined(sub.id)
         self.publisher.attach(sub)
 
     def unsubscribe(self, sub: Subscription) -> None:
         self.publisher.detach(sub)
+        self.approvals.answerer_left(sub.id)
 
     # ----------------------------------------------------------------- tool calls
     def start_call(self, call_id: str, name: str, arguments: dict, approved: bool) -> None:
@@ -265,10 +279,12 @@ class Session:
         result: dict
         try:
             try:
-                await approval.gate(self, call)
-                await self._barrier(call)
+                await self.approvals.gate(call)
+                await barrier.checkpoint(
+                    self.log, self.log.last_seq, kind="tool/dispatch", cancel=call.cancel
+                )
                 result = await self._execute(call)
-            except CallFailed as failed:
+            except (CallFailed, barrier.BarrierFailed) as failed:
                 result = self._failed_result(call, failed.code, failed.sentence)
         except BaseException:
             # Shutdown cancelled us mid-call: settle as cancelled, shielded and bounded.
@@ -282,37 +298,18 @@ class Session:
             raise
         await self._settle(call, result, slog)
 
-    async def _barrier(self, call: Call) -> None:
-        """Checkpoint barrier (EXEC.md §1): the log is durable through ``tool/call``."""
-        if call.cancel.is_set():
-            raise CallFailed(
-                "ABORTED_BEFORE_DISPATCH", "cancelled before it started; nothing ran"
-            )
-        try:
-            async with trio.open_nursery() as n:
-                async def watch_cancel() -> None:
-                    await call.cancel.wait()
-                    n.cancel_scope.cancel()
-
-                n.start_soon(watch_cancel)
-                await self.log.wait_durable(call.seq)
-                n.cancel_scope.cancel()
-        except StorageError as exc:
-            raise CallFailed(
-                "STORAGE_FAILURE",
-                f"the session log could not be made durable ({exc}); the command was not run. "
-                "Free disk space or fix the state directory, then retry.",
-            ) from None
-        if call.cancel.is_set():
-            raise CallFailed(
-                "ABORTED_BEFORE_DISPATCH", "cancelled before it started; nothing ran"
-            )
-
     async def _execute(self, call: Call) -> dict:
         args = call.arguments
-        argv, completeness = self.sandbox.confine(
-            bash_argv(args["command"]), self.mode, self.log.header.cwd
-        )
+        try:
+            argv, completeness = self.sandbox.confine(
+                bash_argv(args["command"]),
+                self.mode,
+                self.log.header.cwd,
+                hide=[str(self.config.state_path())],
+                network=self.config.network,
+            )
+        except SandboxUnavailable as exc:
+            raise CallFailed("SANDBOX_UNAVAILABLE", str(exc)) from None
         env = dict(os.environ)
         env.update(self.env)
         env["DSH_CALL_ID"] = call.call_id
@@ -322,17 +319,22 @@ class Session:
         self.tracker.set(["tools", call.call_id, "startedAt"], now_ms())
         self.publisher.mark_dirty()
         timeout = args.get("timeout")
-        outcome = await run_command(
-            argv,
-            cwd=self.log.header.cwd,
-            env=env,
-            capture=call.capture,
-            on_output=self.publisher.mark_dirty,
-            timeout=float(timeout) if timeout is not None else None,
-            cancel=call.cancel,
-            kill_grace=self.config.kill_grace_seconds,
-            eof_grace=self.config.eof_grace_seconds,
-        )
+        call.pending = PendingOutput(self.dir, call.call_id)
+        with barrier.passed("tool/dispatch"):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._checkpoint_output, call)
+                outcome = await run_command(
+                    argv,
+                    cwd=self.log.header.cwd,
+                    env=env,
+                    capture=call.capture,
+                    on_output=self.publisher.mark_dirty,
+                    timeout=float(timeout) if timeout is not None else None,
+                    cancel=call.cancel,
+                    kill_grace=self.config.kill_grace_seconds,
+                    eof_grace=self.config.eof_grace_seconds,
+                )
+                nursery.cancel_scope.cancel()
         cap = call.capture
         details: dict = {"truncation": dict(cap.truncation)}
         if cap.spill_path:
@@ -347,6 +349,8 @@ class Session:
             "content": content,
             "details": details,
         }
+        if completeness != "full":
+            details["sandbox"] = {"provider": self.sandbox.name, "completeness": completeness}
         if outcome.exit_code is not None:
             result["exitCode"] = outcome.exit_code
         if outcome.timed_out:
@@ -399,6 +403,8 @@ class Session:
         except StorageError as exc:
             durable = False
             slog.error("tool.result_not_durable", error=str(exc))
+        if durable and call.pending is not None:
+            await trio.to_thread.run_sync(call.pending.retire)
         self._settled[call.call_id].set()
         slog.info(
             "tool.settled",
@@ -427,6 +433,39 @@ class Session:
             return False
         call.cancel.set()
         return True
+
+    async def _checkpoint_output(self, call: Call) -> None:
+        """Checkpoint the call's ToolOutput to its sidecar at most once a second (STORAGE §6).
+
+        Own tracker and encoder; a base batch first, after a failure, and whenever the
+        sidecar asks for one (every 50 checkpoints), so recovery replays at most 50.
+        """
+        cap, pending = call.capture, call.pending
+        assert cap is not None and pending is not None
+        tracker = Tracker(cap.tool_output())
+        encoder = Encoder()
+        last_version = -1
+        while True:
+            await trio.sleep(CHECKPOINT_SECONDS)
+            if cap.version == last_version:
+                continue
+            last_version = cap.version
+            tracker.set_text(["content", 0, "text"], cap.text)
+            tracker.set(["truncation"], dict(cap.truncation))
+            if cap.spill_path:
+                tracker.set(["details", "spillPath"], cap.spill_path)
+            if pending.needs_base:
+                tracker.rebase()
+            ops = tracker.flush()
+            if not ops:
+                continue
+            try:
+                await pending.checkpoint(encoder.encode(ops), base=ops[0][0] == "r")
+            except StorageError as exc:
+                log.warning("sidecar.checkpoint_failed", session=self.id, call=call.call_id,
+                            error=str(exc))
+                encoder = Encoder()
+                tracker.rebase()
 
     # ----------------------------------------------------------------- lane sync
     def _sync_captures(self) -> None:
