@@ -238,17 +238,31 @@ class Session:
         self.approvals.answerer_left(sub.id)
 
     # ----------------------------------------------------------------- tool calls
-    def start_call(self, call_id: str, name: str, arguments: dict, approved: bool) -> None:
+    def start_call(
+        self,
+        call_id: str,
+        name: str,
+        arguments: dict,
+        approved: bool,
+        *,
+        turn_id: str | None = None,
+        step_id: str | None = None,
+    ) -> None:
         """Append ``tool/call`` and start the call's pipeline in the session's nursery.
 
-        The caller has checked the id is new and the tool and arguments are valid.
+        The caller has checked the id is new and the tool and arguments are valid (a model's
+        call too: an invalid one gets a result without a ``tool/call`` body run). ``turn_id`` /
+        ``step_id`` tie a model-proposed call to its step (STORAGE.md §3). Await the outcome
+        with :meth:`wait_result`.
         """
         if self._calls_nursery is None:
             raise StorageError("the session is closing; no new calls are accepted")
-        ev = self.log.append(
-            "tool/call",
-            {"callId": call_id, "name": name, "arguments": _json.encode(arguments).decode()},
-        )
+        data = {"callId": call_id, "name": name, "arguments": _json.encode(arguments).decode()}
+        if turn_id is not None:
+            data["turnId"] = turn_id
+        if step_id is not None:
+            data["stepId"] = step_id
+        ev = self.log.append("tool/call", data)
         self.call_ids.add(call_id)
         self.call_names[call_id] = name
         self._settled.setdefault(call_id, trio.Event())
