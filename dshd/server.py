@@ -94,7 +94,16 @@ def _activated_socket() -> stdsocket.socket | None:
         return None
     for var in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
         os.environ.pop(var, None)
-    sock = stdsocket.socket(fileno=SD_LISTEN_FDS_START)
+    try:
+        sock = stdsocket.socket(fileno=SD_LISTEN_FDS_START)
+    except OSError as exc:
+        raise StartupError(
+            f"socket activation passed fd {SD_LISTEN_FDS_START}, but it is not a socket "
+            f"({exc.strerror}); check the .socket unit"
+        ) from None
+    if sock.family != stdsocket.AF_UNIX or sock.type != stdsocket.SOCK_STREAM:
+        raise StartupError("socket activation passed a socket that is not a Unix stream socket; "
+                           "use ListenStream=/path in the .socket unit")
     sock.setblocking(False)
     return sock
 
