@@ -23,7 +23,7 @@ install-test: $(BIN)/python
 start: install
 	@mkdir -p $(RUNDIR)
 	@if $(BIN)/dsh status >/dev/null 2>&1; then echo "dshd already running at $$DSH_SOCKET"; else \
-	  nohup $(BIN)/dshd --log-format json >$(RUNDIR)/dshd.log 2>&1 & \
+	  env -u MAKELEVEL -u MAKEFLAGS -u MFLAGS -u MAKE_TERMOUT -u MAKE_TERMERR nohup $(BIN)/dshd --log-format json >$(RUNDIR)/dshd.log 2>&1 & \
 	  for i in $$(seq 1 100); do $(BIN)/dsh status >/dev/null 2>&1 && break; sleep 0.1; done; \
 	  $(BIN)/dsh status >/dev/null || { echo "dshd did not start; see $(RUNDIR)/dshd.log"; cat $(RUNDIR)/dshd.log; exit 1; }; \
 	  echo "dshd started (socket $$DSH_SOCKET, log $(RUNDIR)/dshd.log)"; fi

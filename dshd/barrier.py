@@ -61,23 +61,26 @@ async def checkpoint(
         return  # nested dispatch: the outer call's barrier already covers us
     if cancel is not None and cancel.is_set():
         raise _aborted(kind)
-    try:
-        async with trio.open_nursery() as nursery:
-            if cancel is not None:
+    failure: StorageError | None = None
+    async with trio.open_nursery() as nursery:
+        if cancel is not None:
 
-                async def watch() -> None:
-                    await cancel.wait()
-                    nursery.cancel_scope.cancel()
+            async def watch() -> None:
+                await cancel.wait()
+                nursery.cancel_scope.cancel()
 
-                nursery.start_soon(watch)
+            nursery.start_soon(watch)
+        try:
             await log.wait_durable(seq)
-            nursery.cancel_scope.cancel()
-    except StorageError as exc:
+        except StorageError as exc:  # caught inside: a nursery would wrap it in a group
+            failure = exc
+        nursery.cancel_scope.cancel()
+    if failure is not None:
         raise BarrierFailed(
             "STORAGE_FAILURE",
-            f"the session log could not be made durable ({exc}), so nothing was started. "
+            f"the session log could not be made durable ({failure}), so nothing was started. "
             "Free disk space or fix the state directory, then retry.",
-        ) from None
+        )
     if cancel is not None and cancel.is_set():
         raise _aborted(kind)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -21,6 +21,33 @@ from . import paths
 
 class ConfigError(Exception):
     """The config file is missing, not TOML, or has a key or value dshd does not know."""
+
+
+class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The ``[model]`` table: which model the agent loop asks (``dshd.agent``)."""
+
+    #: "scripted" replays canned responses (offline demos, tests); "openai-compatible" streams
+    #: chat completions from ``base_url``.
+    provider: Literal["scripted", "openai-compatible"] = "scripted"
+    #: API root of an openai-compatible endpoint (``{base_url}/chat/completions`` is POSTed).
+    base_url: str = "https://api.openai.com/v1"
+    model: str = "gpt-4o-mini"
+    #: Environment variable of dshd that holds the API key (no key: no Authorization header).
+    api_key_env: str = "OPENAI_API_KEY"
+    #: JSONL file of canned responses for "scripted"; None: the built-in demo script.
+    script: str | None = None
+    #: Model requests per turn before the turn ends with an error (a runaway loop stops).
+    max_steps: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 8
+    #: Connect, and wait between two received stream chunks, seconds.
+    request_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 120.0
+    #: Retries of one request after 429, 5xx, a transport error or a cut stream.
+    max_retries: Annotated[int, msgspec.Meta(ge=0, le=20)] = 4
+    #: Backoff between retries: first wait and cap, seconds (a 429's Retry-After is honoured
+    #: up to the cap).
+    retry_initial_seconds: Annotated[float, msgspec.Meta(ge=0)] = 0.5
+    retry_max_seconds: Annotated[float, msgspec.Meta(ge=0)] = 20.0
+    #: System prompt; None: a built-in one that describes the session and its bash tool.
+    system_prompt: str | None = None
 
 
 class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -60,8 +87,12 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     stalled_client_seconds: float = 60.0
     #: Concurrent requests in flight per connection (more get -32013).
     max_requests_per_connection: int = 256
-    #: Sessions a daemon holds open at once (more get -32013).
+    #: Sessions a daemon holds open at once; at the limit the least recently used idle one is
+    #: closed to make room, and only when all are busy does a request get -32013.
     max_sessions: int = 1024
+    #: A session with no running call and no subscriber is closed after this long, seconds
+    #: (reopened transparently on the next request that names it).
+    session_idle_seconds: float = 300.0
     #: Publication pacing (EXEC.md §2): minimum interval, seconds; and the rate that spaces
     #: large publishes, bytes per second.
     publish_interval_seconds: float = 0.010
@@ -69,6 +100,8 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     #: Log output: "auto" (console on a TTY, JSON otherwise), "console" or "json".
     log_format: Literal["auto", "console", "json"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    #: The agent loop's model (``[model]`` table; ``ModelConfig``).
+    model: ModelConfig = msgspec.field(default_factory=ModelConfig)
 
     def socket_path(self) -> Path:
         return paths.socket_path(self.socket, system=self.system)

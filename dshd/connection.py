@@ -113,7 +113,11 @@ class Connection:
                 continue
             line, sub = self._queue.popleft()
             with trio.move_on_after(stalled) as scope:
-                await self.stream.send_all(line)
+                try:
+                    await self.stream.send_all(line)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    self.close("the client went away")
+                    return
             if sub is None:
                 self._response_bytes -= len(line)
             else:
@@ -135,14 +139,16 @@ class Connection:
                                          "(and, in system mode, the configured group)")
                     )
                     await self._drain_then_close()
+                    self.log.warning("connection.refused", reason="peer uid not allowed")
+                    nursery.cancel_scope.cancel()
                     return
                 try:
                     await self._reader(nursery)
                 finally:
                     # EOF or error: finish in-flight requests' responses briefly, then stop.
                     nursery.cancel_scope.cancel()
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
+        except* (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the peer went away: nothing to answer
         finally:
             for sub in list(self.subscriptions.values()):
                 session = self.daemon.registry.open.get(sub.session_id)
@@ -154,6 +160,7 @@ class Connection:
                 await self.stream.aclose()
 
     async def _drain_then_close(self) -> None:
+        """Give the writer a bounded moment to send what is queued (the refusal line)."""
         with trio.move_on_after(2):
             while self._queue:
                 await trio.sleep(0.01)

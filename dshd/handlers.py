@@ -20,6 +20,7 @@ import structlog
 from protocol import rpc
 
 from . import __version__
+from .agent import NoTurn, SteerLimit, TurnBusy, TurnDriver
 from .approval import AlreadyDecided, ApprovalNotFound
 from .paths import is_valid_id
 from .sessions.registry import SessionLimit, SessionNotFound
@@ -53,6 +54,12 @@ async def _session(conn: "Connection", session_id: str):
         ) from None
     except LockHeld as exc:
         raise rpc.RpcError(rpc.SESSION_LOCKED, f"session {session_id} is locked by another process: {exc}") from None
+    except OSError as exc:
+        raise rpc.RpcError(
+            rpc.STORAGE_FAILURE,
+            f"session {session_id} cannot be opened: {exc.strerror or exc} ({exc.filename}); "
+            "check the state directory's permissions and free space",
+        ) from None
     except (LogCorrupt, LogTooNew) as exc:
         raise rpc.RpcError(
             rpc.STORAGE_FAILURE, f"session {session_id} cannot be opened: {exc}",
@@ -94,6 +101,13 @@ async def session_create(conn: "Connection", p: rpc.SessionCreateParams) -> dict
         raise _bad(f"cwd must be an absolute directory, got {p.cwd!r}", field="cwd")
     if not os.path.isdir(p.cwd):
         raise _bad(f"cwd {p.cwd!r} is not an existing directory", field="cwd")
+    for key, value in (p.env or {}).items():
+        if not key or "=" in key or "\0" in key or "\0" in value:
+            raise _bad(
+                f"env has an invalid entry {key!r}: names must be non-empty without '=' or NUL, "
+                "values without NUL",
+                field="env",
+            )
     try:
         session = await conn.daemon.registry.create(
             os.path.normpath(p.cwd), p.title, p.approvalPolicy, p.sandbox, p.env
@@ -218,6 +232,40 @@ async def approval_decide(conn: "Connection", p: rpc.ApprovalDecideParams) -> di
     return {"outcome": outcome}
 
 
+# ---------------------------------------------------------------------- turns
+async def turn_start(conn: "Connection", p: rpc.TurnStartParams) -> dict:
+    if not p.input.strip():
+        raise _bad("input must be a non-empty string", field="input")
+    session = await _session(conn, p.sessionId)
+    try:
+        return {"turnId": TurnDriver.of(session).start(p.input)}
+    except TurnBusy as exc:
+        raise rpc.RpcError(
+            rpc.LIMIT_EXCEEDED,
+            f"session {p.sessionId} already runs turn {exc.turn_id}; steer it with turn.steer "
+            "or stop it with turn.cancel",
+            {"code": "TURN_RUNNING", "turnId": exc.turn_id},
+        ) from None
+
+
+async def turn_cancel(conn: "Connection", p: rpc.TurnCancelParams) -> dict:
+    session = await _session(conn, p.sessionId)
+    return {"cancelled": TurnDriver.of(session).cancel()}
+
+
+async def turn_steer(conn: "Connection", p: rpc.TurnSteerParams) -> dict:
+    if not p.input.strip():
+        raise _bad("input must be a non-empty string", field="input")
+    session = await _session(conn, p.sessionId)
+    try:
+        return {"turnId": TurnDriver.of(session).steer(p.input), "queued": True}
+    except NoTurn:
+        raise _bad(f"no turn is running in session {p.sessionId}; start one with turn.start",
+                   code="NO_TURN") from None
+    except SteerLimit as exc:
+        raise rpc.RpcError(rpc.LIMIT_EXCEEDED, f"{exc}; wait for the next step") from None
+
+
 Handler = Callable[["Connection", object], Awaitable[object]]
 
 METHODS: dict[str, tuple[type, Handler]] = {
@@ -232,6 +280,9 @@ METHODS: dict[str, tuple[type, Handler]] = {
     "tool.wait": (rpc.ToolWaitParams, tool_wait),
     "tool.cancel": (rpc.ToolCancelParams, tool_cancel),
     "approval.decide": (rpc.ApprovalDecideParams, approval_decide),
+    "turn.start": (rpc.TurnStartParams, turn_start),
+    "turn.cancel": (rpc.TurnCancelParams, turn_cancel),
+    "turn.steer": (rpc.TurnSteerParams, turn_steer),
     "subscribe": (rpc.SubscribeParams, subscribe),
     "unsubscribe": (rpc.UnsubscribeParams, unsubscribe),
 }

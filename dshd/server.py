@@ -31,6 +31,7 @@ from .storage.lock import DaemonLock
 log = structlog.get_logger("dshd")
 
 SD_LISTEN_FDS_START = 3
+ACCEPT_CAPACITY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
 
 
 class StartupError(Exception):
@@ -117,9 +118,9 @@ def _bind_socket(path: Path, system: bool, group: str) -> stdsocket.socket:
         raise StartupError(f"socket directory {parent} belongs to uid {st.st_uid}, not to us")
     os.chmod(parent, 0o750 if system else 0o700)
     if path.exists() or path.is_symlink():
-        probe = stdsocket.socket(stdsocket.AF_UNIX, stdsocket.SOCK_STREAM)
+        other = stdsocket.socket(stdsocket.AF_UNIX, stdsocket.SOCK_STREAM)
         try:
-            probe.connect(str(path))
+            other.connect(str(path))
         except OSError:
             path.unlink()  # stale socket of a daemon that died
         else:
@@ -128,7 +129,7 @@ def _bind_socket(path: Path, system: bool, group: str) -> stdsocket.socket:
                 "(`systemctl --user stop dshd`, or kill the process)"
             )
         finally:
-            probe.close()
+            other.close()
     sock = stdsocket.socket(stdsocket.AF_UNIX, stdsocket.SOCK_STREAM | stdsocket.SOCK_CLOEXEC)
     old = os.umask(0o177 if not system else 0o117)
     try:
@@ -182,6 +183,10 @@ class Daemon:
             "sessionsOpen": len(self.registry.open),
             "connections": len(self.connections),
             "subscriptions": sum(len(c.subscriptions) for c in self.connections),
+            # Stream batches dropped for slow readers (each later replaced by a base batch).
+            "droppedBatches": sum(
+                sub.dropped_batches for c in self.connections for sub in c.subscriptions.values()
+            ),
             "sandbox": self.sandbox.describe(),
             "stateDir": str(self.state_dir),
         }
@@ -192,9 +197,10 @@ async def serve(config: Config, *, task_status=trio.TASK_STATUS_IGNORED) -> None
 
     Raises StartupError (with a sentence a person can act on) when it cannot start.
     """
-    from .execution.sandbox import NoSandbox
+    from .execution.sandbox import probe
     from .storage.errors import LockHeld
 
+    nofile, _ = raise_fd_limit()
     state_dir = config.state_path()
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     daemon_lock = DaemonLock(state_dir)
@@ -203,7 +209,8 @@ async def serve(config: Config, *, task_status=trio.TASK_STATUS_IGNORED) -> None
     except LockHeld as exc:
         raise StartupError(f"{exc}; only one dshd may use a state directory") from None
     try:
-        sandbox = NoSandbox()
+        sandbox = await probe(config.sandbox_provider, scratch_dir=state_dir / "sandbox")
+        log.info("sandbox.probed", **sandbox.describe())
         daemon = Daemon(config, state_dir, sandbox)
         sock = _activated_socket()
         path = config.socket_path()
@@ -227,9 +234,7 @@ async def serve(config: Config, *, task_status=trio.TASK_STATUS_IGNORED) -> None
 
                         async def accept_loop() -> None:
                             with accept_scope:
-                                while True:
-                                    stream = await listener.accept()
-                                    handlers.start_soon(_handle, daemon, stream)
+                                await _accept_forever(listener, handlers, daemon)
 
                         handlers.start_soon(accept_loop)
                         log.info(
@@ -237,6 +242,7 @@ async def serve(config: Config, *, task_status=trio.TASK_STATUS_IGNORED) -> None
                             socket=str(path),
                             state_dir=str(state_dir),
                             pid=daemon.pid,
+                            max_open_files=nofile,
                             sandbox=sandbox.describe(),
                         )
                         sd_notify("READY=1\nSTATUS=listening")
@@ -266,9 +272,42 @@ async def serve(config: Config, *, task_status=trio.TASK_STATUS_IGNORED) -> None
 
 
 async def _handle(daemon: Daemon, stream: trio.SocketStream) -> None:
+    """One connection. Whatever goes wrong in it stays in it: logged, never fatal."""
     conn = Connection(daemon, stream, peer_uid(stream.socket))
     daemon.connections.add(conn)
     try:
         await conn.run()
+    except Exception:
+        log.exception("connection.crashed", conn=conn.id)
     finally:
         daemon.connections.discard(conn)
+
+
+async def _accept_forever(listener: trio.SocketListener, handlers: trio.Nursery, daemon: Daemon) -> None:
+    """Accept connections; out of file descriptors (or memory) → log, back off, go on."""
+    while True:
+        try:
+            stream = await listener.accept()
+        except OSError as exc:
+            if exc.errno in ACCEPT_CAPACITY_ERRNOS:
+                log.error("accept.out_of_resources", error=exc.strerror,
+                          hint="raise LimitNOFILE= or close idle clients")
+                await trio.sleep(0.1)
+                continue
+            raise
+        handlers.start_soon(_handle, daemon, stream)
+
+
+def raise_fd_limit() -> tuple[int, int]:
+    """Raise the soft RLIMIT_NOFILE to the hard limit (each session holds fds); returns both."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return soft, hard

@@ -1,29 +1,284 @@
 """Sandbox providers: ``confine(argv, mode, workspace) -> (argv', completeness)`` (EXEC.md §3).
 
-Theory of operation: a provider is probed once at daemon start; the verdict is reported by
-``initialize`` and ``daemon.status``. This module holds the provider interface and the
-``none`` provider, which changes nothing and reports completeness ``none``.
+Theory of operation
+-------------------
+A *provider* turns a ready-to-exec argv into one that runs the same command confined, and says
+how complete that confinement is. :func:`probe` picks one provider at daemon start; the daemon
+keeps it for its lifetime and reports :meth:`Provider.describe` in ``initialize`` and
+``daemon.status``. Confining is pure argv rewriting: nothing is spawned by ``confine`` itself,
+and the wrapped argv is what :func:`dshd.execution.process.run_command` spawns (and kills).
+
+==================== =================== =================================================
+provider             completeness        how
+==================== =================== =================================================
+``bwrap``            ``full``            namespaces + mounts (:mod:`.sandbox_bwrap`)
+``landlock``         ``partial``         LSM rules applied by a launcher that then execs
+                                         (:mod:`.sandbox_landlock`, :mod:`.landlock_exec`)
+``none``             ``none``            nothing; every confining mode raises
+                                         :class:`SandboxUnavailable`
+==================== =================== =================================================
+
+Modes: ``read-only`` and ``workspace-write`` are confined by every real provider;
+``danger-full-access`` returns the argv unchanged with completeness ``none`` whatever the
+provider (an explicit opt-in, never a fallback). The ``none`` provider never runs a confining
+mode unconfined: it raises, and the session turns that into ``SANDBOX_UNAVAILABLE``.
+
+The probe (:func:`probe`) tries ``bwrap`` then ``landlock`` (``auto``) or only the configured
+one, and for each runs a **real** confined ``true`` and a **real** write that must fail — a
+file next to (outside) a scratch workspace under ``workspace-write`` — plus a write inside the
+workspace that must succeed. A provider whose binary is missing, whose namespaces cannot be
+created (unprivileged container, AppArmor's user-namespace restriction, seccomp), or whose
+write test escapes is skipped, and the sentence why is kept in ``describe()["skipped"]``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+import secrets
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import trio
+
+__all__ = [
+    "CONFINING_MODES",
+    "MODES",
+    "NoSandbox",
+    "PROBE_TIMEOUT",
+    "Provider",
+    "SandboxUnavailable",
+    "probe",
+    "self_test",
+]
+
+#: Every sandbox mode (EXEC.md §3).
+MODES = ("read-only", "workspace-write", "danger-full-access")
+#: The modes a provider must actually confine.
+CONFINING_MODES = ("read-only", "workspace-write")
+#: Seconds one probe command may take before its provider counts as broken.
+PROBE_TIMEOUT = 20.0
 
 
 class SandboxUnavailable(Exception):
-    """No usable sandbox for the mode: nothing is spawned."""
+    """No provider can confine this command; ``str(exc)`` is a sentence a person can act on.
+
+    The session reports it as a ``tool/result`` with ``errorCode: SANDBOX_UNAVAILABLE``
+    (EXEC.md §1, §3); the command did not run.
+    """
+
+
+@runtime_checkable
+class Provider(Protocol):
+    """What the daemon holds after :func:`probe` (EXEC.md §3).
+
+    ``name``: ``"bwrap"`` | ``"landlock"`` | ``"none"``. ``completeness``: what the confining
+    modes achieve, ``"full"`` | ``"partial"`` | ``"none"``. ``reason``: why this provider was
+    chosen, what it cannot do, and why others were skipped.
+    """
+
+    name: str
+    completeness: str
+    reason: str
+
+    def describe(self) -> dict:
+        """``{"provider", "completeness", "reason", "skipped": [{"provider", "reason"}]}``."""
+        ...
+
+    def confine(
+        self,
+        argv: list[str],
+        mode: str,
+        workspace: str,
+        *,
+        hide: list[str] = (),
+        network: bool = False,
+    ) -> tuple[list[str], str]:
+        """Return ``(wrapped argv, completeness)`` for ``mode`` with ``workspace`` as the cwd.
+
+        ``hide``: paths the tool must not see (the daemon's state directory, its socket).
+        ``network``: allow the network in ``workspace-write``. ``danger-full-access`` gives
+        ``(argv, "none")``. Raises :class:`SandboxUnavailable` (provider ``none``) or
+        ``ValueError`` (unknown mode, relative workspace).
+        """
+        ...
+
+
+def check_mode(mode: str, workspace: str) -> None:
+    """Raise ``ValueError`` for an unknown mode or a relative workspace path."""
+    if mode not in MODES:
+        raise ValueError(f"unknown sandbox mode {mode!r}; expected one of {', '.join(MODES)}")
+    if not os.path.isabs(workspace):
+        raise ValueError(f"the workspace must be an absolute path, not {workspace!r}")
+
+
+def skipped_list(skipped: tuple[tuple[str, str], ...]) -> list[dict]:
+    return [{"provider": name, "reason": reason} for name, reason in skipped]
 
 
 @dataclass(frozen=True)
 class NoSandbox:
-    """Provider ``none``: argv unchanged, completeness ``none``."""
+    """Provider ``none``: ``danger-full-access`` runs unchanged; every other mode raises
+    :class:`SandboxUnavailable` (never a silent unsandboxed run)."""
 
     name: str = "none"
     completeness: str = "none"
-    reason: str = "no sandbox provider is configured yet"
+    reason: str = "no sandbox provider is configured"
+    skipped: tuple[tuple[str, str], ...] = field(default=())
 
-    def confine(self, argv: list[str], mode: str, workspace: str, *, hide=(), network=False) -> tuple[list[str], str]:
-        return list(argv), "none"
+    def confine(
+        self,
+        argv: list[str],
+        mode: str,
+        workspace: str,
+        *,
+        hide: list[str] = (),
+        network: bool = False,
+    ) -> tuple[list[str], str]:
+        check_mode(mode, workspace)
+        if mode == "danger-full-access":
+            return list(argv), "none"
+        raise SandboxUnavailable(
+            f"No sandbox can confine this command in {mode} mode: {self.reason}. "
+            "Install bubblewrap (bwrap) or enable Landlock and restart dshd, or switch the "
+            "session to danger-full-access to run it unconfined on purpose."
+        )
 
     def describe(self) -> dict:
-        return {"provider": self.name, "completeness": self.completeness, "reason": self.reason}
+        return {
+            "provider": self.name,
+            "completeness": self.completeness,
+            "reason": self.reason,
+            "skipped": skipped_list(self.skipped),
+        }
+
+
+def _shell() -> str:
+    return "/bin/sh" if os.path.exists("/bin/sh") else (shutil.which("sh") or "/bin/sh")
+
+
+async def _run_probe_command(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    with trio.fail_after(PROBE_TIMEOUT):
+        return await trio.run_process(
+            argv,
+            cwd=str(cwd),
+            stdin=subprocess.DEVNULL,
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+            start_new_session=True,
+        )
+
+
+def _stderr_tail(result: subprocess.CompletedProcess) -> str:
+    text = (result.stderr or b"").decode("utf-8", "replace").strip()
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else f"exit status {result.returncode}, no message"
+
+
+async def self_test(provider: Provider, scratch_dir: Path) -> str | None:
+    """Run the real probe commands under ``provider``; None when it confines, else why not.
+
+    1. ``true`` under ``workspace-write`` must exit 0;
+    2. under ``workspace-write`` a write inside the workspace must show up on the host and a
+       write to ``scratch_dir`` (outside it) must not.
+
+    Each command is bounded by :data:`PROBE_TIMEOUT`. The scratch files are removed.
+    """
+    token = secrets.token_hex(6)
+    workspace = scratch_dir / f"probe-workspace-{token}"
+    outside = scratch_dir / f"probe-outside-{token}"
+    inside = workspace / "inside"
+    workspace.mkdir(parents=True)
+    try:
+        true = shutil.which("true") or "/bin/true"
+        argv, _ = provider.confine([true], "workspace-write", str(workspace))
+        try:
+            result = await _run_probe_command(argv, workspace)
+        except trio.TooSlowError:
+            return f"a confined `true` did not finish within {PROBE_TIMEOUT:g} s"
+        except OSError as exc:
+            return f"a confined `true` could not start ({exc.strerror or exc})"
+        if result.returncode != 0:
+            return f"a confined `true` failed: {_stderr_tail(result)}"
+        # Judged on the host only: under bwrap the outside write may "succeed" into the private
+        # /tmp when the scratch directory lies under /tmp, which is no escape.
+        script = 'echo ok > "$1" || exit 3; echo escaped > "$2"; exit 0'
+        argv, _ = provider.confine(
+            [_shell(), "-c", script, "sh", str(inside), str(outside)],
+            "workspace-write",
+            str(workspace),
+        )
+        try:
+            result = await _run_probe_command(argv, workspace)
+        except trio.TooSlowError:
+            return f"the confined write test did not finish within {PROBE_TIMEOUT:g} s"
+        if outside.exists() or os.path.lexists(outside):
+            return (
+                f"the confined write test escaped: a write to {outside}, outside the "
+                "workspace, succeeded"
+            )
+        if result.returncode != 0 or not inside.exists():
+            return f"a write inside the workspace failed under confinement: {_stderr_tail(result)}"
+        return None
+    finally:
+        shutil.rmtree(workspace, ignore_errors=True)
+        try:
+            os.unlink(outside)
+        except OSError:
+            pass
+
+
+async def probe(
+    preferred: str = "auto",
+    *,
+    scratch_dir: Path,
+    bwrap_path: str | None = None,
+    python: str | None = None,
+) -> Provider:
+    """Pick the sandbox provider for this daemon (EXEC.md §3).
+
+    ``preferred``: ``"auto"`` tries ``bwrap`` then ``landlock`` then gives :class:`NoSandbox`;
+    ``"bwrap"``/``"landlock"`` tries only that one (a failure gives :class:`NoSandbox` with the
+    reason); ``"none"`` gives :class:`NoSandbox` at once. ``scratch_dir``: a directory the
+    daemon owns (created if missing) for the probe's workspace and, under Landlock, the
+    per-call temporary directories (``<scratch_dir>/landlock-tmp``). ``bwrap_path``: the bwrap
+    binary (default: ``bwrap`` on ``$PATH``). ``python``: the interpreter that runs the Landlock
+    launcher (default ``sys.executable``).
+
+    Never raises for a broken provider — that is a verdict, reported by ``describe()``.
+    Raises ``ValueError`` for an unknown ``preferred``. Takes up to a few hundred ms (it runs
+    real processes); each is bounded by :data:`PROBE_TIMEOUT`.
+    """
+    from dshd.execution.sandbox_bwrap import probe_bwrap
+    from dshd.execution.sandbox_landlock import probe_landlock
+
+    if preferred not in ("auto", "bwrap", "landlock", "none"):
+        raise ValueError(
+            f"unknown sandbox provider {preferred!r}; expected auto, bwrap, landlock or none"
+        )
+    if preferred == "none":
+        return NoSandbox(
+            reason='the sandbox provider is configured as "none", so only '
+            "danger-full-access commands can run"
+        )
+    scratch_dir = Path(scratch_dir)
+    scratch_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    candidates = ["bwrap", "landlock"] if preferred == "auto" else [preferred]
+    skipped: list[tuple[str, str]] = []
+    for name in candidates:
+        if name == "bwrap":
+            provider, why_not = await probe_bwrap(scratch_dir, bwrap_path, tuple(skipped))
+        else:
+            provider, why_not = await probe_landlock(scratch_dir, python, tuple(skipped))
+        if provider is not None:
+            return provider
+        skipped.append((name, why_not))
+    summary = "; ".join(f"{name}: {why}" for name, why in skipped)
+    if preferred == "auto":
+        reason = f"no sandbox provider works here ({summary})"
+    else:
+        reason = f"the configured sandbox provider {preferred} does not work here ({summary})"
+    return NoSandbox(reason=reason, skipped=tuple(skipped))

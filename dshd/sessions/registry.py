@@ -62,13 +62,28 @@ class SessionRegistry:
         self.open: dict[str, Session] = {}
         self._opening: dict[str, trio.Lock] = {}
         self._claims: set[str] = set()
+        self._last_used: dict[str, float] = {}
         self._nursery: trio.Nursery | None = None
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             task_status.started()
-            await trio.sleep_forever()
+            # Close sessions nobody uses, so their files (log, lock: 2 fds) are released.
+            idle = self.config.session_idle_seconds
+            while True:
+                await trio.sleep(max(idle / 4, 0.05))
+                cutoff = trio.current_time() - idle
+                for session in list(self.open.values()):
+                    if session.idle() and self._last_used.get(session.id, 0) < cutoff:
+                        log.info("session.idle_closed", session=session.id)
+                        await self._close(session)
+
+    async def _close(self, session: Session) -> None:
+        self.open.pop(session.id, None)
+        session.close()
+        await session.finished.wait()
+        self._last_used.pop(session.id, None)
 
     async def aclose(self) -> None:
         """Graceful stop: every session cancels its calls, settles them and flushes."""
@@ -83,19 +98,32 @@ class SessionRegistry:
         assert self._nursery is not None
         await self._nursery.start(self._own, session)
         self.open[session.id] = session
+        self._last_used[session.id] = trio.current_time()
         return session
 
     async def _own(self, session: Session, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         try:
             await session.run(task_status=task_status)
+        except Exception:
+            # One session's failure must not stop the daemon or the other sessions.
+            log.exception("session.crashed", session=session.id)
         finally:
-            self.open.pop(session.id, None)
+            if self.open.get(session.id) is session:
+                del self.open[session.id]
 
-    def _check_capacity(self) -> None:
+    async def _make_room(self) -> None:
+        """At ``max_sessions``, close the least recently used idle session, or refuse."""
+        if len(self.open) < self.config.max_sessions:
+            return
+        idle = [s for s in self.open.values() if s.idle()]
+        if idle:
+            await self._close(min(idle, key=lambda s: self._last_used.get(s.id, 0)))
+            return
         if len(self.open) >= self.config.max_sessions:
             raise SessionLimit(
                 f"this daemon already holds {len(self.open)} open sessions "
-                f"(max_sessions = {self.config.max_sessions})"
+                f"(max_sessions = {self.config.max_sessions}), all of them busy; "
+                "wait for calls to finish or raise max_sessions"
             )
 
     async def create(
@@ -106,7 +134,7 @@ class SessionRegistry:
         sandbox: str | None,
         env: dict[str, str] | None,
     ) -> Session:
-        self._check_capacity()
+        await self._make_room()
         session_id = mint_session_id()
         header = Header(id=session_id, createdAt=time.time_ns() // 1_000_000, cwd=cwd, title=title)
         log_ = SessionLog.create(
@@ -137,6 +165,7 @@ class SessionRegistry:
             raise SessionNotFound(session_id)
         session = self.open.get(session_id)
         if session is not None:
+            self._last_used[session_id] = trio.current_time()
             return session
         lock = self._opening.setdefault(session_id, trio.Lock())
         async with lock:
@@ -145,7 +174,7 @@ class SessionRegistry:
                 return session
             if not (self.sessions_dir / session_id).is_dir():
                 raise SessionNotFound(session_id)
-            self._check_capacity()
+            await self._make_room()
             log_ = await SessionLog.open_for_write(
                 self.state_dir,
                 session_id,

@@ -98,6 +98,8 @@ class Session:
         self.mode = config.sandbox
         self.env: dict[str, str] = {}
         self.approvals = ApprovalDesk(self)
+        #: The agent loop (``dshd.agent.TurnDriver``), made on the first ``turn.*`` request.
+        self.agent = None
         recent: list[dict] = []
         for ev in log_.events:
             self._absorb(ev.type, ev.data, recent)
@@ -191,6 +193,8 @@ class Session:
                     self._calls_nursery = calls
                     task_status.started()
                     await self._closed.wait()
+                    if self.agent is not None:
+                        self.agent.stop()  # the running turn ends ``interrupted``
                     # Graceful stop: cancel every running call; each settles TOOL_CANCELLED.
                     for call in list(self.calls.values()):
                         call.cancel.set()
@@ -207,6 +211,10 @@ class Session:
 
     def close(self) -> None:
         self._closed.set()
+
+    def idle(self) -> bool:
+        """No running call, no subscriber, no pending approval: safe to close."""
+        return not self.calls and not self.publisher.subscriptions and not self.approvals.pending
 
     # ----------------------------------------------------------------- policy / mode
     async def record_settings(self, *, policy: str, mode: str, env: dict, source: str) -> None:
@@ -300,15 +308,25 @@ class Session:
                 result = await self._execute(call)
             except (CallFailed, barrier.BarrierFailed) as failed:
                 result = self._failed_result(call, failed.code, failed.sentence)
+            except Exception as exc:
+                # A bug or an unexpected OS error in one call must not take the daemon down:
+                # the call settles as failed, with the reason, and everything else goes on.
+                slog.exception("tool.internal_error")
+                result = self._failed_result(
+                    call, "TOOL_FAILED",
+                    f"dshd hit an internal error running this call ({type(exc).__name__}: "
+                    f"{exc}); see the daemon log",
+                )
         except BaseException:
             # Shutdown cancelled us mid-call: settle as cancelled, shielded and bounded.
             with trio.CancelScope(shield=True), trio.move_on_after(5):
-                result = self._failed_result(
-                    call,
-                    "TOOL_CANCELLED",
-                    "the daemon stopped while the call ran; its process group was killed",
+                sentence = (
+                    "the daemon stopped while the call ran; its process group was killed"
+                    if call.started
+                    else "the daemon stopped before the call started; nothing ran"
                 )
-                await self._settle(call, result, slog)
+                code = "TOOL_CANCELLED" if call.started else "ABORTED_BEFORE_DISPATCH"
+                await self._settle(call, self._failed_result(call, code, sentence), slog)
             raise
         await self._settle(call, result, slog)
 
@@ -319,7 +337,7 @@ class Session:
                 bash_argv(args["command"]),
                 self.mode,
                 self.log.header.cwd,
-                hide=[str(self.config.state_path())],
+                hide=[str(self.config.state_path()), str(self.config.socket_path())],
                 network=self.config.network,
             )
         except SandboxUnavailable as exc:

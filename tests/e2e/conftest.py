@@ -100,3 +100,30 @@ def workdir(tmp_path):
     w = tmp_path / "work"
     w.mkdir()
     return w
+
+
+def live_processes_matching(needle: str) -> list[int]:
+    """Pids (not zombies) whose command line contains ``needle`` (works across pid namespaces)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if needle in cmdline and state != "Z" and entry.name != str(os.getpid()):
+            found.append(int(entry.name))
+    return found
+
+
+def wait_until_gone(needle: str, attempts: int = 200) -> list[int]:
+    """Poll (bounded) until no live process matches; returns what is left."""
+    left = live_processes_matching(needle)
+    for _ in range(attempts):
+        if not left:
+            break
+        time.sleep(0.05)
+        left = live_processes_matching(needle)
+    return left

@@ -1,0 +1,222 @@
+"""The ``bwrap`` sandbox provider: namespaces and mounts, completeness ``full`` (EXEC.md §3).
+
+Theory of operation
+-------------------
+``confine`` rewrites ``argv`` into a bubblewrap command line; the daemon spawns ``bwrap`` as the
+process-group leader and kills it to cancel. The command line, in order:
+
+``--unshare-all`` (user, pid, net, ipc, uts, cgroup namespaces; ``--share-net`` only for
+``workspace-write`` with ``network=True``), ``--unshare-user --disable-userns`` when this bwrap
+has it (no nested user namespace inside, so no way to regain capabilities there),
+``--cap-drop ALL`` (bwrap *keeps* every capability when run by root unless told otherwise),
+``--die-with-parent`` (PR_SET_PDEATHSIG: the sandbox dies with the wrapper), ``--new-session``
+(no TIOCSTI into the daemon's terminal), then the mounts, then ``--chdir <workspace>``.
+
+Mounts are applied in argv order, and a later mount covers an earlier one, so they are sorted by
+path depth (parents first; at equal depth a hidden path before the workspace):
+
+* ``--ro-bind / /`` — the whole tree read-only (bwrap remounts every submount read-only too);
+* ``--proc /proc`` (a fresh procfs of the new pid namespace: ``/proc/self/root`` is the
+  sandbox's own read-only root and no host process is visible), ``--dev /dev`` (a fresh
+  minimal ``/dev`` whose ``/dev/shm`` is a private, throw-away directory), ``--tmpfs /tmp``
+  (private ``/tmp``), ``--tmpfs /run`` (private ``/run``: the host's IPC sockets — the
+  system and session D-Bus, ``/run/systemd/private``, ``/run/docker.sock``, a database's socket,
+  ``$XDG_RUNTIME_DIR`` with dshd's own user-mode socket — are not there to connect to; a Unix
+  socket on a read-only mount still accepts connections, and a root daemon's tool talking to
+  systemd is a full escape), with ``/run/lock`` recreated, ``/run/shm`` re-linked and the
+  directory ``/etc/resolv.conf`` points into bound back when it lies under ``/run``;
+* each ``hide`` path: ``--tmpfs`` over a directory (it shows up empty; ``--remount-ro`` at the
+  end of the mounts makes it read-only, so a write there fails instead of vanishing),
+  ``--ro-bind /dev/null`` over anything else (a Unix socket then refuses connections);
+* the workspace at its own (resolved) path: ``--bind`` in ``workspace-write``, ``--ro-bind`` in
+  ``read-only`` — always, so that neither the private ``/tmp`` nor a hidden directory hides it.
+
+Other host sockets (a socket outside ``/run`` and ``/tmp``) stay reachable unless listed in
+``hide``; the daemon should pass its state directory and its socket there.
+
+Escapes this closes: symlinks or ``..`` in the workspace lead onto read-only mounts; hard links
+out of the workspace cross a mount (``EXDEV``); the network namespace has only its own loopback;
+unmounting a mask needs capabilities nobody inside has. The environment passes through unchanged
+(``DSH_CALL_ID``/``DSH_SESSION_ID`` included). Not limited: memory or disk use (the private
+``/tmp`` is a RAM-backed tmpfs without a size cap), CPU, reading files the daemon's user may read
+outside ``hide``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trio
+
+from dshd.execution.sandbox import (
+    PROBE_TIMEOUT,
+    check_mode,
+    self_test,
+    skipped_list,
+)
+
+__all__ = ["BwrapProvider", "probe_bwrap"]
+
+#: Hint appended when bwrap cannot create its namespaces.
+NAMESPACE_HINT = (
+    "; user namespaces look unavailable (check sysctl user.max_user_namespaces, "
+    "kernel.unprivileged_userns_clone, AppArmor's kernel.apparmor_restrict_unprivileged_userns, "
+    "or the container's seccomp profile)"
+)
+
+
+@dataclass(frozen=True)
+class BwrapProvider:
+    """Provider ``bwrap`` (see the module doc). ``path``: the bwrap binary; ``version``: its
+    ``--version`` line; ``disable_userns``: pass ``--unshare-user --disable-userns``."""
+
+    path: str
+    version: str = "bubblewrap"
+    disable_userns: bool = True
+    reason: str = ""
+    skipped: tuple[tuple[str, str], ...] = field(default=())
+    name: str = "bwrap"
+    completeness: str = "full"
+
+    def describe(self) -> dict:
+        return {
+            "provider": self.name,
+            "completeness": self.completeness,
+            "reason": self.reason,
+            "skipped": skipped_list(self.skipped),
+        }
+
+    def confine(
+        self,
+        argv: list[str],
+        mode: str,
+        workspace: str,
+        *,
+        hide: list[str] = (),
+        network: bool = False,
+    ) -> tuple[list[str], str]:
+        """``(bwrap argv, "full")``; ``danger-full-access`` → ``(argv, "none")`` (EXEC.md §3).
+
+        ``workspace``: absolute; bound at its resolved path, which is also the new cwd.
+        ``hide``: paths masked inside (missing ones are skipped; ``/`` is refused with
+        ``ValueError``). ``network``: honoured in ``workspace-write`` only.
+        """
+        check_mode(mode, workspace)
+        if mode == "danger-full-access":
+            return list(argv), "none"
+        ws = os.path.realpath(workspace)
+        out = [self.path, "--unshare-all"]
+        if network and mode == "workspace-write":
+            out.append("--share-net")
+        if self.disable_userns:
+            out += ["--unshare-user", "--disable-userns"]
+        out += ["--cap-drop", "ALL", "--die-with-parent", "--new-session"]
+        # (path, tie-break, args): sorted by depth, then tie-break, so parents mount first.
+        mounts: list[tuple[str, int, list[str]]] = [
+            ("/", 0, ["--ro-bind", "/", "/"]),
+            ("/proc", 0, ["--proc", "/proc"]),
+            ("/dev", 0, ["--dev", "/dev"]),
+            ("/tmp", 0, ["--tmpfs", "/tmp"]),
+            *_private_run(),
+        ]
+        remount_ro: list[str] = []
+        for path in hide:
+            real = os.path.realpath(path)
+            if real == "/":
+                raise ValueError("cannot hide / from a sandboxed command")
+            if os.path.isdir(real):
+                mounts.append((real, 1, ["--tmpfs", real]))
+                remount_ro += ["--remount-ro", real]
+            elif os.path.lexists(real):
+                mounts.append((real, 1, ["--ro-bind", "/dev/null", real]))
+        bind = "--bind" if mode == "workspace-write" else "--ro-bind"
+        mounts.append((ws, 2, [bind, ws, ws]))
+        mounts.sort(key=lambda m: (0 if m[0] == "/" else len(Path(m[0]).parts), m[1]))
+        for _, _, args in mounts:
+            out += args
+        # Last, so that bwrap could still create the workspace's mount point inside a mask.
+        out += remount_ro
+        out += ["--chdir", ws, "--", *argv]
+        return out, self.completeness
+
+
+def _private_run() -> list[tuple[str, int, list[str]]]:
+    """A private ``/run`` (host IPC sockets gone) that still resolves DNS and has ``/run/lock``.
+
+    ``/etc/resolv.conf`` is often a symlink into ``/run`` (systemd-resolved, NetworkManager,
+    resolvconf): the directory it points into is bound back read-only.
+    """
+    if not os.path.isdir("/run") or os.path.islink("/run"):
+        return []
+    mounts = [("/run", 0, ["--tmpfs", "/run"]), ("/run/lock", 0, ["--dir", "/run/lock"])]
+    if os.path.islink("/run/shm"):
+        mounts.append(("/run/shm", 0, ["--symlink", os.readlink("/run/shm"), "/run/shm"]))
+    resolv_dir = os.path.dirname(os.path.realpath("/etc/resolv.conf"))
+    if resolv_dir.startswith("/run/") and os.path.isdir(resolv_dir):
+        mounts.append((resolv_dir, 0, ["--ro-bind", resolv_dir, resolv_dir]))
+    return mounts
+
+
+async def _capture(argv: list[str]) -> subprocess.CompletedProcess:
+    with trio.fail_after(PROBE_TIMEOUT):
+        return await trio.run_process(
+            argv,
+            stdin=subprocess.DEVNULL,
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+
+
+async def probe_bwrap(
+    scratch_dir: Path, bwrap_path: str | None, skipped: tuple[tuple[str, str], ...]
+) -> tuple[BwrapProvider | None, str]:
+    """``(provider, "")`` when bwrap confines here, else ``(None, why not)`` (EXEC.md §3).
+
+    ``bwrap_path``: the binary to use, default ``bwrap`` on ``$PATH``. ``skipped``: providers
+    already skipped, carried into the provider's ``describe()``. Tries ``--disable-userns``
+    first when this bwrap knows it, and without it if that alone fails.
+    """
+    path = bwrap_path or shutil.which("bwrap")
+    if path is None:
+        return None, "bwrap was not found on PATH; install bubblewrap for the full sandbox"
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        return None, f"{path} does not exist or is not executable; install bubblewrap"
+    try:
+        version = await _capture([path, "--version"])
+        helptext = await _capture([path, "--help"])
+    except (OSError, trio.TooSlowError) as exc:
+        return None, f"{path} could not be run ({getattr(exc, 'strerror', None) or exc!r})"
+    version_line = version.stdout.decode("utf-8", "replace").strip() or "bubblewrap"
+    knows_disable = b"--disable-userns" in helptext.stdout + helptext.stderr
+    first_failure = None
+    for disable in ([True, False] if knows_disable else [False]):
+        provider = BwrapProvider(path, version_line, disable, "", skipped)
+        failure = await self_test(provider, scratch_dir)
+        if failure is None:
+            nested = (
+                "nested user namespaces disabled"
+                if disable
+                else "nested user namespaces NOT disabled (this bwrap or kernel refuses "
+                "--disable-userns; no capabilities are held inside either way)"
+            )
+            reason = (
+                f"{version_line} at {path}: user, pid, network, ipc, uts and cgroup namespaces, "
+                "read-only root, private /tmp, /run, /dev and /proc, hidden state paths, all "
+                f"capabilities dropped, {nested}; probe: a confined `true` ran and a write "
+                "outside the workspace was refused"
+            )
+            if skipped:
+                reason += "; skipped " + ", ".join(f"{n} ({why})" for n, why in skipped)
+            return BwrapProvider(path, version_line, disable, reason, skipped), ""
+        first_failure = first_failure or failure
+    why = f"{path} ({version_line}) cannot confine here: {first_failure}"
+    lowered = (first_failure or "").lower()
+    signs = ("namespace", "uid map", "operation not permitted", "permission denied")
+    if any(sign in lowered for sign in signs):
+        why += NAMESPACE_HINT
+    return None, why

@@ -1,0 +1,193 @@
+"""The ``landlock`` sandbox provider: LSM rules, completeness ``partial`` (EXEC.md §3).
+
+Theory of operation
+-------------------
+Landlock restricts the thread that asks for it and everything that thread later runs, so the
+daemon cannot confine a child from outside. ``confine`` therefore wraps ``argv`` in the
+launcher :mod:`dshd.execution.landlock_exec`::
+
+    <python> -I -S .../landlock_exec.py --rules-json '{...}' -- argv...
+
+which, inside the spawned process (the process-group leader the daemon kills on cancel),
+builds a ruleset for the kernel's ABI, sets ``no_new_privs``, drops capabilities, restricts
+itself and ``execvp``\\ s the command. The rules:
+
+=============================== ===========================================================
+path                            rights
+=============================== ===========================================================
+``/``                           execute, read file, read directory (everything else denied)
+workspace (``workspace-write``) every right of the ABI (create, remove, rename within, …)
+per-call ``TMPDIR``             every right; ``<scratch>/landlock-tmp/<pgid>-<random>``
+``/dev/null`` ``/dev/zero`` …   read, write, truncate, ioctl
+TCP (ABI ≥ 4)                   bind and connect denied unless the network is allowed
+scopes (ABI ≥ 6)                abstract Unix sockets and signals confined to the sandbox
+=============================== ===========================================================
+
+Why ``partial`` always — what Landlock cannot do that bwrap does:
+
+* **hide** nothing: a rule can only *allow* beneath a path, so inside the readable ``/`` the
+  daemon's state directory (other sessions' logs and spill files) stays readable;
+* **metadata**: Landlock does not cover ``chmod``, ``chown``, ``utime`` or extended
+  attributes, so a tool can change the mode or times of files outside the workspace that its
+  user owns (for a root daemon: most of the system; capabilities are dropped, ownership is not);
+* **no private /tmp**: the rest of ``/tmp`` is read-only and ``TMPDIR`` points at a per-call
+  directory (tools that hard-code ``/tmp`` get ``EACCES``); ``/dev/shm`` is not writable, so
+  POSIX shared memory (Python ``multiprocessing`` locks) fails;
+* network: below ABI 4 nothing; from ABI 4 only TCP bind/connect — UDP, and connecting to an
+  existing pathname Unix socket are not blocked — the daemon's own socket, D-Bus, systemd's
+  and docker's included, any of which may run things unconfined for the same user;
+* no pid namespace: a process that ``setsid``\\ s can outlive a cancel.
+
+Per-call temporary directories are removed by a later launch once their process group is gone
+(see :func:`dshd.execution.landlock_exec.collect_garbage`), and by :func:`probe_landlock`.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trio
+
+from dshd.execution import landlock_exec
+from dshd.execution.sandbox import check_mode, self_test, skipped_list
+
+__all__ = ["DEVICES", "LandlockProvider", "probe_landlock"]
+
+#: Device files a confined command may read and write (missing ones are skipped).
+DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+
+
+@dataclass(frozen=True)
+class LandlockProvider:
+    """Provider ``landlock`` (see the module doc). ``abi``: the kernel's Landlock ABI;
+    ``python``: interpreter for the launcher; ``launcher``: path of ``landlock_exec.py``;
+    ``tmp_root``: parent of the per-call ``TMPDIR`` directories."""
+
+    abi: int
+    python: str
+    launcher: str
+    tmp_root: str
+    reason: str = ""
+    skipped: tuple[tuple[str, str], ...] = field(default=())
+    name: str = "landlock"
+    completeness: str = "partial"
+
+    def describe(self) -> dict:
+        return {
+            "provider": self.name,
+            "completeness": self.completeness,
+            "reason": self.reason,
+            "skipped": skipped_list(self.skipped),
+        }
+
+    def confine(
+        self,
+        argv: list[str],
+        mode: str,
+        workspace: str,
+        *,
+        hide: list[str] = (),
+        network: bool = False,
+    ) -> tuple[list[str], str]:
+        """``(launcher argv, "partial")``; ``danger-full-access`` → ``(argv, "none")``.
+
+        ``hide`` cannot be honoured (the reason says so; completeness stays ``partial``).
+        ``network``: honoured in ``workspace-write`` only. Raises ``ValueError`` for an
+        unknown mode or a relative workspace.
+        """
+        check_mode(mode, workspace)
+        if mode == "danger-full-access":
+            return list(argv), "none"
+        ws = os.path.realpath(workspace)
+        rules = {
+            "read": ["/"],
+            "write": [ws] if mode == "workspace-write" else [],
+            "devices": list(DEVICES),
+            "tmp_root": self.tmp_root,
+            "deny_tcp": not (network and mode == "workspace-write"),
+        }
+        wrapped = [
+            self.python, "-I", "-S", self.launcher,
+            "--rules-json", json.dumps(rules, separators=(",", ":")),
+            "--", *argv,
+        ]
+        return wrapped, self.completeness
+
+
+def _unavailable(err: int) -> str:
+    if err == errno.ENOSYS:
+        return "this kernel has no Landlock (needs Linux 5.13+ built with CONFIG_SECURITY_LANDLOCK)"
+    if err == errno.EOPNOTSUPP:
+        return "Landlock is built but not enabled; add landlock to the lsm= boot parameter"
+    if err == errno.EPERM:
+        return "the Landlock syscalls are refused (a seccomp filter, e.g. a container profile)"
+    return f"the Landlock ABI query failed ({os.strerror(err)})"
+
+
+def _limits(abi: int) -> str:
+    parts = ["the state directory and other hidden paths stay readable",
+             "metadata changes (chmod, chown, utime, xattrs) outside the workspace are not "
+             "blocked",
+             "/tmp is not private (TMPDIR is) and /dev/shm is not writable"]
+    if abi >= 4:
+        parts.append("TCP bind/connect are denied when the network is off, but UDP and "
+                     "connects to existing Unix sockets (the daemon's own, D-Bus, systemd's, "
+                     "docker's) are not")
+    else:
+        parts.append(f"the network cannot be restricted at all (ABI {abi} < 4 has no TCP rules)")
+    if abi < 6:
+        parts.append("abstract Unix sockets and signals are not scoped (ABI < 6)")
+    parts.append("there is no pid namespace, so a setsid'd process can outlive a cancel")
+    return "; ".join(parts)
+
+
+async def probe_landlock(
+    scratch_dir: Path, python: str | None, skipped: tuple[tuple[str, str], ...]
+) -> tuple[LandlockProvider | None, str]:
+    """``(provider, "")`` when Landlock confines here, else ``(None, why not)`` (EXEC.md §3).
+
+    Queries the ABI in the daemon (no restriction of the daemon itself), then runs the real
+    probe commands through the launcher. ``python``: interpreter for the launcher (default
+    ``sys.executable``). ``skipped``: carried into ``describe()``.
+    """
+    abi, err = landlock_exec.landlock_abi()
+    if abi < 1:
+        return None, _unavailable(err)
+    tmp_root = Path(scratch_dir) / "landlock-tmp"
+    tmp_root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    provider = LandlockProvider(
+        abi=abi,
+        python=python or sys.executable,
+        launcher=os.path.realpath(landlock_exec.__file__),
+        tmp_root=str(tmp_root),
+        skipped=skipped,
+    )
+    failure = await self_test(provider, Path(scratch_dir))
+    await trio.to_thread.run_sync(landlock_exec.collect_garbage, str(tmp_root), 10_000)
+    if failure is not None:
+        return None, f"Landlock ABI {abi}: {failure}"
+    used = min(abi, landlock_exec.KNOWN_ABI)
+    reason = (
+        f"Landlock ABI {abi}{f' (used as ABI {used})' if used != abi else ''}: writes only in "
+        f"the workspace and a per-call TMPDIR under {tmp_root}, no capabilities; partial: "
+        f"{_limits(abi)}; probe: a confined `true` ran and a write outside the workspace was "
+        "refused"
+    )
+    if skipped:
+        reason += "; skipped " + ", ".join(f"{n} ({why})" for n, why in skipped)
+    return (
+        LandlockProvider(
+            abi=provider.abi,
+            python=provider.python,
+            launcher=provider.launcher,
+            tmp_root=provider.tmp_root,
+            reason=reason,
+            skipped=skipped,
+        ),
+        "",
+    )
