@@ -213,8 +213,9 @@ class Session:
         self._closed.set()
 
     def idle(self) -> bool:
-        """No running call, no subscriber, no pending approval: safe to close."""
-        return not self.calls and not self.publisher.subscriptions and not self.approvals.pending
+        """No running call or turn, no subscriber, no pending approval: safe to close."""
+        return (not self.calls and not self.publisher.subscriptions and not self.approvals.pending
+                and (self.agent is None or self.agent.turn is None))
 
     # ----------------------------------------------------------------- policy / mode
     async def record_settings(self, *, policy: str, mode: str, env: dict, source: str) -> None:

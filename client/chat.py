@@ -1,0 +1,407 @@
+"""``dsh chat``: talk to a session's agent loop from a terminal (PROTOCOL.md §3.5).
+
+Theory of operation: ``dsh chat`` connects as an approval answerer, subscribes to the session's
+lane view and sends ``turn.start``. From then on the lane drives the screen:
+
+* the turn's ``text`` (the current step's assistant text) prints as it grows;
+* the calls the step proposed (``turn.calls``) print a header on stderr and their live output
+  on stdout, followed with ``client.follow.CallOutput`` exactly like ``dsh attach``;
+* approval requests go to the :class:`Approver`, which asks on the terminal (or allows them
+  all with ``--yes``) and answers with ``approval.decide``.
+
+A batch may fold several changes together (a short call can come and go between two
+publishes), so whenever a step ends the log is the referee: its ``message/assistant`` prints
+whatever of the text the lane did not show, and each proposed call's ``tool/result`` closes
+it (its last output, or the sentence of a call that never ran). The turn is over when the
+lane's turn stops being ours; ``turn/end`` gives the exit status: 0 completed, 1 error,
+130 cancelled. Ctrl-C once cancels the turn, twice detaches (the turn goes on in dshd).
+Without a prompt, lines are read from stdin, one turn each, until end of file.
+
+stdin is read by one task for the whole command (:class:`Lines`), so a prompt for the next
+input and an approval question never race for the same line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from typing import Any
+
+import click
+import trio
+
+from client.api import Client, DaemonNotRunning, connect
+from client.follow import CallOutput
+from client.transport import DshClientError
+from protocol.rpc import RpcError
+
+__all__ = ["chat", "run_chat"]
+
+EXIT_ERROR = 1
+EXIT_DAEMON_NOT_RUNNING = 2
+EXIT_INTERRUPTED = 130
+END_STATUS = {"completed": 0, "error": EXIT_ERROR, "interrupted": EXIT_ERROR,
+              "cancelled": EXIT_INTERRUPTED}
+
+
+# ---------------------------------------------------------------------- terminal
+def _emit(text: str) -> None:
+    """Assistant text and tool output: stdout, as is, at once."""
+    if text:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+
+def _note(text: str, *, dim: bool = False) -> None:
+    """One line on stderr."""
+    click.echo(click.style(text, dim=dim) if sys.stderr.isatty() else text, err=True)
+
+
+class Lines:
+    """stdin, one line at a time, read by a single task (``run``); None at end of file."""
+
+    def __init__(self) -> None:
+        self._send, self._receive = trio.open_memory_channel[str | None](0)
+
+    async def run(self) -> None:
+        async with self._send:  # closed at end of file: every later next() is None
+            while True:
+                line = await trio.to_thread.run_sync(sys.stdin.readline, abandon_on_cancel=True)
+                if not line:
+                    return
+                await self._send.send(line.rstrip("\n"))
+
+    async def next(self, prompt: str = "") -> str | None:
+        if prompt:
+            sys.stderr.write(prompt)
+            sys.stderr.flush()
+        try:
+            return await self._receive.receive()
+        except trio.EndOfChannel:
+            return None
+
+
+class Approver:
+    """Answers the session's approval requests for this chat: ``--yes`` allows, else asks."""
+
+    def __init__(self, client: Client, session_id: str, lines: Lines, yes: bool) -> None:
+        self.client = client
+        self.session_id = session_id
+        self.lines = lines
+        self.yes = yes
+        self.seen: set[str] = set()
+        self.pending: dict[str, dict] = {}
+        self._asking: tuple[str, trio.CancelScope] | None = None
+        self._send, self._receive = trio.open_memory_channel[str](64)
+
+    def offer(self, view: Any) -> None:
+        """Queue the view's new approval requests; drop the question about one that left
+        (decided elsewhere, or cancelled with its turn), so it does not eat the next line."""
+        approvals = view.get("approvals") if isinstance(view, dict) else None
+        approvals = approvals if isinstance(approvals, dict) else {}
+        if self._asking is not None and self._asking[0] not in approvals:
+            self._asking[1].cancel()
+        for approval_id, entry in approvals.items():
+            if approval_id in self.seen:
+                continue
+            try:
+                self._send.send_nowait(approval_id)
+            except trio.WouldBlock:
+                continue  # offered again with the next view
+            self.seen.add(approval_id)
+            self.pending[approval_id] = entry
+
+    async def run(self) -> None:
+        async for approval_id in self._receive:
+            entry = self.pending.pop(approval_id)
+            with trio.CancelScope() as scope:
+                self._asking = (approval_id, scope)
+                await self._answer(approval_id, entry)
+            self._asking = None
+            if scope.cancelled_caught:
+                _note("\n── no longer pending", dim=True)
+
+    async def _answer(self, approval_id: str, entry: dict) -> None:
+        summary = entry.get("summary", "")
+        if self.yes:
+            allow = True
+            _note(f"── allowing {entry.get('tool')}: {summary}", dim=True)
+        else:
+            answer = await self.lines.next(
+                f"── allow {entry.get('tool')}: {summary}\n   run it? [y/N] "
+            )
+            allow = (answer or "").strip().lower() in ("y", "yes")
+        self._asking = None  # answered: its leaving the view from here on is our own doing
+        try:
+            await self.client.call(
+                "approval.decide",
+                {"sessionId": self.session_id, "approvalId": approval_id,
+                 "decision": "allow" if allow else "reject"},
+            )
+        except RpcError as exc:  # decided meanwhile (cancelled, answerer left…)
+            _note(f"dsh: {exc.message}", dim=True)
+
+
+# ---------------------------------------------------------------------- one turn
+def _command_of(arguments: Any) -> str:
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return arguments
+    if isinstance(arguments, dict) and isinstance(arguments.get("command"), str):
+        return arguments["command"]
+    return json.dumps(arguments)
+
+
+def _ran(result: dict) -> bool:
+    details = result.get("details") if isinstance(result.get("details"), dict) else {}
+    return isinstance(result.get("exitCode"), int) or "truncation" in details
+
+
+class TurnScreen:
+    """What one turn has printed, and what is left to print (module doc)."""
+
+    def __init__(self, client: Client, session_id: str, turn_id: str, after_seq: int) -> None:
+        self.client = client
+        self.session_id = session_id
+        self.turn_id = turn_id
+        self.after_seq = after_seq
+        self.step: str | None = None
+        self.printed: dict[str, str] = {}
+        self.outputs: dict[str, CallOutput] = {}
+        self.headed: set[str] = set()
+        self.closed_calls: set[str] = set()
+        self.closed_steps: set[str] = set()
+        self.seen = False
+        self.end: dict | None = None
+        self._line_start = True
+
+    def _text(self, text: str) -> None:
+        if text:
+            _emit(text)
+            self._line_start = text.endswith("\n")
+
+    def _newline(self) -> None:
+        if not self._line_start:
+            _emit("\n")
+            self._line_start = True
+
+    async def _events(self) -> list[dict]:
+        return [e async for e in self.client.iter_events(self.session_id, self.after_seq)]
+
+    async def update(self, view: Any, ops: list) -> None:
+        turn = view.get("turn") if isinstance(view, dict) else None
+        if not (isinstance(turn, dict) and turn.get("turnId") == self.turn_id):
+            if self.seen or await self._ended():
+                await self.finish()
+            return
+        self.seen = True
+        step = turn.get("stepId")
+        if step != self.step:
+            if step is not None:
+                await self.close_steps(await self._events(), before=step)
+            self.step = step
+        if step is None:
+            return
+        text = turn.get("text") if isinstance(turn.get("text"), str) else ""
+        shown = self.printed.get(step, "")
+        if text.startswith(shown):
+            self._text(text[len(shown):])
+        else:  # a retried request started its text over
+            self._newline()
+            self._text(text)
+        self.printed[step] = text
+        tools = view.get("tools") if isinstance(view.get("tools"), dict) else {}
+        for call_id in turn.get("calls") or []:
+            if call_id in self.closed_calls or call_id not in tools:
+                continue
+            output = self.outputs.setdefault(call_id, CallOutput(call_id))
+            if call_id not in self.headed:
+                self._newline()
+                entry = tools[call_id]
+                _note(f"── {entry.get('name')}: {_command_of(entry.get('args'))}", dim=True)
+                self.headed.add(call_id)
+            self._text(output.update(ops, view))
+
+    async def _ended(self) -> bool:
+        """The turn is not in the view and was never seen there: over already?"""
+        return any(e["type"] == "turn/end" and e["data"].get("turnId") == self.turn_id
+                   for e in await self._events())
+
+    async def close_steps(self, events: list[dict], before: str | None = None) -> None:
+        """Close, in log order, every step of the turn not closed yet (up to ``before``):
+        steps can pass between two batches without the lane ever showing them."""
+        answers: dict[str, dict] = {}
+        for e in events:
+            if e["type"] == "message/assistant" and e["data"].get("turnId") == self.turn_id:
+                answers[e["data"].get("stepId")] = e["data"]  # the last one of a step wins
+        for step, answer in answers.items():
+            if step == before:
+                return
+            if step not in self.closed_steps:
+                self.closed_steps.add(step)
+                self.close_step(step, answer, events)
+
+    def close_step(self, step: str, answer: dict, events: list[dict]) -> None:
+        """Print what the lane did not show of the step: its text's end, its calls' ends."""
+        full = answer.get("text") or ""
+        shown = self.printed.get(step, "")
+        self._text(full[len(shown):] if full.startswith(shown) else "\n" + full)
+        self.printed[step] = full
+        results = {e["data"].get("callId"): e["data"] for e in events if e["type"] == "tool/result"}
+        for call in answer.get("toolCalls") or []:
+            call_id = call.get("callId")
+            result = results.get(call_id)
+            if call_id in self.closed_calls or result is None:
+                continue
+            self.closed_calls.add(call_id)
+            if call_id not in self.headed:
+                self._newline()
+                _note(f"── {call.get('name')}: {_command_of(call.get('arguments'))}", dim=True)
+                self.headed.add(call_id)
+            if _ran(result):
+                content = result.get("content") if isinstance(result.get("content"), str) else ""
+                output = self.outputs.get(call_id)
+                total = ((result.get("details") or {}).get("truncation") or {}).get("totalBytes")
+                self._text(output.finish(content, total) if output else content)
+            self._newline()
+            code, exit_code = result.get("errorCode"), result.get("exitCode")
+            if code and not _ran(result):
+                _note(f"── not run: {code}: {result.get('content')}", dim=True)
+            elif code:
+                _note(f"── {code}" + (f" (exit {exit_code})" if exit_code is not None else ""),
+                      dim=True)
+            else:
+                _note(f"── exit {exit_code}", dim=True)
+        self._newline()
+
+    async def finish(self) -> None:
+        events = await self._events()
+        await self.close_steps(events)
+        for e in events:
+            if e["type"] == "turn/end" and e["data"].get("turnId") == self.turn_id:
+                self.end = e["data"]
+        if self.end is None:
+            self.end = {"reason": "error", "message": "the turn's end is not in the log yet"}
+        self._newline()
+
+
+async def run_turn(client: Client, sub, session_id: str, text: str, approver: Approver) -> int:
+    """One turn, shown until it ends; returns its exit status."""
+    after_seq = (await client.get_session(session_id))["lastSeq"]
+    turn_id = (await client.call("turn.start", {"sessionId": session_id, "input": text}))["turnId"]
+    screen = TurnScreen(client, session_id, turn_id, after_seq)
+    detached = False
+    with trio.open_signal_receiver(signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def on_interrupt() -> None:
+                nonlocal detached
+                cancelling = False
+                async for _ in signals:
+                    if not cancelling:
+                        cancelling = True
+                        _note("dsh: cancelling the turn (Ctrl-C again to detach)")
+                        await client.call("turn.cancel", {"sessionId": session_id})
+                        continue
+                    detached = True
+                    nursery.cancel_scope.cancel()
+                    return
+
+            nursery.start_soon(on_interrupt)
+            view = sub.mirror.value
+            while True:
+                approver.offer(view)
+                await screen.update(view, sub.mirror.last_ops)
+                if screen.end is not None:
+                    break
+                view = await sub.next_view()
+            nursery.cancel_scope.cancel()
+    if detached:
+        _note(f"detached; the turn keeps running in dshd. Follow it: dsh attach {session_id}")
+        return EXIT_INTERRUPTED
+    end = screen.end or {}
+    reason = end.get("reason", "error")
+    if reason != "completed":
+        detail = ": ".join(str(x) for x in (end.get("errorCode"), end.get("message")) if x)
+        _note(f"dsh: turn {reason}" + (f" ({detail})" if detail else ""))
+    return END_STATUS.get(reason, EXIT_ERROR)
+
+
+async def _chat(socket: str | None, session_id: str | None, prompt: str | None, yes: bool) -> int:
+    async with connect(socket, approvals=True) as client:
+        if session_id is None:
+            title = (prompt or "chat")[:60]
+            session_id = await client.create_session(os.getcwd(), title=title)
+        _note(f"session {session_id}", dim=True)
+        lines = Lines()
+        sub = await client.subscribe(session_id)
+        try:
+            await sub.next_view()
+            async with trio.open_nursery() as nursery:
+                approver = Approver(client, session_id, lines, yes)
+                nursery.start_soon(lines.run)
+                nursery.start_soon(approver.run)
+                status = 0
+                if prompt is not None:
+                    status = await run_turn(client, sub, session_id, prompt, approver)
+                else:
+                    tty = sys.stdin.isatty()
+                    while True:
+                        line = await lines.next("› " if tty else "")
+                        if line is None:
+                            break
+                        if line.strip():
+                            status = await run_turn(client, sub, session_id, line, approver)
+                nursery.cancel_scope.cancel()
+            return status
+        finally:
+            with trio.move_on_after(1) as cleanup:
+                cleanup.shield = True
+                await sub.aclose()
+
+
+def _single(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def run_chat(socket: str | None, session_id: str | None, prompt: str | None, yes: bool) -> int:
+    """Run the chat; map client errors to one stderr line and an exit status."""
+    try:
+        return trio.run(_chat, socket, session_id, prompt, yes)
+    except BaseException as raised:  # noqa: BLE001 - mapped below, re-raised when unknown
+        exc = _single(raised)
+        if isinstance(exc, DaemonNotRunning):
+            _note(str(exc))
+            return EXIT_DAEMON_NOT_RUNNING
+        if isinstance(exc, RpcError):
+            _note(f"dsh: {exc.message}")
+            return EXIT_ERROR
+        if isinstance(exc, DshClientError):
+            _note(f"dsh: {exc}")
+            return EXIT_ERROR
+        if isinstance(exc, KeyboardInterrupt):
+            return EXIT_INTERRUPTED
+        raise
+
+
+@click.command("chat")
+@click.option("--session", "session_id", metavar="ID", help="Talk in this session (default: a new one).")
+@click.option("--yes", is_flag=True,
+              help="Allow every tool call the model proposes without asking (each is still "
+              "logged, gated and sandboxed).")
+@click.argument("prompt", nargs=-1)
+@click.pass_context
+def chat(ctx: click.Context, session_id: str | None, yes: bool, prompt: tuple[str, ...]) -> None:
+    """Ask the session's agent: stream its answer and its tool calls, asking before each call.
+
+    With no PROMPT, read one prompt a line from stdin until end of file.
+    """
+    socket = getattr(ctx.obj, "socket", None)
+    text = " ".join(prompt) if prompt else None
+    sys.exit(run_chat(socket, session_id, text, yes))

@@ -1,0 +1,107 @@
+"""The tools a model may call: their schemas, their concurrency, their argument checks.
+
+Theory of operation: ``TOOLS`` is plain data. Each :class:`ToolSpec` gives the JSON schema the
+model sees, whether calls of it may run at the same time as their neighbours (``concurrent``;
+a tool that only reads would say so), and a check that turns the model's raw JSON arguments
+into a dict or a sentence that tells the model what was wrong. A call that fails its check
+never gets a ``tool/call``: the turn loop settles it at once with ``INVALID_ARGUMENTS`` (or
+``UNKNOWN_TOOL``), and the model reads the sentence in its next step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import msgspec
+
+MAX_TIMEOUT_SECONDS = 7 * 86400
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    description: str
+    parameters: dict
+    #: May run at the same time as other concurrent calls of the same step.
+    concurrent: bool
+    #: Returns None when the arguments are fine, else a sentence for the model.
+    check: Callable[[dict], str | None]
+
+    def schema(self) -> dict:
+        """The chat-completions ``tools`` entry."""
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters,
+            },
+        }
+
+
+def _check_bash(arguments: dict) -> str | None:
+    command = arguments.get("command")
+    if not isinstance(command, str) or not command.strip():
+        return "bash needs `command`, a non-empty string"
+    timeout = arguments.get("timeout")
+    if timeout is not None and (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or not 0 < timeout <= MAX_TIMEOUT_SECONDS
+    ):
+        return f"`timeout` is seconds, a number > 0 and at most {MAX_TIMEOUT_SECONDS}"
+    extra = sorted(set(arguments) - {"command", "timeout"})
+    if extra:
+        return f"bash takes `command` and `timeout` only, not {', '.join(extra)}"
+    return None
+
+
+BASH = ToolSpec(
+    name="bash",
+    description=(
+        "Run a shell command with bash in the session's working directory, confined by the "
+        "session's sandbox, after a person approves it. stdout and stderr come back merged; "
+        "long output keeps its last 2,000 lines / 50 KB. Non-interactive: stdin is empty."
+    ),
+    parameters={
+        "type": "object",
+        "properties": {
+            "command": {"type": "string", "description": "The command line, run as `bash -c`."},
+            "timeout": {
+                "type": "number",
+                "description": "Seconds before the command's process group is killed.",
+            },
+        },
+        "required": ["command"],
+        "additionalProperties": False,
+    },
+    concurrent=False,  # it may write: one at a time
+    check=_check_bash,
+)
+
+TOOLS: dict[str, ToolSpec] = {BASH.name: BASH}
+
+_decode = msgspec.json.Decoder()
+
+
+def parse_arguments(name: str, raw: str) -> tuple[dict | None, str | None, str | None]:
+    """``(arguments, errorCode, sentence)`` for a proposed call; arguments None when refused."""
+    spec = TOOLS.get(name)
+    if spec is None:
+        known = ", ".join(sorted(TOOLS))
+        return None, "UNKNOWN_TOOL", f"there is no tool named {name!r}; the tools are: {known}"
+    try:
+        arguments = _decode.decode(raw.encode() if raw.strip() else b"{}")
+    except (msgspec.DecodeError, UnicodeEncodeError) as exc:
+        return None, "INVALID_ARGUMENTS", f"the arguments are not valid JSON ({exc}); nothing ran"
+    if not isinstance(arguments, dict):
+        return None, "INVALID_ARGUMENTS", "the arguments must be a JSON object; nothing ran"
+    problem = spec.check(arguments)
+    if problem is not None:
+        return None, "INVALID_ARGUMENTS", f"{problem}; nothing ran"
+    return arguments, None, None
+
+
+def schemas() -> list[dict]:
+    return [spec.schema() for spec in TOOLS.values()]

@@ -1,0 +1,169 @@
+"""Helpers of the agent-loop tests (client side; no fixtures here)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import trio
+
+from dshd.config import ModelConfig
+
+#: Bound on every wait of these tests (a hang fails instead of blocking the suite).
+WAIT_S = 60
+
+
+def fast_model(url: str, **overrides) -> ModelConfig:
+    """The openai-compatible provider at the fake server, with quick retries."""
+    base = dict(provider="openai-compatible", base_url=url, model="fake-model-1",
+                api_key_env="DSH_TEST_MODEL_KEY", max_retries=2, retry_initial_seconds=0.01,
+                retry_max_seconds=0.05, request_timeout_seconds=30.0)
+    base.update(overrides)
+    return ModelConfig(**base)
+
+
+def sandbox_mode(daemon) -> str:
+    """workspace-write when this machine has a sandbox, else the explicit opt-out."""
+    provider = daemon.sandbox.describe()["provider"]
+    return "workspace-write" if provider != "none" else "danger-full-access"
+
+
+async def approve_all(c, sid: str, decisions: list | None = None, *,
+                      task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Be the session's answerer (``c`` connected with approvals) and allow every request."""
+    sub = await c.subscribe(sid)
+    view = await sub.next_view()
+    task_status.started(sub)
+    done: set[str] = set()
+    while True:
+        for aid, entry in list(view["approvals"].items()):
+            if aid in done:
+                continue
+            done.add(aid)
+            r = await c.call("approval.decide",
+                             {"sessionId": sid, "approvalId": aid, "decision": "allow"})
+            if decisions is not None:
+                decisions.append((entry["callId"], entry["summary"], r["outcome"]))
+        view = await sub.next_view()
+
+
+async def events_of(c, sid: str) -> list[dict]:
+    return [e async for e in c.iter_events(sid)]
+
+
+async def wait_turn_end(c, sid: str, turn_id: str) -> dict:
+    """The turn/end event of ``turn_id`` (polls session.events, bounded)."""
+    with trio.fail_after(WAIT_S):
+        while True:
+            for e in await events_of(c, sid):
+                if e["type"] == "turn/end" and e["data"]["turnId"] == turn_id:
+                    return e
+            await trio.sleep(0.02)
+
+
+async def wait_until(predicate, what: str = "condition") -> None:
+    with trio.fail_after(WAIT_S):
+        while not predicate():
+            await trio.sleep(0.01)
+
+
+def turn_events(events: list[dict], turn_id: str) -> list[dict]:
+    """Events from the turn's turn/start through its turn/end."""
+    start = next(i for i, e in enumerate(events)
+                 if e["type"] == "turn/start" and e["data"]["turnId"] == turn_id)
+    out = []
+    for e in events[start:]:
+        out.append(e)
+        if e["type"] == "turn/end" and e["data"]["turnId"] == turn_id:
+            break
+    return out
+
+
+def kill_session_processes(session_id: str) -> None:
+    """SIGKILL the process groups of tool processes of ``session_id`` (left by a killed dshd):
+    found by the DSH_SESSION_ID in their environment."""
+    needle = f"DSH_SESSION_ID={session_id}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if needle not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+            os.killpg(os.getpgid(int(entry.name)), signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            continue
+
+
+class DaemonProcess:
+    """A real ``python -m dshd`` subprocess (short /tmp socket), for kill -9 and CLI tests."""
+
+    def __init__(self, root: Path, config_text: str) -> None:
+        self.root = root
+        self.socket = root / "run" / "dshd.sock"
+        self.state_dir = root / "state"
+        self.config = root / "dshd.toml"
+        self.config.write_text(config_text)
+        self.log_path = root / "dshd.log"
+        self.proc: subprocess.Popen | None = None
+        self.env = dict(os.environ, DSH_SOCKET=str(self.socket))
+
+    def start(self) -> None:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "dshd", "--socket", str(self.socket), "--state-dir",
+                 str(self.state_dir), "--config", str(self.config), "--log-format", "json"],
+                env=self.env, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+            )
+        for _ in range(400):  # bounded readiness poll, not a timing assertion
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"dshd exited {self.proc.returncode}: {self.log_path.read_text()}")
+            try:
+                with socket.socket(socket.AF_UNIX) as s:
+                    s.connect(str(self.socket))
+                return
+            except OSError:
+                time.sleep(0.025)
+        raise RuntimeError(f"dshd did not listen: {self.log_path.read_text()}")
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
+        self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.proc = None
+
+    def dsh(self, *args: str, input: str | None = None, cwd=None) -> subprocess.CompletedProcess:
+        """The real ``dsh`` CLI against this daemon."""
+        return subprocess.run(
+            [sys.executable, "-m", "client.cli", *args], env=self.env, cwd=cwd, input=input,
+            capture_output=True, text=True, timeout=WAIT_S,
+        )
+
+
+def model_toml(model: ModelConfig | None) -> str:
+    """The ``[model]`` table of a dshd.toml for ``model`` (None: no table, the defaults)."""
+    if model is None:
+        return ""
+    lines = ["[model]"]
+    for name in model.__struct_fields__:
+        value = getattr(model, name)
+        if value is not None:
+            lines.append(f"{name} = {json.dumps(value)}")
+    return "\n".join(lines) + "\n"

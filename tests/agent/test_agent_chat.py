@@ -1,0 +1,60 @@
+"""``dsh chat`` against a real dshd subprocess whose model is the ``scripted`` provider."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.agent.helpers import DaemonProcess
+
+
+@pytest.fixture
+def chat_root():
+    root = Path(tempfile.mkdtemp(prefix="dsh-agc-", dir="/tmp"))
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_chat_with_the_embedded_demo_script(chat_root, workdir):
+    """No config at all: the built-in scripted model proposes `pwd && ls`, --yes allows it,
+    the answer and the command's output stream to stdout."""
+    (workdir / "hello.txt").write_text("hi\n")
+    daemon = DaemonProcess(chat_root, "")
+    daemon.start()
+    try:
+        r = daemon.dsh("chat", "--yes", "what is in here?", cwd=str(workdir))
+    finally:
+        daemon.stop()
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("Hello! I am dshd's built-in scripted model")
+    assert f"{workdir}\n" in r.stdout and "hello.txt" in r.stdout  # the tool's output
+    assert r.stdout.rstrip().endswith("for real answers.")
+    assert "── bash: pwd && ls -la | head -n 20" in r.stderr and "── exit 0" in r.stderr
+
+
+def test_interactive_chat_asks_before_each_call(chat_root, workdir):
+    """No prompt: lines from stdin, one turn each; the approval questions read the next line
+    (y runs the call, n rejects it and the model is told)."""
+    script = chat_root / "script.jsonl"
+    script.write_text(
+        json.dumps({"text": "Writing it.", "toolCalls": [
+            {"name": "bash", "arguments": {"command": "echo run >> f.txt; cat f.txt"}}]}) + "\n"
+        + json.dumps({"text": "Done."}) + "\n"
+    )
+    daemon = DaemonProcess(chat_root, f'[model]\nprovider = "scripted"\nscript = "{script}"\n')
+    daemon.start()
+    try:
+        r = daemon.dsh("chat", input="first\ny\nsecond\nn\n", cwd=str(workdir))
+        sessions = json.loads(daemon.dsh("sessions", "--json").stdout)
+    finally:
+        daemon.stop()
+    assert r.returncode == 0, r.stderr
+    assert (workdir / "f.txt").read_text() == "run\n"  # the rejected second call never ran
+    assert r.stdout.count("Writing it.") == 2 and r.stdout.count("Done.") == 2
+    assert "run it? [y/N]" in r.stderr and "── exit 0" in r.stderr
+    assert "── not run: APPROVAL_REJECTED" in r.stderr
+    assert len(sessions) == 1  # both turns in one session
