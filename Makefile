@@ -47,5 +47,9 @@ test: install-test
 bench: install-test
 	$(BIN)/python -m bench
 
+# Kill -9 campaign (STORAGE.md): >= 300 SIGKILLs of dshd under load; exits 1 on any violation.
+crash-test: install-test
+	$(BIN)/python tests/crash/campaign.py --iterations 300
+
 clean:
 	rm -rf $(RUNDIR) build *.egg-info

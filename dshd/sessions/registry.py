@@ -146,12 +146,20 @@ class SessionRegistry:
             claims=self._claims,
         )
         session = await self._start(log_)
-        await session.record_settings(
-            policy=policy or self.config.approval_policy,
-            mode=sandbox or self.config.sandbox,
-            env=env or {},
-            source="session.create" if (policy or sandbox) else "config",
-        )
+        try:
+            await session.record_settings(
+                policy=policy or self.config.approval_policy,
+                mode=sandbox or self.config.sandbox,
+                env=env or {},
+                source="session.create" if (policy or sandbox) else "config",
+            )
+        except StorageError:
+            # Never published: drop it whole, so it does not appear later half-made.
+            session.log.discard_unpublished()
+            session.close()
+            with trio.CancelScope(shield=True):
+                await session.finished.wait()
+            raise
         log.info("session.created", session=session_id, cwd=cwd)
         return session
 
@@ -175,14 +183,18 @@ class SessionRegistry:
             if not (self.sessions_dir / session_id).is_dir():
                 raise SessionNotFound(session_id)
             await self._make_room()
-            log_ = await SessionLog.open_for_write(
-                self.state_dir,
-                session_id,
-                compression=self.config.compression,
-                coalesce=self.config.coalesce_seconds,
-                claims=self._claims,
-                repair=True,
-            )
+            try:
+                log_ = await SessionLog.open_for_write(
+                    self.state_dir,
+                    session_id,
+                    compression=self.config.compression,
+                    coalesce=self.config.coalesce_seconds,
+                    claims=self._claims,
+                    repair=True,
+                )
+            except FileNotFoundError:
+                # A directory without a log: a crash between mkdir and the first publish.
+                raise SessionNotFound(session_id) from None
             return await self._start(log_)
 
     async def list(self) -> list[dict]:
@@ -194,15 +206,17 @@ class SessionRegistry:
             if session is not None:
                 infos.append(session.info())
                 continue
-            infos.append(await trio.to_thread.run_sync(self._info_from_disk, session_id))
+            info = await trio.to_thread.run_sync(self._info_from_disk, session_id)
+            if info is not None:
+                infos.append(info)
         infos.sort(key=lambda i: (i.get("createdAt") or 0, i["sessionId"]))
         return infos
 
-    def _info_from_disk(self, session_id: str) -> dict:
+    def _info_from_disk(self, session_id: str) -> dict | None:
         try:
             read = read_log(self.sessions_dir / session_id, session_id)
         except FileNotFoundError:
-            return {"sessionId": session_id, "damaged": "no log file (created but never written)"}
+            return None  # created but never published (a crash before the first write)
         except StorageError as exc:
             return {"sessionId": session_id, "damaged": str(exc)}
         policy, mode = self.config.approval_policy, self.config.sandbox

@@ -93,6 +93,7 @@ class Session:
         self.call_ids: set[str] = set()
         self.call_names: dict[str, str] = {}
         self.results: dict[str, dict] = {}
+        self._undurable: dict[str, int] = {}  # callId -> seq of a result not yet durable
         self._settled: dict[str, trio.Event] = {}
         self.policy = config.approval_policy
         self.mode = config.sandbox
@@ -147,6 +148,7 @@ class Session:
             self.call_names[cid] = data.get("name", "")
         elif type_ == "tool/result":
             cid = data["callId"]
+            self.call_ids.add(cid)  # repair's TOOL_NOT_STARTED results have no tool/call
             self.results[cid] = data
             ev = self._settled.setdefault(cid, trio.Event())
             ev.set()
@@ -435,6 +437,7 @@ class Session:
             await self.log.wait_durable(ev.seq)
         except StorageError as exc:
             durable = False
+            self._undurable[call.call_id] = ev.seq
             slog.error("tool.result_not_durable", error=str(exc))
         if durable and call.pending is not None:
             await trio.to_thread.run_sync(call.pending.retire)
@@ -454,8 +457,13 @@ class Session:
         ev = self._settled.setdefault(call_id, trio.Event())
         with trio.move_on_after(math.inf if timeout is None else timeout):
             await ev.wait()
-            result = self.results[call_id]
-            return result
+            seq = self._undurable.get(call_id)
+            if seq is not None:
+                # Never claim a result that is not durable: retry the flush (StorageError
+                # reaches the client as -32014) before answering.
+                await self.log.wait_durable(seq)
+                self._undurable.pop(call_id, None)
+            return self.results[call_id]
         return None
 
     def cancel_call(self, call_id: str) -> bool:

@@ -78,6 +78,7 @@ class PendingOutput:
         self._size = 0
         self._n = 0
         self._since_base: int | None = None  # lines written since (and including) the last base
+        self._parent_unsynced = False  # we made pending/ and its entry is not fsynced yet
         self._retired = False
 
     @property
@@ -125,7 +126,10 @@ class PendingOutput:
                 except FileExistsError:
                     pass
                 else:
-                    _fsync_dir(directory.parent)
+                    self._parent_unsynced = True
+            if self._parent_unsynced:  # retried until it succeeds: the entry must be durable
+                _fsync_dir(directory.parent)
+                self._parent_unsynced = False
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
             try:
                 size = os.fstat(fd).st_size

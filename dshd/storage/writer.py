@@ -162,6 +162,10 @@ class SessionLog:
         self._closing = False
         self._closed = False
 
+        self._made_dirs: list[Path] = []  # directories this handle created (publish)
+        self._unsynced_dirs: list[Path] = []  # parents whose new entry is not fsynced yet
+        self._discarded = False
+
         self._fsyncs = 0
         self._frames = 0
         self._writes = 0
@@ -513,6 +517,11 @@ class SessionLog:
         self._size = noted + len(blob)
 
     def _makedirs_durable(self, path: Path) -> None:
+        """Make ``path`` and its missing parents, each entry fsynced in its parent.
+
+        A parent whose fsync failed stays in ``_unsynced_dirs`` and is fsynced again on the
+        next attempt: the directory exists by then, but its entry is not durable yet.
+        """
         missing = []
         while not path.is_dir():
             missing.append(path)
@@ -524,7 +533,11 @@ class SessionLog:
                 os.mkdir(directory, 0o700)
             except FileExistsError:
                 continue
-            self._fsync_dir(directory.parent)
+            self._made_dirs.append(directory)
+            self._unsynced_dirs.append(directory.parent)
+        while self._unsynced_dirs:
+            self._fsync_dir(self._unsynced_dirs[0])
+            del self._unsynced_dirs[0]
 
     def _publish_sync(self, payloads: list[bytes]) -> None:
         self._makedirs_durable(self.session_dir)
@@ -563,6 +576,8 @@ class SessionLog:
             try:
                 if fd is not None:
                     os.close(fd)
+                if self._discarded and self.session_dir in self._made_dirs:
+                    self._remove_unpublished_dir()  # still under the lock
             finally:
                 if lock_fd is not None:
                     unlock_file(lock_fd)
@@ -571,6 +586,36 @@ class SessionLog:
                 self._closed = True
                 self._closing = True
                 self._notify()
+
+    def _remove_unpublished_dir(self) -> None:
+        """Remove the session directory this handle made for a log it never published (only
+        the lock file can be in it; anything else makes rmdir fail, and the directory stays)."""
+        _unlink_quietly(self.session_dir / LOCK_NAME)
+        try:
+            os.rmdir(self.session_dir)
+        except OSError:
+            pass
+
+    def discard_unpublished(self) -> bool:
+        """Give up a log whose first durable write never happened (STORAGE.md §4).
+
+        `create` does no I/O, so until the log is published nobody was promised anything:
+        when the first flush failed (the caller answered "storage failure"), the owner calls
+        this so that `aclose` writes nothing and the session does not appear later. Returns
+        True when the log was unpublished: its buffer is dropped, further appends raise
+        `StorageError`, and `aclose` writes nothing; it releases the lock and removes the
+        session directory if this handle made it. Returns False, changing nothing, when the
+        log is published (its events are someone's truth: they stay).
+        """
+        if self._published:
+            return False
+        self._discarded = True
+        self._pending.clear()
+        self._fix.clear()
+        self._pending_since = None
+        self._closing = True
+        self._notify()
+        return True
 
     async def aclose(self, *, timeout: float = 30.0) -> None:
         """Final flush, then release the lock and close the file (idempotent).

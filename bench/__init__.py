@@ -1,0 +1,10 @@
+"""Benchmarks (``python -m bench`` runs them all; ``python -m bench NAME`` runs one).
+
+Theory of operation: each bench is a module of this package with ``main(argv) -> int`` that
+prints its own figures; ``BENCHES`` names them, one registration line each. Benches measure and
+print; they never assert on time.
+"""
+
+BENCHES: list[str] = [
+    "durability",  # SessionLog: durable events/s, group commit, flush latency vs bare fsync
+]
