@@ -1,10 +1,11 @@
-"""Typed calls of the dshd client protocol (PROTOCOL.md §2–§3.3, §3.6) over a ``Connection``.
+"""Typed calls of the dshd client protocol (PROTOCOL.md §2–§3.6) over a ``Connection``.
 
 Theory of operation: ``connect`` resolves the socket path the way the daemon does
 (``dshd.paths.socket_path``: ``--socket``, ``DSH_SOCKET``, defaults), opens the socket, runs a
-``Connection`` for the duration of the block and sends ``initialize`` first. A missing or
-refusing socket is ``DaemonNotRunning``, whose message says how to start the daemon. Each method
-below is one request; the daemon's errors come out as ``protocol.rpc.RpcError`` with its
+``Connection`` for the duration of the block and sends ``initialize`` first; ``approvals=True``
+makes the connection an approval answerer for every session it subscribes to (§3.4). A missing
+or refusing socket is ``DaemonNotRunning``, whose message says how to start the daemon. Each
+method below is one request; the daemon's errors come out as ``protocol.rpc.RpcError`` with its
 ``code``, ``message`` and ``data``. Results are the plain JSON objects of the spec: this layer
 names the calls, it does not model the domain.
 """
@@ -74,13 +75,17 @@ class Client:
         return await self._conn.call(method, params)
 
     # -- sessions ------------------------------------------------------------------------
-    async def create_session(self, cwd: str | os.PathLike[str], title: str | None = None,
+    async def create_session(self, cwd: str | os.PathLike[str], title: str | None = None, *,
+                             sandbox: str | None = None, approval_policy: str | None = None,
                              **opts: Any) -> str:
-        """``session.create``; ``opts`` are further params (``approval_policy`` or
-        ``approvalPolicy``, ``sandbox``, ``env``). Returns the new session id."""
+        """``session.create``. ``sandbox`` (``read-only`` | ``workspace-write`` |
+        ``danger-full-access``) and ``approval_policy`` (``ask`` | ``never``) default to the
+        daemon's config when None; ``opts`` are further params (``env``, ...; snake_case names
+        are sent in camelCase). Returns the new session id."""
         params: dict[str, Any] = {"cwd": os.fspath(cwd)}
         if title is not None:
             params["title"] = title
+        opts = {"sandbox": sandbox, "approval_policy": approval_policy, **opts}
         for key, value in opts.items():
             if value is not None:
                 params[_camel(key)] = value
@@ -144,6 +149,21 @@ class Client:
     async def cancel(self, session_id: str, call_id: str) -> bool:
         result = await self._conn.call("tool.cancel", {"sessionId": session_id, "callId": call_id})
         return bool(result["cancelled"])
+
+    # -- approvals (PROTOCOL.md §3.4) -------------------------------------------------------
+    async def decide(self, session_id: str, approval_id: str, decision: str) -> str:
+        """``approval.decide`` (``decision``: ``allow`` | ``reject``); returns the outcome
+        (``allowed-once`` | ``rejected``). A request decided already is ``RpcError`` -32011 with
+        ``data["outcome"]``; an unknown one -32007."""
+        result = await self._conn.call(
+            "approval.decide",
+            {"sessionId": session_id, "approvalId": approval_id, "decision": decision},
+        )
+        return result["outcome"]
+
+    async def set_policy(self, session_id: str, policy: str) -> None:
+        """``session.setApprovalPolicy`` (``ask`` | ``never``)."""
+        await self._conn.call("session.setApprovalPolicy", {"sessionId": session_id, "policy": policy})
 
     # -- streams and daemon --------------------------------------------------------------
     async def subscribe(self, session_id: str, *, bound: int = DEFAULT_INBOX_BOUND) -> Subscription:

@@ -11,18 +11,27 @@ retained output with ``client.follow.CallOutput``: appends print as they come, a
 or a resubscribe prints only what is new. ``dsh run`` exits with the command's exit code
 (124 on TOOL_TIMEOUT, 125 when it never ran); Ctrl-C detaches (130) and leaves it running.
 The socket is ``--socket``, else ``$DSH_SOCKET``, else the default of ``dshd.paths``.
+
+Approvals (PROTOCOL.md §3.4): ``dsh run`` submits pre-approved (the user typed the command);
+``dsh run --ask`` does not, and waits for a decision like a model's call would, telling on
+stderr how to give it. ``dsh attach --approve`` connects as an answerer and asks y/n on stdin
+for each pending request (``client.answer``); ``dsh approve`` decides one from a script. Prompts
+and decisions go to stderr: stdout stays the calls' output. ``dsh fsck`` reports each session
+as ok / repaired / damaged through the daemon, or reads the logs itself with ``--offline``
+(``client.fsck``); it exits 1 when any session is damaged.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import secrets
 import shlex
 import signal
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 import click
@@ -31,11 +40,15 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from client import fsck as _fsck
+from client.answer import LineReader, Outcomes, parse_answer, request_lines
 from client.api import Client, DaemonNotRunning, connect, dsh_version
+from client.chat import chat as chat_command
 from client.follow import CallOutput
 from client.transport import DshClientError
 from dshd.paths import is_valid_id
-from protocol.rpc import RpcError
+from dshd.paths import state_dir as resolve_state_dir
+from protocol.rpc import ALREADY_DECIDED, APPROVAL_NOT_FOUND, STORAGE_FAILURE, RpcError
 
 __all__ = ["cli", "main", "exit_status", "command_string"]
 
@@ -46,6 +59,8 @@ EXIT_TIMEOUT = 124
 EXIT_NEVER_RAN = 125
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141
+SANDBOX_MODES = ("read-only", "workspace-write", "danger-full-access")
+POLICIES = ("ask", "never")
 
 
 # ---------------------------------------------------------------------- output helpers
@@ -181,11 +196,13 @@ class Options:
     json: bool = False
 
 
-def _execute(opts: Options, body: Callable[[Client], Awaitable[int]]) -> int:
-    """Connect, run ``body``, map client errors to one stderr line and an exit status."""
+def _execute(opts: Options, body: Callable[[Client], Awaitable[int]], *,
+             approvals: bool = False) -> int:
+    """Connect, run ``body``, map client errors to one stderr line and an exit status.
+    ``approvals``: connect as an approval answerer (PROTOCOL.md §3.4)."""
 
     async def main() -> int:
-        async with connect(opts.socket) as client:
+        async with connect(opts.socket, approvals=approvals) as client:
             return await body(client)
 
     try:
@@ -210,10 +227,28 @@ def _execute(opts: Options, body: Callable[[Client], Awaitable[int]]) -> int:
 
 
 def _single(exc: BaseException) -> BaseException:
-    """The one exception inside nested single-member exception groups (trio nurseries)."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
+    """The exception that says what happened, out of nested exception groups (trio nurseries):
+    the one leaf, or -- when several tasks failed at once, e.g. all of them on the connection
+    dshd closed -- the first that is an interrupt, a client error or an error answer.
+    Anything else stays the group (a bug: re-raised with its traceback)."""
+    if not isinstance(exc, BaseExceptionGroup):
+        return exc
+    leaves = list(_leaves(exc))
+    if len(leaves) == 1:
+        return leaves[0]
+    for kind in (KeyboardInterrupt, DshClientError, RpcError, BrokenPipeError):
+        for leaf in leaves:
+            if isinstance(leaf, kind):
+                return leaf
     return exc
+
+
+def _leaves(exc: BaseException):
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield exc
 
 
 def _silence_stdout() -> None:
@@ -229,12 +264,35 @@ def _mint_call_id() -> str:
     return "c" + secrets.token_hex(8)
 
 
+def _approval_of(view: Any, call_id: str) -> str | None:
+    """The id of the pending approval request of ``call_id`` in a lane view, if any."""
+    approvals = view.get("approvals") if isinstance(view, dict) else None
+    for approval_id, request in (approvals if isinstance(approvals, dict) else {}).items():
+        if isinstance(request, dict) and request.get("callId") == call_id:
+            return approval_id
+    return None
+
+
+@dataclass
+class RunOptions:
+    """How ``dsh run`` submits: ``ask`` (not pre-approved) and a new session's settings."""
+
+    ask: bool = False
+    sandbox: str | None = None
+    policy: str | None = None
+
+
 async def _run(client: Client, argv: tuple[str, ...], session_id: str | None,
-               timeout: float | None, call_id: str | None, cancel_on_interrupt: bool) -> int:
+               timeout: float | None, call_id: str | None, cancel_on_interrupt: bool,
+               how: RunOptions | None = None) -> int:
+    how = how or RunOptions()
     command = command_string(argv)
     if session_id is None:
-        session_id = await client.create_session(os.getcwd(), title=command)
+        session_id = await client.create_session(os.getcwd(), title=command,
+                                                 sandbox=how.sandbox, approval_policy=how.policy)
     call_id = call_id or _mint_call_id()
+    asked = False  # the hint how to approve was given
+    waiting: str | None = None  # the approval our call waits for, as the lane last showed
     watcher = CallOutput(call_id)
     detached = ""  # why we stopped following before the result: "interrupt" or "pipe"
     cancelling = False
@@ -266,11 +324,19 @@ async def _run(client: Client, argv: tuple[str, ...], session_id: str | None,
                 follow_scope = trio.CancelScope()
 
                 async def follow() -> None:
-                    nonlocal detached
+                    nonlocal detached, asked, waiting
                     with follow_scope:
                         try:
                             async for view in sub:
                                 _emit(watcher.update(sub.mirror.last_ops, view))
+                                approval_id = _approval_of(view, call_id) if how.ask else None
+                                waiting = approval_id
+                                if approval_id and not asked:
+                                    asked = True
+                                    _note(f"dsh: call {call_id} waits for approval {approval_id}: "
+                                          f"answer with `dsh approve {session_id} {approval_id}` "
+                                          f"(--reject to refuse) or `dsh attach --approve "
+                                          f"{session_id}`")
                                 if watcher.settled:
                                     break
                         except BrokenPipeError:
@@ -280,7 +346,7 @@ async def _run(client: Client, argv: tuple[str, ...], session_id: str | None,
 
                 nursery.start_soon(on_interrupt)
                 await client.run_tool(session_id, command, call_id=call_id, timeout=timeout,
-                                      approved=True)
+                                      approved=not how.ask)
                 nursery.start_soon(follow)
                 result = await client.wait(session_id, call_id)
                 # The lane may show the last output just after the result: give it a moment.
@@ -294,12 +360,19 @@ async def _run(client: Client, argv: tuple[str, ...], session_id: str | None,
             await sub.aclose()
 
     if detached or result is None:
-        _note(f"detached; the command keeps running. Re-attach: dsh attach {session_id}")
+        if waiting:
+            _note(f"detached; the call still waits for approval {waiting} (`dsh approve "
+                  f"{session_id} {waiting}`). Re-attach: dsh attach {session_id}")
+        else:
+            _note(f"detached; the command keeps running. Re-attach: dsh attach {session_id}")
         if detached == "pipe":
             _silence_stdout()
             return EXIT_BROKEN_PIPE
         return EXIT_INTERRUPTED
     status = _finish_call(watcher, result)
+    if result.get("errorCode") == "APPROVAL_UNAVAILABLE":
+        _note(f"dsh: keep an answerer attached (`dsh attach --approve --follow {session_id}` in "
+              f"another terminal), then run it again with `dsh run --ask --session {session_id}`")
     return EXIT_INTERRUPTED if cancelling else status
 
 
@@ -356,6 +429,40 @@ class _Printer:
             _emit("\n")
             self.last_char = "\n"
 
+    def pause(self) -> None:
+        """Something else is shown on the terminal: the next output gets a header again."""
+        self._newline()
+        self.current = None
+
+
+def _tools_of(view: Any) -> dict[str, Any]:
+    tools = view.get("tools") if isinstance(view, dict) else None
+    return tools if isinstance(tools, dict) else {}
+
+
+async def _show_calls(client: Client, session_id: str, sub: Any, view: Any,
+                      watchers: dict[str, CallOutput], printer: _Printer,
+                      only: str | None = None) -> tuple[CallOutput, dict[str, Any]] | None:
+    """Print what one batch changed in the calls' output: a header for each new call, its new
+    output, a footer for each that settled. With ``only``, follow that call alone and return
+    its watcher and result once it settled (the caller prints its end)."""
+    tools = _tools_of(view)
+    for cid in [only] if only else list(tools):
+        if cid in tools and cid not in watchers:
+            watchers[cid] = CallOutput(cid)
+            printer.header(cid, tools[cid])
+    for cid, watcher in list(watchers.items()):
+        printer.output(cid, watcher.update(sub.mirror.last_ops, view), tools.get(cid))
+        if not watcher.settled:
+            continue
+        del watchers[cid]
+        result = await client.wait(session_id, cid)
+        if cid == only:
+            return watcher, result
+        printer.output(cid, _final_tail(watcher, result), None)
+        printer.footer(_ended_line(cid, result))
+    return None
+
 
 async def _attach(client: Client, session_id: str, call_id: str | None, follow: bool) -> int:
     watchers: dict[str, CallOutput] = {}
@@ -363,31 +470,185 @@ async def _attach(client: Client, session_id: str, call_id: str | None, follow: 
     async with await client.subscribe(session_id) as sub:
         first = True
         async for view in sub:
-            tools = view.get("tools") if isinstance(view, dict) else None
-            tools = tools if isinstance(tools, dict) else {}
-            if first and call_id and call_id not in tools:
+            if first and call_id and call_id not in _tools_of(view):
                 # Settled before we came (or unknown): its result says what became of it.
                 return _finish_call(CallOutput(call_id), await client.wait(session_id, call_id))
             first = False
-            for cid in [call_id] if call_id else list(tools):
-                if cid in tools and cid not in watchers:
-                    watchers[cid] = CallOutput(cid)
-                    printer.header(cid, tools[cid])
-            for cid, watcher in list(watchers.items()):
-                printer.output(cid, watcher.update(sub.mirror.last_ops, view), tools.get(cid))
-                if not watcher.settled:
-                    continue
-                del watchers[cid]
-                result = await client.wait(session_id, cid)
-                if cid == call_id:
-                    return _finish_call(watcher, result)
-                printer.output(cid, _final_tail(watcher, result), None)
-                printer.footer(_ended_line(cid, result))
+            settled = await _show_calls(client, session_id, sub, view, watchers, printer, call_id)
+            if settled is not None:
+                return _finish_call(*settled)
             if not call_id and not watchers and not follow:
                 if not printer.headers:
                     _note(f"no call is running in session {session_id}", "dim")
                 return 0
     return 0
+
+
+class _StdinClosed(Exception):
+    """No answer can come: stdin reached its end while a request waited for one."""
+
+
+@dataclass
+class _Answering:
+    """The answerer's state shared by its tasks (see ``_attach_approve``)."""
+
+    #: The approvals of the last view: pending requests, by id.
+    live: dict[str, Any] = field(default_factory=dict)
+    #: Ids ever queued (each request is shown once).
+    seen: set[str] = field(default_factory=set)
+    #: Queued or being answered, not finished yet.
+    unfinished: int = 0
+    #: The request being prompted for, and the scope of the prompt (cancelled when the request
+    #: leaves the lane: decided elsewhere).
+    current: str | None = None
+    prompt: trio.CancelScope | None = None
+    #: ``following`` is handling a batch (it checks for the end itself afterwards).
+    showing: bool = False
+    #: Held while a decision is on its way, so that the call's output shows after its outcome.
+    deciding: trio.Lock = field(default_factory=trio.Lock)
+    asked: int = 0
+    status: int = 0
+
+
+async def _attach_approve(client: Client, session_id: str, follow: bool, *,
+                          stdin_fd: int = 0) -> int:
+    """``dsh attach --approve``: like ``dsh attach`` (all calls), and answer every approval
+    request of the session with y/n from stdin, one at a time, in the order they came.
+
+    The sandbox mode shown is SessionInfo's (``session.get``, asked per request), else the
+    lane's. Three tasks: ``following`` mirrors the lane, prints the calls' output, queues new
+    requests and ends the prompt of one that left the lane (decided elsewhere: it says so);
+    ``answering`` shows each queued request, reads the answer and sends ``approval.decide``
+    (holding ``deciding`` until the outcome is printed, so the call's output never comes before
+    it); the stdin reader. Without ``--follow`` it ends once no call is in the lane, no request
+    is pending and none is being answered.
+    """
+    start = await client.get_session(session_id)
+    outcomes = Outcomes(client, session_id, int(start.get("lastSeq", -1)))
+    provider = client.server.get("sandbox") if isinstance(client.server, dict) else None
+    reader = LineReader(stdin_fd)
+    watchers: dict[str, CallOutput] = {}
+    printer = _Printer()
+    state = _Answering()
+    send, receive = trio.open_memory_channel[str](math.inf)
+    mode: Any = None
+
+    async def gone(approval_id: str) -> None:
+        outcome = await outcomes.lookup(approval_id)
+        _note(f"── approval {approval_id} was decided elsewhere: "
+              f"{outcome or 'no longer pending'}", "bold")
+
+    async def decide(approval_id: str, decision: str) -> None:
+        try:
+            outcome = await client.decide(session_id, approval_id, decision)
+        except RpcError as exc:
+            if exc.code == ALREADY_DECIDED:
+                done = exc.data.get("outcome") if isinstance(exc.data, dict) else None
+                _note(f"── approval {approval_id} was already decided elsewhere: {done}", "bold")
+                return
+            if exc.code == APPROVAL_NOT_FOUND:
+                _note(f"── approval {approval_id} is gone: {exc.message}", "bold")
+                return
+            raise
+        _note(f"── approval {approval_id}: {outcome}", "bold")
+
+    async def sandbox_mode() -> Any:
+        # SessionInfo's mode is the one calls run under; the lane's ``session.sandbox`` is
+        # the fallback (dshd's lane has shown the config default instead of the mode given to
+        # session.create: the person deciding must see the real one).
+        try:
+            info = await client.get_session(session_id)
+        except RpcError:
+            info = {}
+        return info.get("sandbox") or mode
+
+    async def answer(approval_id: str) -> None:
+        run_mode = await sandbox_mode() if approval_id in state.live else None
+        if approval_id not in state.live:
+            await gone(approval_id)  # decided before its turn came
+            return
+        printer.pause()
+        state.asked += 1
+        lines = request_lines(session_id, approval_id, state.live[approval_id], run_mode,
+                              provider)
+        _note(lines[0], "bold")
+        for line in lines[1:]:
+            _note(line)
+        decision: str | None = None
+        with trio.CancelScope() as prompt:
+            state.current, state.prompt = approval_id, prompt
+            since = trio.current_time()
+            while decision is None:
+                _stderr().print(Text("allow it once? [y/n] ", style="bold"), end="")
+                line = await reader.line(since)
+                if line is None:
+                    _stderr().print()
+                    raise _StdinClosed(approval_id)
+                if not reader.tty:
+                    _stderr().print(Text(line))  # a transcript reads like the session did
+                decision = parse_answer(line)
+                if decision is None:
+                    _note("answer y (allow it once) or n (reject it)")
+                    since = trio.current_time()
+        state.current, state.prompt = None, None
+        if decision is None:  # the prompt was ended: ``following`` said why
+            return
+        async with state.deciding:
+            await decide(approval_id, decision)
+
+    async with await client.subscribe(session_id) as sub:
+        async with trio.open_nursery() as nursery:
+
+            def maybe_done() -> None:
+                if follow or state.showing or watchers or state.live or state.unfinished:
+                    return
+                if not printer.headers and not state.asked:
+                    _note(f"no call is running and no approval is pending in session {session_id}",
+                          "dim")
+                nursery.cancel_scope.cancel()
+
+            async def answering() -> None:
+                async for approval_id in receive:
+                    try:
+                        await answer(approval_id)
+                    except _StdinClosed:
+                        _note(f"dsh: stdin is closed, so nobody can answer approval {approval_id} "
+                              "here; detaching (another answerer may decide it, else it ends "
+                              "unavailable)")
+                        state.status = 1
+                        nursery.cancel_scope.cancel()
+                        return
+                    state.unfinished -= 1
+                    maybe_done()
+
+            async def following() -> None:
+                nonlocal mode
+                async for view in sub:
+                    state.showing = True
+                    session = view.get("session") if isinstance(view, dict) else None
+                    if isinstance(session, dict):
+                        mode = session.get("sandbox", mode)
+                    approvals = view.get("approvals") if isinstance(view, dict) else None
+                    state.live = dict(approvals) if isinstance(approvals, dict) else {}
+                    if state.prompt is not None and state.current not in state.live:
+                        state.prompt.cancel()
+                        state.prompt = None
+                        _stderr().print()  # end the prompt's line
+                        await gone(str(state.current))
+                    async with state.deciding:
+                        await _show_calls(client, session_id, sub, view, watchers, printer)
+                    for approval_id in state.live:
+                        if approval_id not in state.seen:
+                            state.seen.add(approval_id)
+                            state.unfinished += 1
+                            send.send_nowait(approval_id)
+                    state.showing = False
+                    maybe_done()
+
+            nursery.start_soon(reader.run)
+            nursery.start_soon(answering)
+            nursery.start_soon(following)
+    return state.status
 
 
 # ---------------------------------------------------------------------- the commands
@@ -416,17 +677,30 @@ def cli(ctx: click.Context, socket_path: str | None, as_json: bool) -> None:
 @click.option("--call-id", metavar="ID", help="Idempotency key: a call with this id runs once.")
 @click.option("--cancel-on-interrupt", is_flag=True,
               help="On Ctrl-C, cancel the command instead of detaching from it.")
+@click.option("--ask", is_flag=True,
+              help="Do not pre-approve: wait for an answerer's decision, like a model's call.")
+@click.option("--sandbox", type=click.Choice(SANDBOX_MODES), default=None,
+              help="Sandbox mode of the new session (default: the daemon's config).")
+@click.option("--policy", type=click.Choice(POLICIES), default=None,
+              help="Approval policy of the new session (default: the daemon's config).")
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- CMD...")
 @pass_options
 def run(opts: Options, session_id: str | None, timeout: float | None, call_id: str | None,
-        cancel_on_interrupt: bool, argv: tuple[str, ...]) -> None:
+        cancel_on_interrupt: bool, ask: bool, sandbox: str | None, policy: str | None,
+        argv: tuple[str, ...]) -> None:
     """Run CMD in a session and print its output live; exit with its exit code.
 
     Ctrl-C detaches: the command keeps running (re-attach with `dsh attach SESSION`).
+    A call that did not run exits 125 (e.g. --ask and rejected, or nobody to ask).
     """
     if call_id is not None and not is_valid_id(call_id):
         raise click.BadParameter("ids match [A-Za-z0-9_-]{1,64}", param_hint="--call-id")
-    code = _execute(opts, lambda c: _run(c, argv, session_id, timeout, call_id, cancel_on_interrupt))
+    if session_id is not None and (sandbox or policy):
+        raise click.UsageError("--sandbox and --policy set up a new session, not with --session "
+                               "(`dsh policy SESSION ask|never` changes a session's policy)")
+    how = RunOptions(ask=ask, sandbox=sandbox, policy=policy)
+    code = _execute(opts, lambda c: _run(c, argv, session_id, timeout, call_id,
+                                         cancel_on_interrupt, how))
     sys.exit(code)
 
 
@@ -434,10 +708,74 @@ def run(opts: Options, session_id: str | None, timeout: float | None, call_id: s
 @click.argument("session_id", metavar="SESSION")
 @click.option("--call", "call_id", metavar="ID", help="Follow only this call (exit with its status).")
 @click.option("--follow", "-f", is_flag=True, help="Keep waiting for new calls.")
+@click.option("--approve", is_flag=True,
+              help="Answer the session's approval requests: y/n for each, read from stdin.")
 @pass_options
-def attach(opts: Options, session_id: str, call_id: str | None, follow: bool) -> None:
-    """Show the running calls of SESSION and their live output."""
+def attach(opts: Options, session_id: str, call_id: str | None, follow: bool,
+           approve: bool) -> None:
+    """Show the running calls of SESSION and their live output.
+
+    With --approve, also show each pending approval request (the exact command, the call and
+    the sandbox it would run in) and answer it with y or n on stdin. Without --follow it ends
+    once no call runs and no request is pending; a closed stdin with a request unanswered
+    detaches with status 1.
+    """
+    if approve and call_id:
+        raise click.UsageError("--approve answers for the whole session: not with --call")
+    if approve:
+        sys.exit(_execute(opts, lambda c: _attach_approve(c, session_id, follow), approvals=True))
     sys.exit(_execute(opts, lambda c: _attach(c, session_id, call_id, follow)))
+
+
+@cli.command()
+@click.argument("session_id", metavar="SESSION")
+@click.argument("approval_id", metavar="APPROVAL")
+@click.option("--reject", is_flag=True, help="Reject the call (default: allow it once).")
+@_json_flag
+@pass_options
+def approve(opts: Options, session_id: str, approval_id: str, reject: bool, as_json: bool) -> None:
+    """Allow (or --reject) a pending approval request; print the outcome.
+
+    Exit 1 when it was already decided ("already decided: OUTCOME") or is unknown.
+    """
+
+    async def body(client: Client) -> int:
+        try:
+            outcome = await client.decide(session_id, approval_id, "reject" if reject else "allow")
+        except RpcError as exc:
+            if exc.code != ALREADY_DECIDED:
+                raise
+            done = exc.data.get("outcome") if isinstance(exc.data, dict) else None
+            if as_json or opts.json:
+                _print_json({"outcome": done, "alreadyDecided": True})
+            _note(f"dsh: approval {approval_id} already decided: {done}")
+            return 1
+        if as_json or opts.json:
+            _print_json({"outcome": outcome})
+        else:
+            _emit(f"{outcome}\n")
+        return 0
+
+    sys.exit(_execute(opts, body))
+
+
+@cli.command()
+@click.argument("session_id", metavar="SESSION")
+@click.argument("policy", type=click.Choice(POLICIES), metavar="ask|never")
+@_json_flag
+@pass_options
+def policy(opts: Options, session_id: str, policy: str, as_json: bool) -> None:
+    """Set the approval policy of SESSION: ask (wait for an answerer) or never (reject)."""
+
+    async def body(client: Client) -> int:
+        await client.set_policy(session_id, policy)
+        if as_json or opts.json:
+            _print_json({"sessionId": session_id, "approvalPolicy": policy})
+        else:
+            _note(f"session {session_id}: approval policy {policy}")
+        return 0
+
+    sys.exit(_execute(opts, body))
 
 
 @cli.command()
@@ -554,6 +892,118 @@ def wait(opts: Options, session_id: str, call_id: str, timeout: float | None, as
         return _finish_call(CallOutput(call_id), result)
 
     sys.exit(_execute(opts, body))
+
+
+_FSCK_STYLES = {"ok": "green", "repaired": "yellow", "torn": "yellow", "needs-repair": "yellow",
+                "damaged": "bold red", "unchecked": "red"}
+_RUN_FSCK = " (run `dsh fsck`)"
+
+
+async def _fsck_online(client: Client, session_id: str | None,
+                       report: Callable[[_fsck.Verdict], None]) -> None:
+    """Judge the sessions through dshd (``client.fsck``): list, then open each one."""
+    rows = await client.list_sessions()
+    if session_id is not None:
+        rows = [r for r in rows if r.get("sessionId") == session_id]
+        if not rows:
+            await client.get_session(session_id)  # the daemon's own "not found" error
+            rows = [{"sessionId": session_id, "lastSeq": None}]
+    for row in rows:
+        sid = str(row.get("sessionId"))
+        damaged = row.get("damaged")
+        if damaged:
+            reason = str(damaged)
+            reason = reason[: -len(_RUN_FSCK)] if reason.endswith(_RUN_FSCK) else reason
+            report(_fsck.Verdict(sid, "damaged", reason))
+            continue
+        try:
+            info = await client.get_session(sid)  # opens it: a crashed session is repaired now
+        except RpcError as exc:
+            state = "damaged" if exc.code == STORAGE_FAILURE else "unchecked"
+            report(_fsck.Verdict(sid, state, exc.message))
+            continue
+        before, after = row.get("lastSeq"), info.get("lastSeq")
+        repairs: list[str] = []
+        if isinstance(before, int) and isinstance(after, int) and after > before:
+            repairs = _fsck.repairs_in([e async for e in client.iter_events(sid, before)])
+        report(_fsck.Verdict(sid, "repaired" if repairs else "ok", repairs=repairs))
+
+
+def _fsck_offline(state_dir: str | None, session_id: str | None,
+                  report: Callable[[_fsck.Verdict], None]) -> int | None:
+    """Judge the sessions from their logs (never writes); an exit status on a usage error."""
+    root = resolve_state_dir(state_dir)
+    try:
+        ids = _fsck.offline_ids(root, session_id)
+    except (FileNotFoundError, ValueError) as exc:
+        _note(f"dsh: {exc.strerror}: {exc.filename}" if isinstance(exc, OSError) else f"dsh: {exc}")
+        return 1
+    if _fsck.daemon_holds(root):
+        _note(f"dsh: a running dshd holds {root}: a log it is writing may look torn, and its "
+              "running calls show as needing repair")
+    for sid in ids:
+        report(_fsck.check_offline(root, sid))
+    return None
+
+
+@cli.command()
+@click.argument("session_id", metavar="[SESSION]", required=False)
+@click.option("--offline", is_flag=True,
+              help="Read the logs directly, without dshd (never writes; dshd need not run).")
+@click.option("--state-dir", "state_dir", metavar="DIR", default=None,
+              help="With --offline: the state directory (default: $DSH_STATE_DIR, else the "
+                   "user's).")
+@_json_flag
+@pass_options
+def fsck(opts: Options, session_id: str | None, offline: bool, state_dir: str | None,
+         as_json: bool) -> None:
+    """Check the sessions' logs: ok, repaired, or damaged (exit 1 when any is damaged).
+
+    Through dshd, opening a session repairs it after a crash (calls that never settled get
+    TOOL_OUTCOME_UNKNOWN or TOOL_NOT_STARTED results, pending approvals are cancelled): fsck
+    says what was repaired. --offline reads the logs itself and reports torn tails (the records
+    recovered), damage (its byte offset) and what the daemon would repair.
+    """
+    if state_dir is not None and not offline:
+        raise click.UsageError("--state-dir is for --offline (dshd knows its own state directory)")
+    verdicts: list[_fsck.Verdict] = []
+    to_json = as_json or opts.json
+    tty = _is_tty()
+
+    def report(verdict: _fsck.Verdict) -> None:
+        verdicts.append(verdict)
+        if to_json:
+            return
+        line = f"{verdict.session_id}\t{verdict.text()}"
+        if tty:
+            _stdout().print(Text(line, style=_FSCK_STYLES.get(verdict.state, "")))
+        else:
+            _emit(line + "\n")
+
+    if offline:
+        try:
+            code = _fsck_offline(state_dir, session_id, report)
+        except BrokenPipeError:
+            _silence_stdout()
+            sys.exit(EXIT_BROKEN_PIPE)
+        if code is not None:
+            sys.exit(code)
+    else:
+        code = _execute(opts, lambda c: _fsck_online(c, session_id, report))
+        if code:
+            sys.exit(code)
+    if to_json:
+        _print_json([v.to_json() for v in verdicts])
+    counts: dict[str, int] = {}
+    for verdict in verdicts:
+        counts[verdict.state] = counts.get(verdict.state, 0) + 1
+    summary = ", ".join(f"{n} {state}" for state, n in counts.items())
+    _note(f"fsck: {len(verdicts)} session{'' if len(verdicts) == 1 else 's'}"
+          + (f": {summary}" if summary else ""), "dim")
+    sys.exit(1 if any(v.failed for v in verdicts) else 0)
+
+
+cli.add_command(chat_command)
 
 
 def main() -> None:

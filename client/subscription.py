@@ -4,8 +4,9 @@ Theory of operation: ``open`` sends ``subscribe`` and registers an ``Inbox`` for
 ``subscriptionId`` from inside the reader (the ``on_result`` hook), so the base batch that
 follows the response lands in it. Iterating takes batches from the inbox and feeds them to a
 ``Mirror``. When the mirror breaks (seq gap, decode or apply error) or the inbox overflowed
-(the client fell behind), the subscription quietly unsubscribes, subscribes again and carries on
-from the new base batch: the consumer sees the current view again, never a broken one.
+(the client fell behind), the subscription quietly subscribes again, unsubscribes the old one
+(in that order: an approval answerer stays attached throughout) and carries on from the new
+base batch: the consumer sees the current view again, never a broken one.
 ``resubscribes`` counts those restarts; ``mirror.last_ops`` tells how the last batch changed the
 value (a base batch starts with ``r``). Too many restarts in a row without one good batch raise
 ``MirrorBroken`` rather than loop forever.
@@ -69,8 +70,17 @@ class Subscription:
             )
         self.resubscribes += 1
         self.last_restart_reason = reason
-        await self._unsubscribe()
-        await self.open()
+        # Make before break: the new subscription exists before the old one ends, so that an
+        # approval answerer never leaves the session in between (its last subscription gone
+        # would settle every pending approval as ``unavailable``, PROTOCOL.md §3.4).
+        old_id = self.subscription_id
+        self.subscription_id, self._inbox = None, None
+        if old_id is not None:
+            self._conn.drop_inbox(old_id)  # stop routing now, unsubscribe once replaced
+        try:
+            await self.open()
+        finally:
+            await self._drop(old_id)
 
     async def aclose(self) -> None:
         """Unsubscribe (best effort, bounded); the connection stays open."""
@@ -89,6 +99,9 @@ class Subscription:
 
     async def _unsubscribe(self) -> None:
         sub_id, self.subscription_id, self._inbox = self.subscription_id, None, None
+        await self._drop(sub_id)
+
+    async def _drop(self, sub_id: str | None) -> None:
         if sub_id is None:
             return
         self._conn.drop_inbox(sub_id)

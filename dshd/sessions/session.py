@@ -221,8 +221,12 @@ class Session:
 
     # ----------------------------------------------------------------- policy / mode
     async def record_settings(self, *, policy: str, mode: str, env: dict, source: str) -> None:
+        """Record a new session's policy, sandbox mode and env, durably, and show them."""
         self.policy = policy
         self.mode = mode
+        self.tracker.set(["session", "approvalPolicy"], policy)
+        self.tracker.set(["session", "sandbox"], mode)
+        self.publisher.mark_dirty()
         self.log.append("approval/policy", {"policy": policy, "source": source})
         self.log.append("sandbox/mode", {"mode": mode, "source": source})
         if env:

@@ -6,7 +6,10 @@ what was opened and never closed:
 - tool calls announced in ``message/assistant.toolCalls`` with neither ``tool/call`` nor
   ``tool/result`` → ``tool/result`` with ``errorCode: TOOL_NOT_STARTED``;
 - ``tool/call`` without ``tool/result`` → ``tool/result`` with ``TOOL_OUTCOME_UNKNOWN``, with
-  the last checkpointed output window (sidecar, §6) when there is one;
+  the last checkpointed output window (sidecar, §6) when there is one — except a call whose
+  approval was asked and never granted (no ``allowed-once``): the gate comes before the
+  barrier, so its body cannot have started, and it is closed ``TOOL_NOT_STARTED`` (sharper than
+  STORAGE.md §5's wording, and never less safe: a grant is durable before any body runs);
 - ``approval/asked`` without ``approval/decided`` → ``approval/decided {outcome: cancelled,
   by: repair}``;
 - a ``step/start`` without ``step/end`` → ``step/end``; a ``turn/start`` without ``turn/end``
@@ -37,6 +40,9 @@ OUTCOME_UNKNOWN_TEXT = (
     "otherwise check the outside world first"
 )
 LAST_OUTPUT_INTRO = "last output checkpointed before the interruption:"
+NOT_GRANTED_TEXT = (
+    "interrupted while it waited for approval, so it did not run; retry if still needed"
+)
 
 
 def _window_parts(window: Any) -> tuple[str | None, dict]:
@@ -76,6 +82,8 @@ def repair_closers(
     resulted: set[str] = set()
     asked: dict[str, None] = {}
     decided: set[str] = set()
+    gated: dict[str, str] = {}  # approvalId -> callId
+    granted: set[str] = set()  # callIds with an allowed-once decision
     steps: dict[tuple[str, str], None] = {}
     turns: dict[str, None] = {}
 
@@ -100,10 +108,14 @@ def repair_closers(
             aid = d.get("approvalId")
             if isinstance(aid, str):
                 asked.setdefault(aid, None)
+                if isinstance(d.get("callId"), str):
+                    gated[aid] = d["callId"]
         elif t == "approval/decided":
             aid = d.get("approvalId")
             if isinstance(aid, str):
                 decided.add(aid)
+                if d.get("outcome") == "allowed-once" and aid in gated:
+                    granted.add(gated[aid])
         elif t == "step/start":
             key = (d.get("turnId"), d.get("stepId"))
             steps.pop(key, None)
@@ -126,7 +138,10 @@ def repair_closers(
     for cid in named:
         if cid in resulted:
             continue
-        if cid in called:
+        never_granted = cid in gated.values() and cid not in granted
+        if cid in called and never_granted:
+            content, details, code = NOT_GRANTED_TEXT, {}, TOOL_NOT_STARTED
+        elif cid in called:
             content = OUTCOME_UNKNOWN_TEXT
             details: dict = {}
             if cid in windows:

@@ -3,8 +3,16 @@
 It listens on a real Unix socket, speaks NDJSON JSON-RPC 2.0 and answers a handful of methods
 from canned data: enough to drive the client's transport, subscriptions and the ``dsh`` CLI
 through their paths (errors, out-of-order responses, stream notifications, overflow, a call
-whose output streams and settles). It knows nothing of sessions, storage or processes; every
-behaviour a test needs is set on the instance before the client connects.
+whose output streams and settles, a call that waits for approval). It knows nothing of
+sessions, storage or processes; every behaviour a test needs is set on the instance before the
+client connects.
+
+Approvals: ``tool.run`` without ``approved`` asks (``_ask``): the call enters the lane
+``waiting-approval`` and, with an answerer attached (a connection initialized with
+``capabilities.approvals`` holding a subscription, or ``assume_answerer``), an ``approvals``
+entry appears until ``approval.decide`` (or ``decide_elsewhere``) decides it; allowed, the
+scripted call plays; otherwise it settles without running, with the outcome's errorCode.
+``pending_ask`` puts such a request in the base lane before anyone connects.
 """
 
 from __future__ import annotations
@@ -29,8 +37,8 @@ def lane(tools: dict | None = None, recent: list | None = None) -> dict:
             "tools": tools or {}, "approvals": {}, "recent": recent or [], "turn": None}
 
 
-def tool_entry(text: str = "", total: int = 0, command: str = "x") -> dict:
-    return {"name": "bash", "args": {"command": command}, "state": "running", "startedAt": 0,
+def tool_entry(text: str = "", total: int = 0, command: str = "x", state: str = "running") -> dict:
+    return {"name": "bash", "args": {"command": command}, "state": state, "startedAt": 0,
             "output": {"content": [{"type": "text", "text": text}], "details": {},
                        "truncation": {"truncated": False, "truncatedBy": None, "totalBytes": total,
                                       "totalLines": 0, "maxBytes": 51200, "maxLines": 2000}}}
@@ -42,6 +50,7 @@ class FakeConn:
         self.stream = stream
         self.lock = trio.Lock()
         self.seq: dict[str, int] = {}
+        self.capabilities: dict = {}
 
     async def send(self, obj: Any) -> None:
         async with self.lock:
@@ -75,7 +84,10 @@ class FakeDshd:
             "unsubscribe": self._unsubscribe,
             "session.create": self._session_create,
             "session.list": self._session_list,
+            "session.get": self._session_get,
             "session.events": self._session_events,
+            "session.setApprovalPolicy": self._set_policy,
+            "approval.decide": self._approval_decide,
             "daemon.status": self._status,
             "tool.run": self._tool_run,
             "tool.wait": self._tool_wait,
@@ -96,6 +108,16 @@ class FakeDshd:
         self.cancelled = False
         self._conns: list[FakeConn] = []
         self._subs: dict[str, FakeConn] = {}
+        # Approvals and sessions (fsck).
+        self.policy = "ask"
+        self.assume_answerer = False  # ask even without an answerer subscribed
+        self.approval_id = "a-1"  # the id the next request gets
+        self.pending: dict[str, tuple[str, trio.Event]] = {}  # approvalId -> (callId, decided)
+        self.decisions: dict[str, str] = {}  # approvalId -> outcome
+        #: session.get answers by session id: a SessionInfo, or a FakeError to raise.
+        self.infos: dict[str, Any] = {}
+        #: session.events by session id (else ``events``).
+        self.session_events: dict[str, list[dict]] = {}
 
     # -- serving -------------------------------------------------------------------------
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -131,6 +153,11 @@ class FakeDshd:
                     msg = json.loads(line)
                     nursery.start_soon(self._answer, conn, msg)
             nursery.cancel_scope.cancel()
+        held = [sub_id for sub_id, owner in self._subs.items() if owner is conn]
+        for sub_id in held:
+            del self._subs[sub_id]
+        if held and conn.capabilities.get("approvals"):
+            self._answerers_left()
 
     async def _answer(self, conn: FakeConn, msg: dict) -> None:
         method, params = msg["method"], msg.get("params")
@@ -166,8 +193,9 @@ class FakeDshd:
     async def _initialize(self, conn, params):
         if params.get("protocolVersion") != 1:
             raise FakeError(-32003, "unsupported protocol version")
+        conn.capabilities = dict(params.get("capabilities") or {})
         return {"protocolVersion": 1, "server": {"name": "fake-dshd", "version": "0"},
-                "sandbox": {"provider": "none", "completeness": "none"}}
+                "sandbox": {"provider": "bwrap", "completeness": "full"}}
 
     async def _echo(self, conn, params):
         await trio.sleep(params.get("delay", 0))
@@ -190,7 +218,17 @@ class FakeDshd:
 
     async def _unsubscribe(self, conn, params):
         self._subs.pop(params["subscriptionId"], None)
+        if conn.capabilities.get("approvals"):
+            self._answerers_left()
         return {}
+
+    def _answerers_left(self) -> None:
+        """Like dshd: when the last answerer leaves, pending requests become unavailable."""
+        if self.has_answerer():
+            return
+        for approval_id in self.pending:
+            if approval_id not in self.decisions:
+                self.decide_elsewhere(approval_id, "unavailable")
 
     async def _session_create(self, conn, params):
         if not os.path.isabs(params.get("cwd", "")):
@@ -201,9 +239,63 @@ class FakeDshd:
         return {"sessions": self.sessions}
 
     async def _session_events(self, conn, params):
+        events = self.session_events.get(params.get("sessionId"), self.events)
         after, limit = params.get("afterSeq", -1), params.get("limit", 1000)
-        page = [e for e in self.events if e["seq"] > after][:limit]
-        return {"events": page, "lastSeq": self.events[-1]["seq"] if self.events else -1}
+        page = [e for e in events if e["seq"] > after][:limit]
+        return {"events": page, "lastSeq": events[-1]["seq"] if events else -1}
+
+    async def _session_get(self, conn, params):
+        sid = params["sessionId"]
+        info = self.infos.get(sid)
+        if isinstance(info, FakeError):
+            raise info
+        if info is None:
+            if sid == "missing":
+                raise FakeError(-32004, f"session {sid} not found; `dsh sessions` lists the sessions")
+            events = self.session_events.get(sid, self.events)
+            info = {"sessionId": sid, "lastSeq": events[-1]["seq"] if events else -1}
+        return info
+
+    async def _set_policy(self, conn, params):
+        if params.get("sessionId") == "missing":
+            raise FakeError(-32004, "session missing not found; `dsh sessions` lists the sessions")
+        if params.get("policy") not in ("ask", "never"):
+            raise FakeError(-32602, "policy is ask or never")
+        self.policy = params["policy"]
+        return {}
+
+    async def _approval_decide(self, conn, params):
+        aid = params["approvalId"]
+        if aid in self.decisions:
+            raise FakeError(-32011, f"approval {aid} was already decided: {self.decisions[aid]}",
+                            {"outcome": self.decisions[aid]})
+        if aid not in self.pending:
+            raise FakeError(-32007, f"approval {aid} not found in session {params['sessionId']}")
+        outcome = "allowed-once" if params["decision"] == "allow" else "rejected"
+        self.decide_elsewhere(aid, outcome)
+        return {"outcome": outcome}
+
+    def decide_elsewhere(self, approval_id: str, outcome: str, *, publish: bool = True) -> None:
+        """Decide a pending request (as another answerer would). ``publish=False`` records it
+        (a second decision gets -32011) but leaves the lane as it is until ``release``."""
+        self.decisions[approval_id] = outcome
+        self.events.append({"seq": len(self.events), "time": 0, "type": "approval/decided",
+                            "data": {"approvalId": approval_id, "outcome": outcome,
+                                     "by": "answerer"}})
+        if publish:
+            self.release(approval_id)
+
+    def release(self, approval_id: str) -> None:
+        self.pending[approval_id][1].set()
+
+    def has_answerer(self) -> bool:
+        return self.assume_answerer or any(c.capabilities.get("approvals")
+                                           for c in self._subs.values())
+
+    async def close_connections(self) -> None:
+        """Hang up on every client (like a dshd that died)."""
+        for conn in list(self._conns):
+            await conn.stream.aclose()
 
     async def _status(self, conn, params):
         return {"version": "0", "pid": 1, "startedAt": 0, "sessionsOpen": 1, "connections": 1,
@@ -221,8 +313,60 @@ class FakeDshd:
 
     async def _tool_run(self, conn, params):
         call_id = params.get("callId") or "minted"
-        self.play(call_id)
+        if params.get("approved"):
+            self.play(call_id)
+        else:
+            self.call_id = call_id
+            self._nursery.start_soon(self._ask, call_id, params["arguments"]["command"])
         return {"callId": call_id}
+
+    def pending_ask(self, call_id: str, command: str) -> str:
+        """A call already waiting for approval when clients come: it is in the base lane."""
+        approval_id = self.approval_id
+        self.call_id = call_id
+        self.current_lane = lane(tools={call_id: tool_entry(command=command,
+                                                            state="waiting-approval")})
+        self.current_lane["approvals"] = {approval_id: self._request(call_id, command)}
+        self.pending[approval_id] = (call_id, trio.Event())
+        self._nursery.start_soon(self._await_decision, call_id, approval_id)
+        return approval_id
+
+    @staticmethod
+    def _request(call_id: str, command: str) -> dict:
+        return {"callId": call_id, "tool": "bash", "summary": command, "askedAt": 0}
+
+    async def _ask(self, call_id: str, command: str) -> None:
+        await self._publish([["s", ["tools", call_id], tool_entry(command=command,
+                                                                  state="waiting-approval")]])
+        if self.policy == "never":
+            return await self._settle_unrun(call_id, "APPROVAL_REJECTED", "policy never: rejected.")
+        if not self.has_answerer():
+            return await self._settle_unrun(call_id, "APPROVAL_UNAVAILABLE",
+                                            "nobody was attached to approve this call.")
+        approval_id = self.approval_id
+        self.pending[approval_id] = (call_id, trio.Event())
+        await self._publish([["s", ["approvals", approval_id], self._request(call_id, command)]])
+        await self._await_decision(call_id, approval_id)
+
+    async def _await_decision(self, call_id: str, approval_id: str) -> None:
+        await self.pending[approval_id][1].wait()
+        outcome = self.decisions[approval_id]
+        await self._publish([["d", ["approvals", approval_id]]])
+        if outcome != "allowed-once":
+            code = {"rejected": "APPROVAL_REJECTED", "cancelled": "APPROVAL_CANCELLED"}.get(
+                outcome, "APPROVAL_UNAVAILABLE")
+            return await self._settle_unrun(call_id, code, f"the call was {outcome}; it did not run.")
+        await self._publish([["s", ["tools", call_id, "state"], "running"]])
+        await self._play(call_id, announce=False)
+
+    async def _settle_unrun(self, call_id: str, code: str, sentence: str) -> None:
+        result = {"callId": call_id, "isError": True, "content": sentence, "details": {},
+                  "errorCode": code}
+        await self._publish([["p", ["recent"], 0, 0, [{
+            "callId": call_id, "name": "bash", "isError": True, "exitCode": None,
+            "errorCode": code}]], ["d", ["tools", call_id]]])
+        self.final_result = result
+        self.settled.set()
 
     def play(self, call_id: str, *, announce: bool = True) -> None:
         """Play the scripted call (``announce``: it enters the lane first)."""

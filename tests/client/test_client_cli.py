@@ -214,7 +214,12 @@ async def test_attach_shows_the_window_then_live_output_and_exits(fake):
                         "details": {"exitCode": 0}, "exitCode": 0}
 
     async def start_call_soon():
-        await trio.sleep(0.5)
+        # Once dsh is subscribed (the base lane is static: a call played before would be lost
+        # and dsh would wait for it forever -- python can take long to start on a busy box).
+        with trio.fail_after(30):
+            while not fake.subscriptions:
+                await trio.sleep(0.01)
+        await trio.sleep(0.2)
         fake.play("k3", announce=False)
 
     async with trio.open_nursery() as n:

@@ -17,7 +17,12 @@ from dshd.storage import (
     read_pending_window,
     repair_closers,
 )
-from dshd.storage.repair import NOT_STARTED_TEXT, OUTCOME_UNKNOWN_TEXT, unresolved_calls
+from dshd.storage.repair import (
+    NOT_GRANTED_TEXT,
+    NOT_STARTED_TEXT,
+    OUTCOME_UNKNOWN_TEXT,
+    unresolved_calls,
+)
 from dshd.storage.sidecar import BASE_EVERY, pending_path, retire_settled
 from protocol.apply import apply
 from protocol.codec import Encoder
@@ -59,8 +64,9 @@ EXPECTED = [
                      "details": {}, "errorCode": "TOOL_OUTCOME_UNKNOWN"}),
     ("tool/result", {"callId": "c2", "isError": True, "content": NOT_STARTED_TEXT,
                      "details": {}, "errorCode": "TOOL_NOT_STARTED"}),
-    ("tool/result", {"callId": "c4", "isError": True, "content": OUTCOME_UNKNOWN_TEXT,
-                     "details": {}, "errorCode": "TOOL_OUTCOME_UNKNOWN"}),
+    # c4 waited for approval and was never granted: it cannot have started.
+    ("tool/result", {"callId": "c4", "isError": True, "content": NOT_GRANTED_TEXT,
+                     "details": {}, "errorCode": "TOOL_NOT_STARTED"}),
     ("step/end", {"turnId": "T1", "stepId": "S1"}),
     ("turn/end", {"turnId": "T1", "reason": "interrupted"}),
 ]
@@ -107,7 +113,9 @@ def test_repair_closers_with_pending_windows():
     c1 = closers["c1"]
     assert c1["content"].startswith(OUTCOME_UNKNOWN_TEXT) and c1["content"].endswith("partial output\n")
     assert c1["details"] == {"truncation": window["truncation"], "spillPath": "/s/spill/c1.log"}
-    assert closers["c4"]["content"].endswith("\nplain text window")
+    # c4 was never granted, so a window for it cannot be real output: it is not used.
+    assert closers["c4"]["errorCode"] == "TOOL_NOT_STARTED"
+    assert "plain text window" not in closers["c4"]["content"]
     assert closers["c2"]["content"] == NOT_STARTED_TEXT  # windows only for started calls
 
 
@@ -260,3 +268,26 @@ async def test_failed_repair_flush_leaves_nothing_open(state_dir, monkeypatch):
     log = await SessionLog.open_for_write(state_dir, "s1", repair=True, claims=claims)
     assert log.last_seq == len(CRASHED) + len(EXPECTED) - 1
     await log.aclose()
+
+
+def test_a_call_that_never_got_its_grant_did_not_start():
+    """The gate precedes the barrier: a call asked about and never allowed cannot have run."""
+    from dshd.storage.format import Event
+    from dshd.storage.repair import NOT_GRANTED_TEXT, repair_closers
+
+    def ev(seq, type_, data):
+        return Event(seq=seq, time=0, type=type_, data=data)
+
+    events = [
+        ev(0, "tool/call", {"callId": "waiting", "name": "bash", "arguments": "{}"}),
+        ev(1, "approval/asked", {"approvalId": "a1", "callId": "waiting", "tool": "bash", "summary": "x"}),
+        ev(2, "tool/call", {"callId": "granted", "name": "bash", "arguments": "{}"}),
+        ev(3, "approval/asked", {"approvalId": "a2", "callId": "granted", "tool": "bash", "summary": "y"}),
+        ev(4, "approval/decided", {"approvalId": "a2", "outcome": "allowed-once", "by": "caller"}),
+    ]
+    closers = repair_closers(events)
+    results = {d["callId"]: d for t, d in closers if t == "tool/result"}
+    assert results["waiting"]["errorCode"] == "TOOL_NOT_STARTED"
+    assert results["waiting"]["content"] == NOT_GRANTED_TEXT
+    assert results["granted"]["errorCode"] == "TOOL_OUTCOME_UNKNOWN"
+    assert ("approval/decided", {"approvalId": "a1", "outcome": "cancelled", "by": "repair"}) in closers

@@ -1,0 +1,152 @@
+"""Pieces of the interactive approval answerer (``dsh attach --approve``, PROTOCOL.md §3.4).
+
+Theory of operation: ``LineReader`` reads stdin in a worker thread with ``os.read`` on the file
+descriptor -- never through ``sys.stdin``, whose buffered reader an abandoned thread would hold
+locked at interpreter shutdown -- and queues each line with the trio time it arrived; EOF is
+sticky. ``line(since)`` takes the next line. On a terminal a line that arrived before
+``since`` (the moment a prompt was shown) is dropped: an answer typed for a request that was
+decided elsewhere meanwhile must never approve the next one. From a pipe every line counts, in
+order (``printf 'y\\nn\\n' | dsh attach --approve S`` answers the first two requests).
+
+``request_lines`` renders a request for a person: the tool, the call, the sandbox the call
+would run in, then the exact full command (``summary``), never truncated, each line indented,
+with control characters other than newline and tab shown as visible escapes (a carriage return
+or an escape sequence must not hide part of what is approved). ``parse_answer`` reads y/n.
+``Outcomes`` finds how an approval was decided from the session's log (``approval/decided``
+events after a known seq), for a request that left the lane while we were not deciding it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+if TYPE_CHECKING:
+    from client.api import Client
+
+__all__ = ["LineReader", "request_lines", "parse_answer", "visible", "Outcomes",
+           "sandbox_label"]
+
+_READ_SIZE = 4096
+
+
+class LineReader:
+    """Lines of a file descriptor, read in a thread; run ``run`` in a nursery."""
+
+    def __init__(self, fd: int = 0) -> None:
+        self.fd = fd
+        try:
+            self.tty = os.isatty(fd)
+        except OSError:
+            self.tty = False
+        self._send, self._receive = trio.open_memory_channel[tuple[float, "str | None"]](math.inf)
+        self.eof = False
+
+    async def run(self) -> None:
+        buf = b""
+        while True:
+            try:
+                chunk = await trio.to_thread.run_sync(os.read, self.fd, _READ_SIZE,
+                                                      abandon_on_cancel=True)
+            except OSError:
+                chunk = b""
+            now = trio.current_time()
+            if not chunk:
+                if buf:
+                    self._send.send_nowait((now, buf.decode("utf-8", "replace")))
+                self._send.send_nowait((now, None))
+                return
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                self._send.send_nowait((now, line.decode("utf-8", "replace").rstrip("\r")))
+
+    async def line(self, since: float | None = None) -> str | None:
+        """The next line (None at EOF). On a terminal, lines that came before ``since`` are
+        type-ahead for something else: dropped."""
+        while not self.eof:
+            at, line = await self._receive.receive()
+            if line is None:
+                self.eof = True
+                break
+            if self.tty and since is not None and at < since:
+                continue
+            return line
+        return None
+
+
+def parse_answer(line: str) -> str | None:
+    """``allow`` | ``reject`` for a y/n answer, None for anything else."""
+    word = line.strip().lower()
+    if word in ("y", "yes"):
+        return "allow"
+    if word in ("n", "no"):
+        return "reject"
+    return None
+
+
+def visible(text: str) -> str:
+    """``text`` with control characters (except newline and tab) as ``\\xNN`` / ``\\uNNNN``."""
+    out = []
+    for ch in text:
+        code = ord(ch)
+        if ch in "\n\t" or not (code < 0x20 or 0x7F <= code < 0xA0 or ch in "\u2028\u2029"):
+            out.append(ch)
+        elif code < 0x100:
+            out.append(f"\\x{code:02x}")
+        else:
+            out.append(f"\\u{code:04x}")
+    return "".join(out)
+
+
+def sandbox_label(mode: Any, provider: Any) -> str:
+    """Where the call would run: the session's sandbox mode and how far the daemon confines."""
+    mode = mode if isinstance(mode, str) else "?"
+    provider = provider if isinstance(provider, dict) else {}
+    if mode == "danger-full-access":
+        return "sandbox danger-full-access (not confined)"
+    name, completeness = provider.get("provider"), provider.get("completeness")
+    if not name:
+        return f"sandbox {mode}"
+    if completeness == "none" or name == "none":
+        return f"sandbox {mode} (provider {name}: NOT confined)"
+    if completeness and completeness != "full":
+        return f"sandbox {mode} (provider {name}, {completeness})"
+    return f"sandbox {mode} (provider {name})"
+
+
+def request_lines(session_id: str, approval_id: str, request: dict[str, Any], mode: Any,
+                  provider: Any) -> list[str]:
+    """The lines that show one pending request (see module doc)."""
+    tool = request.get("tool", "?")
+    summary = request.get("summary")
+    summary = summary if isinstance(summary, str) else str(summary)
+    shown = visible(summary)
+    lines = [f"── approval {approval_id}: call {request.get('callId', '?')} in session "
+             f"{session_id} asks to run {tool}, {sandbox_label(mode, provider)}:"]
+    lines += ["    " + line for line in (shown.split("\n") if shown else ["(empty)"])]
+    if shown != summary:
+        lines.append("    (control characters are shown escaped, as \\xNN)")
+    return lines
+
+
+class Outcomes:
+    """How approvals were decided, from ``approval/decided`` events after ``after_seq``."""
+
+    def __init__(self, client: "Client", session_id: str, after_seq: int) -> None:
+        self.client = client
+        self.session_id = session_id
+        self.after_seq = after_seq
+        self.known: dict[str, str] = {}
+
+    async def lookup(self, approval_id: str) -> str | None:
+        if approval_id not in self.known:
+            async for event in self.client.iter_events(self.session_id, self.after_seq):
+                self.after_seq = max(self.after_seq, int(event.get("seq", self.after_seq)))
+                data = event.get("data")
+                if event.get("type") == "approval/decided" and isinstance(data, dict):
+                    self.known[str(data.get("approvalId"))] = str(data.get("outcome"))
+        return self.known.get(approval_id)

@@ -1,0 +1,251 @@
+"""``dsh fsck``: through the fake server (the verdicts from session.list / session.get /
+session.events), and ``--offline`` over hand-built logs in a temporary state directory."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from client.fsck import Verdict, check_offline, repairs_in
+from dsh_proc import dsh
+from fake_dshd import FakeDshd, FakeError
+
+
+@pytest.fixture
+async def fake(nursery):
+    d = tempfile.mkdtemp(prefix="dsh-f-", dir="/tmp")
+    server = FakeDshd(os.path.join(d, "fake.sock"))
+    await nursery.start(server.serve)
+    yield server
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _ev(seq: int, type_: str, **data) -> dict:
+    return {"seq": seq, "time": 0, "type": type_, "data": data}
+
+
+def _row(sid: str, last_seq: int, **extra) -> dict:
+    return {"sessionId": sid, "title": "t", "cwd": "/w", "createdAt": 0, "approvalPolicy": "ask",
+            "sandbox": "workspace-write", "running": 0, "lastSeq": last_seq, **extra}
+
+
+CRASHED = [
+    _ev(0, "approval/policy", policy="ask", source="config"),
+    _ev(1, "tool/call", callId="c1", name="bash", arguments='{"command":"make"}'),
+    _ev(2, "tool/call", callId="c2", name="bash", arguments='{"command":"ls"}'),
+    _ev(3, "approval/asked", approvalId="a-2", callId="c2", tool="bash", summary="ls"),
+    # appended by the repair when the daemon opened it:
+    _ev(4, "approval/decided", approvalId="a-2", outcome="cancelled", by="repair"),
+    _ev(5, "tool/result", callId="c1", isError=True, content="it may or may not have run",
+        details={}, errorCode="TOOL_OUTCOME_UNKNOWN"),
+    _ev(6, "tool/result", callId="c2", isError=True, content="...", details={},
+        errorCode="TOOL_OUTCOME_UNKNOWN"),
+]
+
+
+# ---------------------------------------------------------------------- pure
+def test_repairs_in_names_the_closers_only():
+    assert repairs_in(CRASHED[4:]) == ["approval a-2 cancelled", "call c1 TOOL_OUTCOME_UNKNOWN",
+                                       "call c2 TOOL_OUTCOME_UNKNOWN"]
+    live = [_ev(7, "tool/result", callId="c3", isError=False, content="", details={}),
+            _ev(8, "approval/decided", approvalId="a-3", outcome="allowed-once", by="caller"),
+            _ev(9, "step/end", turnId="t", stepId="s")]
+    assert repairs_in(live) == []  # new events, but nothing a repair wrote
+    closed = [_ev(10, "tool/result", callId="c4", isError=True, content="", details={},
+                  errorCode="TOOL_NOT_STARTED"),
+              _ev(11, "step/end", turnId="t", stepId="s2"),
+              _ev(12, "turn/end", turnId="t", reason="interrupted")]
+    assert repairs_in(closed) == ["call c4 TOOL_NOT_STARTED", "turn t interrupted",
+                                  "step s2 closed"]
+
+
+def test_verdict_text_and_json():
+    assert Verdict("s", "ok").text() == "ok"
+    assert Verdict("s", "damaged", "bad frame").text() == "damaged: bad frame"
+    v = Verdict("s", "torn", offset=90, recovered=2, repairs=["call c TOOL_OUTCOME_UNKNOWN"],
+                pending=True)
+    assert v.text() == ("torn tail at byte 90: 2 records recovered (the daemon drops the torn "
+                        "bytes on its next write); needs repair on open: call c TOOL_OUTCOME_UNKNOWN")
+    assert v.to_json() == {"sessionId": "s", "state": "torn", "offset": 90, "recovered": 2,
+                           "needsRepair": ["call c TOOL_OUTCOME_UNKNOWN"]}
+    assert not v.failed and Verdict("s", "unchecked", "locked").failed
+
+
+# ---------------------------------------------------------------------- online
+async def test_fsck_reports_ok_repaired_and_damaged_and_exits_1(fake):
+    fake.sessions = [
+        _row("s1", 3),
+        _row("s2", 3),
+        {"sessionId": "s3", "damaged": "session s3: log /x is damaged at byte 118: frame does not "
+                                       "decompress; it will not be opened for writing (run `dsh fsck`)"},
+        _row("s4", 2),
+        _row("s5", 0),
+    ]
+    fake.session_events = {"s1": CRASHED[:4], "s2": CRASHED}
+    fake.infos = {
+        "s4": FakeError(-32014, "session s4 cannot be opened: log damaged at byte 40",
+                        {"code": "LOG_DAMAGED"}),
+        "s5": FakeError(-32005, "session s5 is locked by another process: process 7"),
+    }
+    proc = await dsh(fake.path, "fsck")
+    assert proc.returncode == 1
+    assert proc.stdout.decode() == (
+        "s1\tok\n"
+        "s2\trepaired: approval a-2 cancelled, call c1 TOOL_OUTCOME_UNKNOWN, "
+        "call c2 TOOL_OUTCOME_UNKNOWN\n"
+        "s3\tdamaged: session s3: log /x is damaged at byte 118: frame does not decompress; "
+        "it will not be opened for writing\n"
+        "s4\tdamaged: session s4 cannot be opened: log damaged at byte 40\n"
+        "s5\tunchecked: session s5 is locked by another process: process 7\n")
+    assert proc.stderr.decode() == ("fsck: 5 sessions: 1 ok, 1 repaired, 2 damaged, "
+                                    "1 unchecked\n")
+    # Each healthy session was opened (that is what repairs it), the damaged one was not.
+    assert [p["sessionId"] for m, p in fake.requests if m == "session.get"] == ["s1", "s2", "s4", "s5"]
+    assert ("session.events", {"sessionId": "s2", "afterSeq": 3, "limit": 1000}) in fake.requests
+
+
+async def test_fsck_one_session_and_json_exit_0(fake):
+    fake.sessions = [_row("s1", 3), _row("s2", 3)]
+    fake.session_events = {"s2": CRASHED}
+    proc = await dsh(fake.path, "fsck", "--json", "s2")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == [{"sessionId": "s2", "state": "repaired", "repairs": [
+        "approval a-2 cancelled", "call c1 TOOL_OUTCOME_UNKNOWN", "call c2 TOOL_OUTCOME_UNKNOWN"]}]
+    assert [p["sessionId"] for m, p in fake.requests if m == "session.get"] == ["s2"]
+
+
+async def test_fsck_of_an_unknown_session_is_the_daemons_error(fake):
+    proc = await dsh(fake.path, "fsck", "missing")
+    assert proc.returncode == 1
+    assert proc.stderr.decode() == "dsh: session missing not found; `dsh sessions` lists the sessions\n"
+
+
+async def test_fsck_without_sessions_is_0(fake):
+    proc = await dsh(fake.path, "fsck")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, b"", b"fsck: 0 sessions\n")
+
+
+async def test_fsck_without_daemon_is_2(tmp_path):
+    proc = await dsh(str(tmp_path / "none.sock"), "fsck")
+    assert proc.returncode == 2 and "dshd is not running" in proc.stderr.decode()
+
+
+# ---------------------------------------------------------------------- offline
+HEADER = '{{"type":"session","version":1,"id":"{sid}","createdAt":0,"cwd":"/w","title":null}}\n'
+
+
+def _lines(sid: str, events: list[dict]) -> list[bytes]:
+    return [HEADER.format(sid=sid).encode()] + [
+        (json.dumps(e, separators=(",", ":")) + "\n").encode() for e in events]
+
+
+def _zstd_log(state: Path, sid: str, batches: list[list[dict]]) -> Path:
+    """A zstd log: a header frame, then one checksummed frame per batch."""
+    d = state / "sessions" / sid
+    d.mkdir(parents=True)
+    cctx = zstandard.ZstdCompressor(write_checksum=True)
+    header, *_ = _lines(sid, [])
+    data = cctx.compress(header)
+    for batch in batches:
+        data += cctx.compress(b"".join(_lines(sid, batch)[1:]))
+    path = d / "session.v1.jsonl.zst"
+    path.write_bytes(data)
+    return path
+
+
+def _plain_log(state: Path, sid: str, text: bytes) -> Path:
+    d = state / "sessions" / sid
+    d.mkdir(parents=True)
+    path = d / "session.v1.jsonl"
+    path.write_bytes(text)
+    return path
+
+
+CLEAN = [[_ev(0, "approval/policy", policy="ask", source="config"),
+          _ev(1, "tool/call", callId="c1", name="bash", arguments="{}")],
+         [_ev(2, "tool/result", callId="c1", isError=False, content="", details={})]]
+
+
+@pytest.fixture
+def state(tmp_path) -> Path:
+    root = tmp_path / "state"
+    _zstd_log(root, "aok", CLEAN)
+    torn = _zstd_log(root, "btorn", CLEAN)
+    torn.write_bytes(torn.read_bytes()[:-3])  # the last frame lost its checksum: torn
+    bad = _zstd_log(root, "cbad", CLEAN)
+    raw = bytearray(bad.read_bytes())
+    second = raw.index(b"\x28\xb5\x2f\xfd", 4)
+    raw[second + 12] ^= 0x55
+    bad.write_bytes(bytes(raw))
+    _zstd_log(root, "dopen", [CRASHED[:4]])
+    lines = _lines("egap", [CRASHED[0], CRASHED[2]])  # seq 0 then seq 2
+    _plain_log(root, "egap", b"".join(lines))
+    (root / "sessions" / "fnolog").mkdir()
+    return root
+
+
+def _snapshot(root: Path) -> dict:
+    return {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()}
+
+
+async def test_fsck_offline_reads_every_log_and_never_writes(state, tmp_path):
+    before = _snapshot(state)
+    second_frame = bytearray((state / "sessions/cbad/session.v1.jsonl.zst").read_bytes()).index(
+        b"\x28\xb5\x2f\xfd", 4)
+    gap_line = len(_lines("egap", [CRASHED[0]])[0]) + len(_lines("egap", [CRASHED[0]])[1])
+    proc = await dsh(str(tmp_path / "no.sock"), "fsck", "--offline", "--state-dir", str(state))
+    assert proc.returncode == 1
+    out = proc.stdout.decode().splitlines()
+    assert out[0] == "aok\tok"
+    assert out[1].startswith("btorn\ttorn tail at byte ") and "1 record recovered" in out[1]
+    assert out[2].startswith(f"cbad\tdamaged: {state}/sessions/cbad/session.v1.jsonl.zst is "
+                             f"damaged at byte {second_frame}: frame does not decompress")
+    assert out[3] == ("dopen\tneeds repair on open: approval a-2 cancelled, "
+                      "call c1 TOOL_OUTCOME_UNKNOWN, call c2 TOOL_NOT_STARTED")  # c2 never granted
+    assert out[4] == (f"egap\tdamaged: {state}/sessions/egap/session.v1.jsonl is damaged at byte "
+                      f"{gap_line}: seq gap: expected 1, found 2")
+    assert out[5] == "fnolog\tdamaged: no log file (created but never written)"
+    assert proc.stderr.decode() == ("fsck: 6 sessions: 1 ok, 1 torn, 3 damaged, "
+                                    "1 needs-repair\n")
+    assert _snapshot(state) == before
+
+
+async def test_fsck_offline_one_session_json_and_errors(state, tmp_path):
+    sock = str(tmp_path / "no.sock")
+    proc = await dsh(sock, "fsck", "--offline", "--state-dir", str(state), "--json", "btorn")
+    assert proc.returncode == 0
+    [verdict] = json.loads(proc.stdout)
+    assert verdict["state"] == "torn" and verdict["recovered"] == 1 and verdict["offset"] > 0
+    proc = await dsh(sock, "fsck", "--offline", "--state-dir", str(state), "dopen")
+    assert proc.returncode == 0  # needs repair is not damage: the daemon repairs it on open
+    proc = await dsh(sock, "fsck", "--offline", "--state-dir", str(state), "zzz")
+    assert proc.returncode == 1
+    assert proc.stderr.decode() == f"dsh: no session zzz: {state}/sessions/zzz\n"
+    proc = await dsh(sock, "fsck", "--offline", "--state-dir", str(tmp_path / "nowhere"))
+    assert proc.returncode == 1 and "no such state directory" in proc.stderr.decode()
+    proc = await dsh(sock, "fsck", "--state-dir", str(state))
+    assert proc.returncode == 2 and "--offline" in proc.stderr.decode()
+
+
+async def test_fsck_offline_warns_when_a_daemon_holds_the_state_dir(state, tmp_path):
+    fd = os.open(state / "dshd.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        proc = await dsh(str(tmp_path / "no.sock"), "fsck", "--offline", "--state-dir",
+                         str(state), "aok")
+    finally:
+        os.close(fd)
+    assert proc.returncode == 0
+    assert proc.stderr.decode().startswith(f"dsh: a running dshd holds {state}:")
+
+
+def test_check_offline_of_a_clean_plain_log(tmp_path):
+    _plain_log(tmp_path, "p1", b"".join(_lines("p1", CLEAN[0] + CLEAN[1])))
+    assert check_offline(tmp_path, "p1") == Verdict("p1", "ok", pending=True)
