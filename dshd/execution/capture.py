@@ -159,9 +159,41 @@ class SpillSink:
             raise
 
     async def flush(self) -> None:
-        """Write every buffered byte in a worker thread. Raises ``OSError`` (kept in ``error``)."""
-        if self.error is None and self._chunks:
-            await trio.to_thread.run_sync(self.flush_sync)
+        """Write every buffered byte in a worker thread. Raises ``OSError`` (kept in ``error``).
+
+        The chunks are taken here, in the trio thread, so :meth:`write` may go on buffering
+        while the worker writes (the runner overlaps reading with spilling).
+        """
+        if self.error is not None or not self._chunks:
+            return
+        chunks, self._chunks = self._chunks, []
+        size = sum(len(c) for c in chunks)
+        try:
+            await trio.to_thread.run_sync(self._write_chunks, chunks)
+        except OSError:
+            self._pending = 0
+            raise
+        except BaseException:
+            # Cancelled before the worker started (a started worker is waited for): nothing
+            # was written; keep the chunks, in order, for the next flush.
+            self._chunks[:0] = chunks
+            raise
+        self._pending -= size
+
+    def _write_chunks(self, chunks: list) -> None:
+        """Worker-thread half of :meth:`flush`: touches only the file, never the buffer."""
+        try:
+            if self._fd is None:
+                self._fd = self._open()
+            for chunk in chunks:
+                view = memoryview(chunk)
+                while view:
+                    n = os.write(self._fd, view)
+                    view = view[n:]
+                    self.written += n
+        except OSError as exc:
+            self.error = exc
+            raise
 
     def close(self) -> None:
         """Close the file (buffered bytes not flushed are dropped). Idempotent."""
@@ -243,7 +275,12 @@ class OutputCapture:
         elif self._raw is not None:
             self._raw += data
         if not self._closed:
-            text = clean_text(self._decoder.decode(data))
+            if data.isascii() and not self._decoder.getstate()[0]:
+                # Nothing pending in the decoder and nothing to decode: clean the raw bytes
+                # (the same text as decode + clean_text, without the encode round trip).
+                text = data.translate(None, _DROPPED_CONTROLS).decode("ascii")
+            else:
+                text = clean_text(self._decoder.decode(data))
             if text:
                 self._push(text)
         self._maybe_start_spill()
@@ -348,6 +385,16 @@ class OutputCapture:
         # Newline and byte counts are kept incrementally, so a small append to a full window
         # costs O(appended + dropped) in scans (plus one O(window) concatenation).
         max_bytes, max_lines = self.limits.max_bytes, self.limits.max_lines
+        if len(text) > max_bytes:
+            # A character is at least one byte: the window lies within the last max_bytes
+            # characters of ``text``. The old window and the rest of ``text`` are cut whole,
+            # unscanned, so a big read costs O(window) here, not O(read).
+            skip = len(text) - max_bytes
+            self.offset += len(self.text) + skip
+            self._edge = text[skip - 1]
+            self._truncated = True
+            self.text, self._window_newlines, self._window_bytes = "", 0, 0
+            text = text[skip:]
         whole = self.text + text
         newlines = self._window_newlines + text.count("\n")
         nbytes = self._window_bytes + _utf8_len(text)

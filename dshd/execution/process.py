@@ -51,6 +51,7 @@ After a normal exit with end of file, processes left in the group that closed th
 
 from __future__ import annotations
 
+import fcntl
 import math
 import os
 import shutil
@@ -66,7 +67,15 @@ from dshd.execution.capture import OutputCapture
 __all__ = ["ExecOutcome", "bash_argv", "run_command", "READ_CHUNK"]
 
 #: Bytes asked of the pipe per read.
-READ_CHUNK = 65_536
+READ_CHUNK = 1_048_576
+#: Pipe buffer asked for (``F_SETPIPE_SZ``; the kernel default is 64 KiB): a fast producer
+#: fills it while the reader works, so one read (one wake-up, one spill hand-off) carries
+#: up to 1 MiB instead of 64 KiB. Best effort: over ``pipe-max-size`` or the user's pipe
+#: budget the default stays.
+PIPE_SIZE = 1_048_576
+#: Spill bytes buffered (written by the spill task in a worker thread) before the reader
+#: waits: the back-pressure that lets a slow disk slow the command down through the pipe.
+SPILL_HIGH_WATER = 4 * 1_048_576
 #: Seconds to wait for a SIGKILLed leader to be reaped before giving up on its exit code.
 KILL_REAP_TIMEOUT = 10.0
 
@@ -129,6 +138,10 @@ async def run_command(
     if not argv:
         raise ValueError("run_command needs a non-empty argv")
     read_fd, write_fd = os.pipe()
+    try:
+        fcntl.fcntl(read_fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+    except OSError:
+        pass
     try:
         proc = await trio.lowlevel.open_process(
             argv,
@@ -221,6 +234,9 @@ class _Run:
         self.failed = trio.Event()
         self.error: str | None = None
         self.settled = False
+        self._spill_ready = trio.Event()
+        self._spill_drained = trio.Event()
+        self._reading_done = False
 
     async def run(self, timeout: float | None, cancel: trio.Event) -> ExecOutcome:
         outcome = ExecOutcome(exit_code=None)
@@ -262,15 +278,37 @@ class _Run:
 
     async def _read(self) -> None:
         capture, spill = self.capture, self.capture.spill
+        async with trio.open_nursery() as nursery:
+            if spill is not None:
+                nursery.start_soon(self._spill_writer)
+            while True:
+                data = await self.stream.receive_some(READ_CHUNK)
+                if not data:
+                    self._reading_done = True
+                    self._spill_ready.set()  # the writer drains what is left, then ends
+                    self.eof.set()
+                    return
+                capture.feed(data)
+                if spill is not None and spill.pending:
+                    self._spill_ready.set()
+                    while spill.pending >= SPILL_HIGH_WATER and not self.failed.is_set():
+                        self._spill_drained = trio.Event()
+                        await self._spill_drained.wait()
+                self.on_output()
+
+    async def _spill_writer(self) -> None:
+        """Write the spill in a worker thread while the reader goes on reading (the reader
+        hands over chunks; each hand-off writes everything buffered so far)."""
+        spill = self.capture.spill
+        assert spill is not None
         while True:
-            data = await self.stream.receive_some(READ_CHUNK)
-            if not data:
-                self.eof.set()
-                return
-            capture.feed(data)
-            if spill is not None and spill.pending:
+            await self._spill_ready.wait()
+            self._spill_ready = trio.Event()
+            while spill.pending and not self.failed.is_set():
                 await self._flush_spill()
-            self.on_output()
+            self._spill_drained.set()
+            if self._reading_done or self.failed.is_set():
+                return
 
     async def _flush_spill(self) -> None:
         spill = self.capture.spill

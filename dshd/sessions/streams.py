@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from protocol.tracker import Tracker
 
 _json = msgspec.json.Encoder()
+#: Seconds a paced publish may come before its interval is over (timer granularity).
+PACE_GRACE = 0.002
 
 
 class StreamSink(Protocol):
@@ -151,6 +153,11 @@ class Publisher:
             if now < next_allowed:
                 await trio.sleep_until(next_allowed)
             self._dirty = trio.Event()
+            start = trio.current_time()
             size = self.publish_now()
             done = trio.current_time()
-            next_allowed = done + max(self._interval, size / self._rate)
+            # The interval runs from the start of a publish (its own work does not push the
+            # next one back) less PACE_GRACE (a timed wake-up comes up to ~1 ms late: epoll
+            # rounds up to whole ms); the size pause runs from its end. Without both, a source
+            # at exactly 1/interval drifts by each late wake-up into a 0-10 ms sawtooth.
+            next_allowed = max(start + self._interval - PACE_GRACE, done + size / self._rate)
