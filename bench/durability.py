@@ -25,7 +25,6 @@ import argparse
 import os
 import random
 import shutil
-import statistics
 import string
 import tempfile
 import time

@@ -14,7 +14,6 @@ import secrets
 import time
 from typing import TYPE_CHECKING, Awaitable, Callable
 
-import msgspec
 import structlog
 
 from protocol import rpc

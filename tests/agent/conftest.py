@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
-_ROOT = str(Path(__file__).resolve().parents[2])
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
 
-from dshd.config import Config  # noqa: E402
-from dshd.server import serve  # noqa: E402
-from tests.agent.fake_model_server import FakeModelServer  # noqa: E402
-from tests.agent.helpers import fast_model  # noqa: E402
+from dshd.config import Config
+from dshd.server import serve
+from tests.agent.fake_model_server import FakeModelServer
+from tests.agent.helpers import fast_model
 
 
 @pytest.fixture

@@ -1,20 +1,13 @@
-"""Shared helpers of the client tests.
-
-The repository root goes on ``sys.path`` so that ``client``/``protocol``/``dshd`` import when
-pytest runs from the venv's script (the project is not necessarily installed).
-"""
+"""Shared helpers of the client tests (pyproject's ``pythonpath`` makes the packages import)."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 
 def _find_vectors() -> Path | None:

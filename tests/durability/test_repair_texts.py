@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import signal
 
-import pytest
 import trio
 
 from client.api import connect

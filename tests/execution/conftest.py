@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
-import trio
 
-# `.venv/bin/pytest` does not put the repository root on sys.path unless the package is
-# installed (`make install-test` does that); make the tests runnable either way.
-_ROOT = str(Path(__file__).resolve().parents[2])
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
 
 
 @pytest.fixture

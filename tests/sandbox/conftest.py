@@ -4,18 +4,14 @@ summary of the escape figures at the end of the run."""
 from __future__ import annotations
 
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 import trio
 
-_ROOT = str(Path(__file__).resolve().parents[2])
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
 
-from dshd.execution.sandbox import Provider, probe  # noqa: E402
+from dshd.execution.sandbox import Provider, probe
 
 #: Lines printed in the terminal summary: "<provider>/<mode>: N cases, M escaped".
 ESCAPE_REPORT: list[str] = []
