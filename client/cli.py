@@ -7,9 +7,15 @@ tab-separated text otherwise; progress and errors go to stderr. Errors end the c
 line and a non-zero status: 2 when dshd is not running, 1 for an error answer of the daemon.
 
 ``dsh run`` and ``dsh attach`` subscribe to the session's lane view and follow a call's
-retained output with ``client.follow.CallOutput``: appends print as they come, a window slide
-or a resubscribe prints only what is new. ``dsh run`` exits with the command's exit code
-(124 on TOOL_TIMEOUT, 125 when it never ran); Ctrl-C detaches (130) and leaves it running.
+retained output with ``client.spill.CompleteOutput``: appends print as they come, a window
+slide or a resubscribe prints only what is new (``client.follow.CallOutput``), and once the
+output outgrew the window it is copied from the call's spill file instead, so that a flood
+the lane could not keep up with still prints every byte once (``_keep_up`` polls the file,
+which lags the lane a little; ``dsh run`` prints from the first byte, ``dsh attach`` from the
+window it first sees). ``dsh run`` parses its own options strictly (an unknown one is a usage
+error) and exits with ``exit_status`` of the result: the command's exit code, 124 on
+TOOL_TIMEOUT, 130 for TOOL_CANCELLED with exit 0, 125 when it never ran, never 0 for an
+error; Ctrl-C detaches (130) and leaves it running.
 The socket is ``--socket``, else ``$DSH_SOCKET``, else the default of ``dshd.paths``.
 
 Approvals (PROTOCOL.md §3.4): ``dsh run`` submits pre-approved (the user typed the command);
@@ -44,7 +50,7 @@ from client import fsck as _fsck
 from client.answer import LineReader, Outcomes, parse_answer, request_lines
 from client.api import Client, DaemonNotRunning, connect, dsh_version
 from client.chat import chat as chat_command
-from client.follow import CallOutput
+from client.spill import CompleteOutput
 from client.transport import DshClientError
 from dshd.paths import is_valid_id
 from dshd.paths import state_dir as resolve_state_dir
@@ -54,6 +60,10 @@ __all__ = ["cli", "main", "exit_status", "command_string"]
 
 #: After ``tool.wait`` answered, how long the stream may take to show the call settle.
 SETTLE_GRACE_S = 2.0
+#: How often an output that waits for its spill file (it lags the lane a little) polls it.
+SPILL_POLL_S = 0.02
+#: How long a switch to the spill file -- or, after the result, the file -- may make no progress.
+SPILL_WAIT_S = 5.0
 EXIT_DAEMON_NOT_RUNNING = 2
 EXIT_TIMEOUT = 124
 EXIT_NEVER_RAN = 125
@@ -61,6 +71,9 @@ EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141
 SANDBOX_MODES = ("read-only", "workspace-write", "danger-full-access")
 POLICIES = ("ask", "never")
+#: Widths of the title and of a damaged session's reason in ``dsh sessions``' table.
+TITLE_WIDTH = 60
+REASON_WIDTH = 40
 
 
 # ---------------------------------------------------------------------- output helpers
@@ -117,6 +130,20 @@ def _short(value: Any, width: int = 100) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def _cell(value: Any, width: int | None = None) -> str:
+    """A table cell on one line: characters that are not printable (tabs, newlines, ...)
+    escaped, and at most ``width`` characters, cut with an ellipsis."""
+    text = value if isinstance(value, str) else str(value)
+    if width is not None:
+        text = text[: 2 * width + 8]  # enough to fill the width: never escape 100 KB for 60
+    if not text.isprintable():
+        text = "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii")
+                       for ch in text)
+    if width is not None and len(text) > width:
+        text = text[: width - 1] + "…"
+    return text
+
+
 def command_string(argv: tuple[str, ...] | list[str]) -> str:
     """The shell command for ``argv``: one argument as is (``'make | tee x'``), else shlex.join."""
     return argv[0] if len(argv) == 1 else shlex.join(argv)
@@ -130,25 +157,34 @@ def _details(result: dict[str, Any]) -> dict[str, Any]:
 def exit_status(result: dict[str, Any]) -> tuple[int, str | None]:
     """The exit status of ``dsh`` for a ToolResult, and a line for stderr (or None).
 
-    The command's exit code when it has one; 124 for TOOL_TIMEOUT; 125 for a call that never
-    ran (its ``errorCode`` and sentence go to stderr); else 1 for an error, 0 otherwise.
+    TOOL_TIMEOUT: 124. TOOL_CANCELLED: the command's exit code if non-zero, else 130. Another
+    errorCode: the exit code if non-zero, else 1 -- or 125 when there is none (the call never
+    ran; its ``errorCode`` and sentence go to stderr). No errorCode: the exit code (1 when
+    there is none and the result is an error). Never 0 for a result with ``isError``.
     """
     error_code = result.get("errorCode")
     code = result.get("exitCode")
-    if not isinstance(code, int):
+    if not isinstance(code, int) or isinstance(code, bool):
         code = _details(result).get("exitCode")
+    if isinstance(code, bool) or not isinstance(code, int):
+        code = None
     sentence = result.get("message")  # dshd's sentence when content holds output
     if not isinstance(sentence, str):
         sentence = "" if _ran(result) else str(result.get("content") or "")
     sentence = sentence.strip()
     line = (f"dsh: {error_code}: {sentence}" if sentence else f"dsh: {error_code}") if error_code else None
+    own = max(0, min(code, 255)) if code is not None else None  # what the command exited with
     if error_code == "TOOL_TIMEOUT":
-        return EXIT_TIMEOUT, line
-    if isinstance(code, int):
-        return max(0, min(code, 255)), line
-    if error_code:
-        return EXIT_NEVER_RAN, line
-    return (1 if result.get("isError") else 0), None
+        status = EXIT_TIMEOUT
+    elif error_code == "TOOL_CANCELLED":
+        status = own or EXIT_INTERRUPTED
+    elif error_code:
+        status = EXIT_NEVER_RAN if own is None else own or 1
+    else:
+        status = own if own is not None else 0
+    if status == 0 and (error_code or result.get("isError")):
+        status = 1
+    return status, line
 
 
 def _ran(result: dict[str, Any]) -> bool:
@@ -158,31 +194,110 @@ def _ran(result: dict[str, Any]) -> bool:
             or "truncation" in details)
 
 
-def _result_total_bytes(result: dict[str, Any]) -> int | None:
-    truncation = _details(result).get("truncation")
-    total = truncation.get("totalBytes") if isinstance(truncation, dict) else None
-    return total if isinstance(total, int) else None
+def _emit_bytes(data: bytes) -> None:
+    """Write raw tool output to stdout, as is, at once."""
+    if not data:
+        return
+    out = sys.stdout
+    buffer = getattr(out, "buffer", None)
+    if buffer is not None:
+        out.flush()
+        buffer.write(data)
+        buffer.flush()
+    else:
+        out.write(data.decode("utf-8", "replace"))
+        out.flush()
 
 
-def _final_tail(watcher: CallOutput, result: dict[str, Any]) -> str:
-    """What the final result adds to the output already printed (nothing if it never ran)."""
-    content = result.get("content")
-    if not _ran(result) or not isinstance(content, str):
-        return ""
-    return watcher.finish(content, _result_total_bytes(result))
+async def _drain(out: CompleteOutput, emit: Callable[[bytes], None]) -> bool:
+    """Print what ``out`` has now (and its notes); True when something was printed."""
+    printed = False
+    while True:
+        data = out.take()
+        for line in out.notes:
+            _note(line)
+        out.notes.clear()
+        if not data:
+            return printed
+        emit(data)
+        printed = True
+        await trio.sleep(0)  # a flood copied from the spill file must not starve the rest
 
 
-def _finish_call(watcher: CallOutput, result: dict[str, Any]) -> int:
-    """Print the final tail and the closing notes of a settled call; return the exit status."""
-    _emit(_final_tail(watcher, result))
-    total = _result_total_bytes(result)
-    truncation = _details(result).get("truncation")
-    if (_ran(result) and isinstance(truncation, dict) and truncation.get("truncated")
-            and total is not None and total > watcher.printed_bytes):
-        where = _details(result).get("spillPath")
-        _note(f"dsh: {total - watcher.printed_bytes} of {total} bytes of output were not shown "
-              "(they scrolled out of the window between two updates)"
-              + (f"; the full output is in {where}" if where else ""))
+class _Stalls:
+    """When each output started waiting for its spill file without progress (``_keep_up``)."""
+
+    def __init__(self) -> None:
+        self.since: dict[int, float] = {}
+
+    def check(self, out: CompleteOutput, progressed: bool) -> None:
+        """Give up on a switch to the spill file that made no progress for SPILL_WAIT_S."""
+        key = id(out)
+        if progressed or not out.switching:
+            self.since.pop(key, None)
+            return
+        first = self.since.setdefault(key, trio.current_time())
+        if trio.current_time() - first >= SPILL_WAIT_S:
+            out.give_up()
+            self.since.pop(key, None)
+
+
+async def _keep_up(outputs: Callable[[], list[tuple[CompleteOutput, Callable[[bytes], None]]]],
+                   lock: trio.Lock | None = None) -> None:
+    """Poll the outputs that wait for their spill file (dshd writes it from its own task: it
+    can lag the lane a little) and print what arrived. Runs until cancelled."""
+    stalls = _Stalls()
+    while True:
+        await trio.sleep(SPILL_POLL_S)
+        for out, emit in outputs():
+            if not out.behind:
+                continue
+            if lock is not None:
+                async with lock:
+                    progressed = await _drain(out, emit)
+            else:
+                progressed = await _drain(out, emit)
+            stalls.check(out, progressed)
+
+
+async def _settle_output(out: CompleteOutput, result: dict[str, Any],
+                         emit: Callable[[bytes], None]) -> None:
+    """Print the rest of a settled call's output: through the result's ``totalBytes`` when
+    its spill file is readable (waiting up to SPILL_WAIT_S without progress for it)."""
+    out.finish(result)
+    stalls = _Stalls()
+    idle_since = trio.current_time()
+    while True:
+        progressed = await _drain(out, emit)
+        if progressed:
+            idle_since = trio.current_time()
+        if not out.behind:
+            break
+        stalls.check(out, progressed)
+        if not out.switching and trio.current_time() - idle_since >= SPILL_WAIT_S:
+            break  # in spill mode and the file stopped short: the closing note says so
+        await trio.sleep(SPILL_POLL_S)
+    await _drain(out, emit)
+    out.close()
+
+
+def _closing_note(out: CompleteOutput, result: dict[str, Any]) -> None:
+    """Say how much of the output was not shown, and where all of it is."""
+    missing = out.unshown() if _ran(result) else 0
+    if missing <= 0 or out.total is None:
+        return
+    where = _details(result).get("spillPath")
+    why = ("the spill file could not supply them" if out.mode != "live"
+           else "they scrolled out of the window between two updates")
+    _note(f"dsh: {missing} of {out.total} bytes of output were not shown ({why})"
+          + (f"; the full output is in {where}" if where else ""))
+
+
+async def _finish_call(out: CompleteOutput, result: dict[str, Any],
+                       emit: Callable[[bytes], None] = _emit_bytes) -> int:
+    """Print the rest of a settled call and its closing notes; return the exit status."""
+    await _settle_output(out, result, emit)
+    _closing_note(out, result)
     status, message = exit_status(result)
     if message:
         _note(message)
@@ -293,7 +408,7 @@ async def _run(client: Client, argv: tuple[str, ...], session_id: str | None,
     call_id = call_id or _mint_call_id()
     asked = False  # the hint how to approve was given
     waiting: str | None = None  # the approval our call waits for, as the lane last showed
-    watcher = CallOutput(call_id)
+    out = CompleteOutput(call_id)
     detached = ""  # why we stopped following before the result: "interrupt" or "pipe"
     cancelling = False
     result: dict[str, Any] | None = None
@@ -328,7 +443,8 @@ async def _run(client: Client, argv: tuple[str, ...], session_id: str | None,
                     with follow_scope:
                         try:
                             async for view in sub:
-                                _emit(watcher.update(sub.mirror.last_ops, view))
+                                out.update(sub.mirror.last_ops, view)
+                                await _drain(out, _emit_bytes)
                                 approval_id = _approval_of(view, call_id) if how.ask else None
                                 waiting = approval_id
                                 if approval_id and not asked:
@@ -337,17 +453,26 @@ async def _run(client: Client, argv: tuple[str, ...], session_id: str | None,
                                           f"answer with `dsh approve {session_id} {approval_id}` "
                                           f"(--reject to refuse) or `dsh attach --approve "
                                           f"{session_id}`")
-                                if watcher.settled:
+                                if out.settled:
                                     break
                         except BrokenPipeError:
                             detached = "pipe"
                             nursery.cancel_scope.cancel()
                     follow_done.set()
 
+                async def keep_up() -> None:
+                    nonlocal detached
+                    try:
+                        await _keep_up(lambda: [(out, _emit_bytes)])
+                    except BrokenPipeError:
+                        detached = "pipe"
+                        nursery.cancel_scope.cancel()
+
                 nursery.start_soon(on_interrupt)
                 await client.run_tool(session_id, command, call_id=call_id, timeout=timeout,
                                       approved=not how.ask)
                 nursery.start_soon(follow)
+                nursery.start_soon(keep_up)
                 result = await client.wait(session_id, call_id)
                 # The lane may show the last output just after the result: give it a moment.
                 with trio.move_on_after(SETTLE_GRACE_S):
@@ -369,7 +494,7 @@ async def _run(client: Client, argv: tuple[str, ...], session_id: str | None,
             _silence_stdout()
             return EXIT_BROKEN_PIPE
         return EXIT_INTERRUPTED
-    status = _finish_call(watcher, result)
+    status = await _finish_call(out, result)
     if result.get("errorCode") == "APPROVAL_UNAVAILABLE":
         _note(f"dsh: keep an answerer attached (`dsh attach --approve --follow {session_id}` in "
               f"another terminal), then run it again with `dsh run --ask --session {session_id}`")
@@ -402,22 +527,31 @@ class _Printer:
 
     def __init__(self) -> None:
         self.current: str | None = None
-        self.last_char = "\n"
+        self.last_byte = b"\n"
         self.headers = 0
+        #: The lane entry of each call last seen (for headers).
+        self.calls: dict[str, Any] = {}
 
     def header(self, call_id: str, call: Any) -> None:
         self._newline()
-        _note(_call_header(call_id, call), "bold")
+        if call is not None:
+            self.calls[call_id] = call
+        _note(_call_header(call_id, self.calls.get(call_id)), "bold")
         self.current = call_id
         self.headers += 1
 
-    def output(self, call_id: str, piece: str, call: Any) -> None:
+    def output(self, call_id: str, piece: bytes, call: Any = None) -> None:
+        if call is not None:
+            self.calls[call_id] = call
         if not piece:
             return
         if self.current != call_id:
             self.header(call_id, call)
-        _emit(piece)
-        self.last_char = piece[-1]
+        _emit_bytes(piece)
+        self.last_byte = piece[-1:]
+
+    def emitter(self, call_id: str) -> Callable[[bytes], None]:
+        return lambda piece: self.output(call_id, piece)
 
     def footer(self, line: str) -> None:
         self._newline()
@@ -425,9 +559,9 @@ class _Printer:
         self.current = None
 
     def _newline(self) -> None:
-        if self.last_char != "\n":
-            _emit("\n")
-            self.last_char = "\n"
+        if self.last_byte != b"\n":
+            _emit_bytes(b"\n")
+            self.last_byte = b"\n"
 
     def pause(self) -> None:
         """Something else is shown on the terminal: the next output gets a header again."""
@@ -440,47 +574,67 @@ def _tools_of(view: Any) -> dict[str, Any]:
     return tools if isinstance(tools, dict) else {}
 
 
+def _followed(watchers: dict[str, CompleteOutput], printer: _Printer):
+    """The outputs ``_keep_up`` polls: every call followed, printed through ``printer``."""
+    return lambda: [(out, printer.emitter(cid)) for cid, out in list(watchers.items())]
+
+
 async def _show_calls(client: Client, session_id: str, sub: Any, view: Any,
-                      watchers: dict[str, CallOutput], printer: _Printer,
-                      only: str | None = None) -> tuple[CallOutput, dict[str, Any]] | None:
+                      watchers: dict[str, CompleteOutput], printer: _Printer,
+                      only: str | None = None) -> tuple[CompleteOutput, dict[str, Any]] | None:
     """Print what one batch changed in the calls' output: a header for each new call, its new
     output, a footer for each that settled. With ``only``, follow that call alone and return
-    its watcher and result once it settled (the caller prints its end)."""
+    its output and result once it settled (the caller prints its end). Each call's output
+    is followed from the window first seen on, complete through the spill file."""
     tools = _tools_of(view)
     for cid in [only] if only else list(tools):
         if cid in tools and cid not in watchers:
-            watchers[cid] = CallOutput(cid)
+            watchers[cid] = CompleteOutput(cid, from_start=False)
             printer.header(cid, tools[cid])
-    for cid, watcher in list(watchers.items()):
-        printer.output(cid, watcher.update(sub.mirror.last_ops, view), tools.get(cid))
-        if not watcher.settled:
+    for cid, out in list(watchers.items()):
+        out.update(sub.mirror.last_ops, view)
+        printer.calls[cid] = tools.get(cid, printer.calls.get(cid))
+        await _drain(out, printer.emitter(cid))
+        if not out.settled:
             continue
         del watchers[cid]
         result = await client.wait(session_id, cid)
         if cid == only:
-            return watcher, result
-        printer.output(cid, _final_tail(watcher, result), None)
+            return out, result
+        await _settle_output(out, result, printer.emitter(cid))
         printer.footer(_ended_line(cid, result))
     return None
 
 
 async def _attach(client: Client, session_id: str, call_id: str | None, follow: bool) -> int:
-    watchers: dict[str, CallOutput] = {}
+    watchers: dict[str, CompleteOutput] = {}
     printer = _Printer()
     async with await client.subscribe(session_id) as sub:
-        first = True
-        async for view in sub:
-            if first and call_id and call_id not in _tools_of(view):
-                # Settled before we came (or unknown): its result says what became of it.
-                return _finish_call(CallOutput(call_id), await client.wait(session_id, call_id))
-            first = False
-            settled = await _show_calls(client, session_id, sub, view, watchers, printer, call_id)
-            if settled is not None:
-                return _finish_call(*settled)
-            if not call_id and not watchers and not follow:
-                if not printer.headers:
-                    _note(f"no call is running in session {session_id}", "dim")
-                return 0
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_keep_up, _followed(watchers, printer))
+            try:
+                return await _attach_views(client, session_id, call_id, follow, sub, watchers,
+                                           printer)
+            finally:
+                nursery.cancel_scope.cancel()
+
+
+async def _attach_views(client: Client, session_id: str, call_id: str | None, follow: bool,
+                        sub: Any, watchers: dict[str, CompleteOutput], printer: _Printer) -> int:
+    first = True
+    async for view in sub:
+        if first and call_id and call_id not in _tools_of(view):
+            # Settled before we came (or unknown): its result says what became of it.
+            result = await client.wait(session_id, call_id)
+            return await _finish_call(CompleteOutput(call_id, from_start=False), result)
+        first = False
+        settled = await _show_calls(client, session_id, sub, view, watchers, printer, call_id)
+        if settled is not None:
+            return await _finish_call(*settled)
+        if not call_id and not watchers and not follow:
+            if not printer.headers:
+                _note(f"no call is running in session {session_id}", "dim")
+            return 0
     return 0
 
 
@@ -527,7 +681,7 @@ async def _attach_approve(client: Client, session_id: str, follow: bool, *,
     outcomes = Outcomes(client, session_id, int(start.get("lastSeq", -1)))
     provider = client.server.get("sandbox") if isinstance(client.server, dict) else None
     reader = LineReader(stdin_fd)
-    watchers: dict[str, CallOutput] = {}
+    watchers: dict[str, CompleteOutput] = {}
     printer = _Printer()
     state = _Answering()
     send, receive = trio.open_memory_channel[str](math.inf)
@@ -648,6 +802,7 @@ async def _attach_approve(client: Client, session_id: str, follow: bool, *,
             nursery.start_soon(reader.run)
             nursery.start_soon(answering)
             nursery.start_soon(following)
+            nursery.start_soon(_keep_up, _followed(watchers, printer), state.deciding)
     return state.status
 
 
@@ -670,7 +825,7 @@ def cli(ctx: click.Context, socket_path: str | None, as_json: bool) -> None:
     ctx.obj = Options(socket=socket_path or None, json=as_json)
 
 
-@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@cli.command(context_settings={"allow_interspersed_args": False})
 @click.option("--session", "session_id", metavar="ID", help="Run in this session (default: a new one).")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="S",
               help="Kill the command after S seconds (exit 124).")
@@ -690,8 +845,21 @@ def run(opts: Options, session_id: str | None, timeout: float | None, call_id: s
         argv: tuple[str, ...]) -> None:
     """Run CMD in a session and print its output live; exit with its exit code.
 
+    Options come first: everything after `--` (or from the first word that is not an option)
+    is the command; an unknown option is an error. The output is printed complete, byte for
+    byte, even when it outruns the live window (the rest comes from the call's spill file).
     Ctrl-C detaches: the command keeps running (re-attach with `dsh attach SESSION`).
-    A call that did not run exits 125 (e.g. --ask and rejected, or nobody to ask).
+
+    \b
+    Exit status (never 0 when the call is an error):
+      N    the command's exit code
+      124  TOOL_TIMEOUT: killed after --timeout
+      130  TOOL_CANCELLED and the command exited 0 (else its own code);
+           Ctrl-C (detached, or --cancel-on-interrupt)
+      125  the call did not run (--ask and rejected, nobody to ask, ...)
+      1    any other errorCode with exit code 0
+      2    a usage error, or dshd is not running
+      141  stdout was closed (detached)
     """
     if call_id is not None and not is_valid_id(call_id):
         raise click.BadParameter("ids match [A-Za-z0-9_-]{1,64}", param_hint="--call-id")
@@ -792,12 +960,12 @@ def sessions(opts: Options, as_json: bool) -> None:
         headers = ["id", "title", "cwd", "created", "running", "lastSeq"]
         cells = []
         for s in rows:
-            title = str(s.get("title") or "")
+            title = _cell(s.get("title") or "", TITLE_WIDTH)
             if s.get("damaged"):
-                title = f"DAMAGED ({s['damaged']}) {title}".rstrip()
-            cells.append([str(s.get("sessionId", "")), title, str(s.get("cwd", "")),
-                          _fmt_time(s.get("createdAt")), str(s.get("running", "")),
-                          str(s.get("lastSeq", ""))])
+                title = f"DAMAGED ({_cell(s['damaged'], REASON_WIDTH)}) {title}".rstrip()
+            cells.append([_cell(s.get("sessionId", "")), title, _cell(s.get("cwd", "")),
+                          _fmt_time(s.get("createdAt")), _cell(s.get("running", "")),
+                          _cell(s.get("lastSeq", ""))])
         if _is_tty():
             table = Table(*headers, box=None, header_style="bold")
             for row, s in zip(cells, rows):
@@ -812,7 +980,8 @@ def sessions(opts: Options, as_json: bool) -> None:
 
 @cli.command()
 @click.argument("session_id", metavar="SESSION")
-@click.option("--after", "after_seq", type=int, default=-1, metavar="N", help="Only events with seq > N.")
+@click.option("--after", "after_seq", type=click.IntRange(min=-1), default=-1, metavar="N",
+              help="Only events with seq > N (default: all).")
 @_json_flag
 @pass_options
 def log(opts: Options, session_id: str, after_seq: int, as_json: bool) -> None:
@@ -889,7 +1058,7 @@ def wait(opts: Options, session_id: str, call_id: str, timeout: float | None, as
         if as_json or opts.json:
             _print_json(result)
             return exit_status(result)[0]
-        return _finish_call(CallOutput(call_id), result)
+        return await _finish_call(CompleteOutput(call_id, opener=None), result)
 
     sys.exit(_execute(opts, body))
 

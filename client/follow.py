@@ -13,8 +13,9 @@ print next:
   ``totalBytes`` is known before and after, the overlap whose new part has exactly the
   difference in bytes wins. Without a match the longest overlap wins: we would rather miss
   a repeated piece than print one twice. A window that moved past text never seen (a flood
-  between two publishes) cannot be helped: ``CallOutput.printed_bytes`` against the final
-  ``totalBytes`` tells how much was not shown (the spill file has it all).
+  between two publishes) cannot be helped here: ``CallOutput.printed_bytes`` against the
+  final ``totalBytes`` tells how much was not shown. The spill file has it all:
+  ``client.spill.CompleteOutput`` takes the output from there once it exists.
 
 ``CallOutput`` applies this to one call of a lane view. Inside one subscription it follows
 the decoded ops of each batch (``Mirror.last_ops``) on the call's text path: ``a`` prints, ``t``

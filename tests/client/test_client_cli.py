@@ -300,3 +300,167 @@ async def test_closed_stdout_detaches_with_141(fake, tmp_path):
     text = err.read_text()
     assert "detached; the command keeps running" in text and "Traceback" not in text
     assert not fake.cancelled
+
+
+# ---------------------------------------------------------------------- strict options of run
+@pytest.mark.parametrize("args, wrong", [
+    (["run", "--json", "--", "echo", "hi"], "--json"),
+    (["run", "--timout", "5", "--", "true"], "--timout"),
+    (["run", "-x", "ls"], "-x"),
+])
+async def test_run_refuses_unknown_options_before_creating_anything(fake, args, wrong):
+    proc = await dsh(fake, *args)
+    assert proc.returncode == 2, proc.stderr
+    err = proc.stderr.decode()
+    assert f"No such option: {wrong}" in err or f"No such option '{wrong}'" in err
+    assert proc.stdout == b""
+    assert fake.requests == []  # never connected: no session, no call
+
+
+@pytest.mark.parametrize("args, command", [
+    (["--", "ls", "-la"], "ls -la"),
+    (["ls", "-la"], "ls -la"),
+    (["--timeout", "5", "sh", "-c", "echo --json"], "sh -c 'echo --json'"),
+    (["--", "--weird-name", "--json"], "--weird-name --json"),
+])
+async def test_run_takes_everything_after_the_options_as_the_command(fake, args, command):
+    fake.call_result = {"isError": False, "content": "", "details": {"exitCode": 0}, "exitCode": 0}
+    proc = await dsh(fake, "run", *args)
+    assert proc.returncode == 0, proc.stderr
+    assert dict(fake.requests)["tool.run"]["arguments"]["command"] == command
+
+
+# ---------------------------------------------------------------------- exit status rules
+@pytest.mark.parametrize("result, expected", [
+    ({"isError": True, "content": "got TERM\nend\n", "errorCode": "TOOL_CANCELLED",
+      "details": {"exitCode": 0, "truncation": {"totalBytes": 13}}, "exitCode": 0}, 130),
+    ({"isError": True, "content": "", "errorCode": "TOOL_CANCELLED",
+      "details": {"exitCode": 143, "truncation": {"totalBytes": 0}}, "exitCode": 143}, 143),
+    ({"isError": True, "content": "", "errorCode": "TOOL_CANCELLED", "details": {}}, 130),
+    ({"isError": True, "content": "", "errorCode": "TOOL_TIMEOUT",
+      "details": {"exitCode": 0}, "exitCode": 0}, 124),
+    ({"isError": True, "content": "out", "errorCode": "TOOL_FAILED",
+      "details": {"exitCode": 0, "truncation": {"totalBytes": 3}}, "exitCode": 0}, 1),
+    ({"isError": True, "content": "out", "errorCode": "TOOL_FAILED",
+      "details": {"exitCode": 7, "truncation": {"totalBytes": 3}}, "exitCode": 7}, 7),
+    ({"isError": True, "content": "", "details": {"exitCode": 0}, "exitCode": 0}, 1),
+    ({"isError": True, "content": "", "details": {"exitCode": -1}, "exitCode": -1}, 1),
+    ({"isError": False, "content": "", "details": {"exitCode": 0}, "exitCode": 0}, 0),
+])
+def test_exit_status_table(result, expected):
+    assert exit_status(result)[0] == expected
+
+
+def test_exit_status_is_never_0_for_an_error():
+    for code in (None, 0, 1, 255, 300, -3):
+        for error_code in (None, "TOOL_TIMEOUT", "TOOL_CANCELLED", "TOOL_FAILED", "X"):
+            result = {"isError": True, "content": "", "details": {}}
+            if code is not None:
+                result["exitCode"] = code
+            if error_code:
+                result["errorCode"] = error_code
+            assert exit_status(result)[0] != 0, result
+
+
+def test_run_help_documents_the_exit_status():
+    text = CliRunner().invoke(cli, ["run", "--help"]).output
+    for line in ("124  TOOL_TIMEOUT", "130  TOOL_CANCELLED and the command exited 0",
+                 "125  the call did not run", "1    any other errorCode with exit code 0"):
+        assert line in text
+
+
+async def test_cancelled_run_whose_command_exits_0_exits_130(fake):
+    fake.call_batches = [[["a", TEXT("k5"), "got TERM\nend\n"], ["s", TOTAL("k5"), 13]]]
+    fake.call_result = {"isError": True, "content": "got TERM\nend\n",
+                        "errorCode": "TOOL_CANCELLED",
+                        "message": "cancelled; the process group was killed",
+                        "details": {"exitCode": 0, "truncation": {"totalBytes": 13}},
+                        "exitCode": 0}
+    proc = await dsh(fake, "run", "--call-id", "k5", "--", "sh -c 'trap ... TERM'")
+    assert proc.stdout == b"got TERM\nend\n"
+    assert proc.returncode == 130
+    assert "TOOL_CANCELLED" in proc.stderr.decode()
+
+
+# ---------------------------------------------------------------------- sessions, log
+async def test_sessions_cuts_long_titles_and_damage_reasons(fake):
+    title = "make " + "x" * 100_000
+    reason = "checksum mismatch at byte 123456 " + "y" * 5_000
+    fake.sessions = [
+        {"sessionId": "s1", "title": title, "cwd": "/w", "createdAt": 0, "running": 0,
+         "lastSeq": 7},
+        {"sessionId": "s2", "title": "a\tb\nc", "cwd": "/w", "createdAt": 0, "running": 0,
+         "lastSeq": 3, "damaged": reason},
+    ]
+    proc = await dsh(fake, "sessions")
+    lines = proc.stdout.decode().splitlines()
+    assert len(lines) == 3
+    assert all(len(line) < 200 for line in lines)
+    first, second = (line.split("\t") for line in lines[1:])
+    assert len(first) == len(second) == 6
+    assert first[1].startswith("make xxx") and first[1].endswith("…")
+    assert second[1].startswith("DAMAGED (checksum mismatch at byte 123456")
+    assert "…)" in second[1] and second[1].endswith("a\\tb\\nc")
+    proc = await dsh(fake, "--json", "sessions")
+    assert json.loads(proc.stdout) == fake.sessions  # complete
+
+
+async def test_log_after_is_checked_before_asking(fake):
+    proc = await dsh(fake, "log", "s1", "--after", "-5")
+    assert proc.returncode == 2
+    assert "--after" in proc.stderr.decode() and "-5" in proc.stderr.decode()
+    assert fake.requests == []
+    fake.events = [{"seq": 0, "time": 0, "type": "x", "data": {}}]
+    proc = await dsh(fake, "log", "s1", "--after", "-1")
+    assert proc.returncode == 0 and proc.stdout.decode().split()[0] == "0"
+
+
+# ---------------------------------------------------------------------- output from the spill
+def _spilled_output(text: str, total: int, spill: str) -> dict:
+    return {"content": [{"type": "text", "text": text}], "details": {"spillPath": spill},
+            "truncation": {"truncated": True, "truncatedBy": "lines", "totalBytes": total,
+                           "totalLines": 0, "maxBytes": 51200, "maxLines": 50}}
+
+
+async def test_run_prints_what_slid_out_of_the_window_from_the_spill_file(fake, tmp_path):
+    c = "k6"
+    full = b"".join(b"line %d\n" % i for i in range(5000))
+    spill = tmp_path / "spill" / f"{c}.log"
+    spill.parent.mkdir()
+    spill.write_bytes(full)
+    window = b"".join(full.splitlines(keepends=True)[-50:]).decode()
+    fake.call_batches = [
+        [["a", TEXT(c), "line 0\nline 1\n"], ["s", TOTAL(c), 14]],
+        # The window slid far past what dsh printed (a flood between two lane flushes).
+        [["s", ["tools", c, "output"], _spilled_output(window, len(full), str(spill))]],
+    ]
+    fake.call_result = {"isError": False, "content": window, "exitCode": 0,
+                        "details": {"exitCode": 0, "spillPath": str(spill),
+                                    "truncation": {"truncated": True, "totalBytes": len(full)}}}
+    proc = await dsh(fake, "run", "--call-id", c, "--", "flood")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == full
+    assert "not shown" not in proc.stderr.decode()
+
+
+async def test_run_with_an_unreadable_spill_file_says_what_was_not_shown(fake, tmp_path):
+    c = "k7"
+    full = b"".join(b"line %d\n" % i for i in range(5000))
+    window = b"".join(full.splitlines(keepends=True)[-50:]).decode()
+    spill = tmp_path / "a-directory"  # opens, but cannot be read
+    spill.mkdir()
+    fake.call_batches = [
+        [["a", TEXT(c), "line 0\nline 1\n"], ["s", TOTAL(c), 14]],
+        [["s", ["tools", c, "output"], _spilled_output(window, len(full), str(spill))]],
+    ]
+    fake.call_result = {"isError": False, "content": window, "exitCode": 0,
+                        "details": {"exitCode": 0, "spillPath": str(spill),
+                                    "truncation": {"truncated": True, "totalBytes": len(full)}}}
+    proc = await dsh(fake, "run", "--call-id", c, "--", "flood")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == b"line 0\nline 1\n" + window.encode()  # the window, as before
+    err = proc.stderr.decode()
+    assert f"cannot read the spill file {spill}" in err
+    missing = len(full) - len(proc.stdout)
+    assert f"dsh: {missing} of {len(full)} bytes of output were not shown" in err
+    assert f"the full output is in {spill}" in err

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
 import time
 
-import pytest
 
 from .conftest import wait_until_gone
 
@@ -93,3 +93,108 @@ def test_ctrl_c_detaches_and_attach_picks_up(daemon, workdir):
     call_id = err.split(" call ", 1)[1].split()[0]
     result = json.loads(daemon.dsh("wait", sid, call_id, "--json").stdout)
     assert result["exitCode"] == 0 and result["content"].count("tick") == 60
+
+
+def _dsh_popen(daemon, *args: str, cwd: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "client.cli", *args], env=daemon.env, cwd=cwd,
+                            stdin=subprocess.DEVNULL, **kw)
+
+
+def _ids(first_stderr_line: str) -> tuple[str, str]:
+    words = first_stderr_line.split()  # "session S call C"
+    assert words[0] == "session" and words[2] == "call", first_stderr_line
+    return words[1], words[3]
+
+
+def _listed(daemon) -> list[dict]:
+    sessions = json.loads(daemon.dsh("--json", "sessions").stdout)
+    return sessions["sessions"] if isinstance(sessions, dict) else sessions
+
+
+def test_run_refuses_unknown_options_and_creates_nothing(daemon, workdir):
+    for args in (["--json", "--", "echo", "hi"], ["--timout", "5", "--", "true"]):
+        r = daemon.dsh("run", *args, cwd=str(workdir))
+        assert r.returncode == 2, (args, r.stderr)
+        assert "No such option" in r.stderr and r.stdout == ""
+    assert _listed(daemon) == []
+    r = daemon.dsh("run", "--", "ls", "-a", cwd=str(workdir))
+    assert r.returncode == 0 and ".." in r.stdout.split()
+    r = daemon.dsh("run", "ls", "-a", cwd=str(workdir))
+    assert r.returncode == 0 and ".." in r.stdout.split()
+
+
+def test_piped_output_is_complete_and_byte_identical(daemon, workdir):
+    expected = "".join(f"{i}\n" for i in range(1, 500_001)).encode()
+    dsh = f"{shlex.quote(sys.executable)} -m client.cli"
+    r = subprocess.run(["sh", "-c", f"{dsh} run -- seq 1 500000 | wc -l"], env=daemon.env,
+                       cwd=str(workdir), capture_output=True, text=True, timeout=120)
+    assert r.stdout.strip() == "500000", r.stderr
+    r = subprocess.run([sys.executable, "-m", "client.cli", "run", "--", "seq", "1", "500000"],
+                       env=daemon.env, cwd=str(workdir), capture_output=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == expected  # cmp
+    assert b"not shown" not in r.stderr
+    r = subprocess.run([sys.executable, "-m", "client.cli", "run", "--", "sh", "-c",
+                        "yes | head -c 20000000"],
+                       env=daemon.env, cwd=str(workdir), capture_output=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert len(r.stdout) == 20_000_000 and r.stdout == b"y\n" * 10_000_000
+
+
+def test_a_slow_reader_still_gets_every_byte(daemon, workdir):
+    proc = _dsh_popen(daemon, "run", "--", "sh", "-c", "seq 1 300000; sleep 0.3; seq 7 9",
+                      cwd=str(workdir), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(2)  # the command is long done: the window kept only its last lines
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert out == "".join(f"{i}\n" for i in [*range(1, 300_001), 7, 8, 9]).encode()
+
+
+def test_attach_follows_a_flood_completely(daemon, workdir):
+    script = "echo ready; sleep 1; seq 1 200000; sleep 0.5; echo END"
+    runner = _dsh_popen(daemon, "run", "--", "sh", "-c", script, cwd=str(workdir),
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        sid, cid = _ids(runner.stderr.readline().decode())
+        assert runner.stdout.readline() == b"ready\n"
+        r = subprocess.run([sys.executable, "-m", "client.cli", "attach", sid, "--call", cid],
+                           env=daemon.env, cwd=str(workdir), capture_output=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout == b"ready\n" + "".join(f"{i}\n" for i in range(1, 200_001)).encode() \
+            + b"END\n"
+    finally:
+        runner.communicate(timeout=60)
+
+
+def test_a_cancelled_command_that_exits_0_makes_run_exit_130(daemon, workdir):
+    # No sandbox: under bwrap the TERM ends bwrap itself (exit 143) before sh can trap it.
+    script = 'trap "echo got TERM" TERM; echo ready; sleep 30 & wait; echo end'
+    proc = _dsh_popen(daemon, "run", "--sandbox", "danger-full-access", "--", "sh", "-c", script,
+                      cwd=str(workdir), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    sid, cid = _ids(proc.stderr.readline().decode())
+    assert proc.stdout.readline() == b"ready\n"
+    c = daemon.dsh("cancel", sid, cid, cwd=str(workdir))
+    assert c.returncode == 0, c.stderr
+    out, err = proc.communicate(timeout=60)
+    assert b"got TERM\n" in out and out.endswith(b"end\n")
+    assert b"TOOL_CANCELLED" in err
+    assert proc.returncode == 130
+    result = json.loads(daemon.dsh("wait", sid, cid, "--json").stdout)
+    assert result["errorCode"] == "TOOL_CANCELLED" and result["exitCode"] == 0
+
+
+def test_sessions_table_cuts_a_huge_title(daemon, workdir):
+    long = "x" * 100_000
+    r = daemon.dsh("run", "--", "echo", long, cwd=str(workdir))
+    assert r.returncode == 0, r.stderr
+    human = daemon.dsh("sessions")
+    assert human.returncode == 0
+    assert all(len(line) < 300 for line in human.stdout.splitlines())
+    assert "…" in human.stdout
+    assert _listed(daemon)[0]["title"] == f"echo {long}"  # --json is complete
+
+
+def test_log_after_below_minus_one_is_a_usage_error(daemon, workdir):
+    r = daemon.dsh("log", "whatever", "--after", "-5")
+    assert r.returncode == 2 and "--after" in r.stderr
+    assert "Traceback" not in r.stderr
