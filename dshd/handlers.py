@@ -10,6 +10,7 @@ connection. One canonical log line per request.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import time
 from typing import TYPE_CHECKING, Awaitable, Callable
@@ -18,7 +19,7 @@ import structlog
 
 from protocol import rpc
 
-from . import __version__
+from . import __version__, identity
 from .agent import NoTurn, SteerLimit, TurnBusy, TurnDriver
 from .approval import AlreadyDecided, ApprovalNotFound
 from .paths import is_valid_id
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("dshd.rpc")
 
 TOOLS = {"bash"}
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _bad(message: str, **data) -> rpc.RpcError:
@@ -45,7 +47,7 @@ async def _session(conn: "Connection", session_id: str):
             field="sessionId",
         )
     try:
-        return await conn.daemon.registry.get(session_id)
+        session = await conn.daemon.registry.get(session_id)
     except SessionNotFound:
         raise rpc.RpcError(
             rpc.SESSION_NOT_FOUND,
@@ -66,6 +68,14 @@ async def _session(conn: "Connection", session_id: str):
         ) from None
     except SessionLimit as exc:
         raise rpc.RpcError(rpc.LIMIT_EXCEEDED, str(exc)) from None
+    if not may_use(conn, session.owner):
+        raise rpc.RpcError(rpc.PERMISSION_DENIED, f"session {session_id} belongs to another user")
+    return session
+
+
+def may_use(conn: "Connection", owner: int | None) -> bool:
+    """Root, the daemon's own user and the session's owner may use a session (system mode)."""
+    return conn.uid in (0, os.geteuid()) or owner is None or owner == conn.uid
 
 
 # ---------------------------------------------------------------------- lifecycle
@@ -101,15 +111,23 @@ async def session_create(conn: "Connection", p: rpc.SessionCreateParams) -> dict
     if not os.path.isdir(p.cwd):
         raise _bad(f"cwd {p.cwd!r} is not an existing directory", field="cwd")
     for key, value in (p.env or {}).items():
-        if not key or "=" in key or "\0" in key or "\0" in value:
+        if not ENV_NAME.fullmatch(key) or "\0" in value:
             raise _bad(
-                f"env has an invalid entry {key!r}: names must be non-empty without '=' or NUL, "
-                "values without NUL",
+                f"env has an invalid entry {key!r}: names are shell names ([A-Za-z_][A-Za-z0-9_]*), "
+                "values have no NUL",
                 field="env",
             )
+    cwd = os.path.normpath(p.cwd)
+    state = os.path.realpath(conn.daemon.state_dir)
+    if os.path.commonpath([os.path.realpath(cwd), state]) == state:
+        raise _bad(f"cwd {cwd!r} lies inside dshd's state directory; pick a project directory",
+                   field="cwd")
+    if not identity.can_enter(cwd, conn.uid):
+        raise rpc.RpcError(rpc.PERMISSION_DENIED,
+                           f"cwd {cwd!r} is not a directory you can enter; tools run as you")
     try:
         session = await conn.daemon.registry.create(
-            os.path.normpath(p.cwd), p.title, p.approvalPolicy, p.sandbox, p.env
+            cwd, p.title, p.approvalPolicy, p.sandbox, p.env, owner=conn.uid
         )
     except SessionLimit as exc:
         raise rpc.RpcError(rpc.LIMIT_EXCEEDED, str(exc)) from None
@@ -117,7 +135,8 @@ async def session_create(conn: "Connection", p: rpc.SessionCreateParams) -> dict
 
 
 async def session_list(conn: "Connection", p: rpc.EmptyParams) -> dict:
-    return {"sessions": await conn.daemon.registry.list()}
+    sessions = await conn.daemon.registry.list()
+    return {"sessions": [s for s in sessions if may_use(conn, s.get("owner"))]}
 
 
 async def session_get(conn: "Connection", p: rpc.SessionGetParams) -> dict:

@@ -140,7 +140,9 @@ def _bind_socket(path: Path, system: bool, group: str) -> stdsocket.socket:
         import grp
 
         try:
-            os.chown(path, -1, grp.getgrnam(group).gr_gid)
+            gid = grp.getgrnam(group).gr_gid
+            os.chown(parent, -1, gid)  # members must traverse the 0750 directory too
+            os.chown(path, -1, gid)
         except (KeyError, PermissionError):
             log.warning("socket.group_missing", group=group)
         os.chmod(path, 0o660)
@@ -202,12 +204,17 @@ async def serve(config: Config, *, task_status=trio.TASK_STATUS_IGNORED) -> None
 
     nofile, _ = raise_fd_limit()
     state_dir = config.state_path()
-    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     daemon_lock = DaemonLock(state_dir)
     try:
+        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         daemon_lock.acquire()
     except LockHeld as exc:
         raise StartupError(f"{exc}; only one dshd may use a state directory") from None
+    except OSError as exc:
+        raise StartupError(
+            f"cannot use the state directory {state_dir}: {exc.strerror or exc}; "
+            "pass --state-dir (or DSH_STATE_DIR) with a writable directory"
+        ) from None
     try:
         sandbox = await probe(config.sandbox_provider, scratch_dir=state_dir / "sandbox")
         log.info("sandbox.probed", **sandbox.describe())
@@ -285,16 +292,22 @@ async def _handle(daemon: Daemon, stream: trio.SocketStream) -> None:
 
 async def _accept_forever(listener: trio.SocketListener, handlers: trio.Nursery, daemon: Daemon) -> None:
     """Accept connections; out of file descriptors (or memory) → log, back off, go on."""
+    starved = 0
     while True:
         try:
             stream = await listener.accept()
         except OSError as exc:
             if exc.errno in ACCEPT_CAPACITY_ERRNOS:
-                log.error("accept.out_of_resources", error=exc.strerror,
-                          hint="raise LimitNOFILE= or close idle clients")
+                if not starved:  # one line per episode, not one per retry
+                    log.error("accept.out_of_resources", error=exc.strerror,
+                              hint="raise LimitNOFILE= or close idle clients")
+                starved += 1
                 await trio.sleep(0.1)
                 continue
             raise
+        if starved:
+            log.info("accept.recovered", retries=starved)
+            starved = 0
         handlers.start_soon(_handle, daemon, stream)
 
 

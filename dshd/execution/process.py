@@ -117,8 +117,12 @@ async def run_command(
     cancel: trio.Event,
     kill_grace: float = 2.0,
     eof_grace: float = 2.0,
+    as_user: "RunAs | None" = None,
 ) -> ExecOutcome:
     """Run ``argv`` to completion, feeding ``capture``; see the module doc (EXEC.md §2).
+
+    ``as_user``: when the daemon runs as root for another user (system mode), the process is
+    started with that user's uid, gid and groups (never root's).
 
     ``argv``: ready to exec (already sandbox-wrapped). ``cwd``/``env``: used as given.
     ``on_output()``: called after every change of ``capture`` (keep it cheap: signal a
@@ -151,6 +155,7 @@ async def run_command(
             cwd=cwd,
             env=env,
             start_new_session=True,
+            **(as_user.popen_kwargs() if as_user is not None else {}),
         )
     except OSError as exc:
         os.close(read_fd)
@@ -164,6 +169,17 @@ async def run_command(
         os.close(write_fd)
     run = _Run(proc, trio.lowlevel.FdStream(read_fd), capture, on_output, kill_grace, eof_grace)
     return await run.run(timeout, cancel)
+
+
+class RunAs(msgspec.Struct, frozen=True):
+    """The identity a tool runs under when it is not the daemon's own: uid, gid, groups."""
+
+    uid: int
+    gid: int
+    groups: tuple[int, ...] = ()
+
+    def popen_kwargs(self) -> dict:
+        return {"user": self.uid, "group": self.gid, "extra_groups": list(self.groups)}
 
 
 def _settle_capture(capture: OutputCapture, on_output: Callable[[], None]) -> None:

@@ -133,6 +133,7 @@ class SessionRegistry:
         policy: str | None,
         sandbox: str | None,
         env: dict[str, str] | None,
+        owner: int | None = None,
     ) -> Session:
         await self._make_room()
         session_id = mint_session_id()
@@ -152,6 +153,7 @@ class SessionRegistry:
                 mode=sandbox or self.config.sandbox,
                 env=env or {},
                 source="session.create" if (policy or sandbox) else "config",
+                owner=owner,
             )
         except StorageError:
             # Never published: drop it whole, so it does not appear later half-made.
@@ -220,8 +222,11 @@ class SessionRegistry:
         except StorageError as exc:
             return {"sessionId": session_id, "damaged": str(exc)}
         policy, mode = self.config.approval_policy, self.config.sandbox
+        owner = None
         for ev in read.events:
-            if ev.type == "approval/policy":
+            if ev.type == "session/owner":
+                owner = ev.data.get("uid")
+            elif ev.type == "approval/policy":
                 policy = ev.data.get("policy", policy)
             elif ev.type == "sandbox/mode":
                 mode = ev.data.get("mode", mode)
@@ -235,6 +240,7 @@ class SessionRegistry:
             "sandbox": mode,
             "running": 0,
             "lastSeq": read.events[-1].seq if read.events else -1,
+            "owner": owner,
         }
 
 

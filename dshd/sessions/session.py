@@ -31,7 +31,7 @@ import trio
 from protocol.codec import Encoder
 from protocol.tracker import Tracker
 
-from .. import barrier
+from .. import barrier, identity
 from ..approval import ApprovalDesk
 from ..config import Config
 from ..execution.capture import OutputCapture, ShellOutputLimits, SpillSink
@@ -48,6 +48,19 @@ RECENT_MAX = 20
 #: Pending-output sidecar checkpoints, at most one per call per this many seconds (STORAGE §6).
 CHECKPOINT_SECONDS = 1.0
 _json = msgspec.json.Encoder()
+
+
+#: Daemon variables a tool never inherits: systemd's hand-over and anything secret.
+_DAEMON_ONLY_ENV = ("NOTIFY_SOCKET", "LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES", "WATCHDOG_USEC",
+                    "WATCHDOG_PID", "INVOCATION_ID")
+
+
+def tool_base_env(config: Config) -> dict[str, str]:
+    """The daemon's environment minus what is the daemon's alone (the model's API key too)."""
+    env = dict(os.environ)
+    for name in (*_DAEMON_ONLY_ENV, config.model.api_key_env):
+        env.pop(name, None)
+    return env
 
 
 def now_ms() -> int:
@@ -98,6 +111,8 @@ class Session:
         self.policy = config.approval_policy
         self.mode = config.sandbox
         self.env: dict[str, str] = {}
+        #: uid that created the session (None: written before owners were recorded).
+        self.owner: int | None = None
         self.approvals = ApprovalDesk(self)
         #: The agent loop (``dshd.agent.TurnDriver``), made on the first ``turn.*`` request.
         self.agent = None
@@ -142,6 +157,8 @@ class Session:
             self.mode = data.get("mode", self.mode)
         elif type_ == "session/env":
             self.env = dict(data.get("env") or {})
+        elif type_ == "session/owner":
+            self.owner = data.get("uid")
         elif type_ == "tool/call":
             cid = data["callId"]
             self.call_ids.add(cid)
@@ -176,6 +193,7 @@ class Session:
             "sandbox": self.mode,
             "running": len(self.calls),
             "lastSeq": self.log.last_seq,
+            "owner": self.owner,
         }
 
     def events(self, after_seq: int, limit: int) -> list:
@@ -220,8 +238,13 @@ class Session:
                 and (self.agent is None or self.agent.turn is None))
 
     # ----------------------------------------------------------------- policy / mode
-    async def record_settings(self, *, policy: str, mode: str, env: dict, source: str) -> None:
-        """Record a new session's policy, sandbox mode and env, durably, and show them."""
+    async def record_settings(
+        self, *, policy: str, mode: str, env: dict, source: str, owner: int | None = None
+    ) -> None:
+        """Record a new session's owner, policy, sandbox mode and env, durably; show them."""
+        if owner is not None:
+            self.owner = owner
+            self.log.append("session/owner", {"uid": owner}, ignorable=True)
         self.policy = policy
         self.mode = mode
         self.tracker.set(["session", "approvalPolicy"], policy)
@@ -319,10 +342,12 @@ class Session:
                 # A bug or an unexpected OS error in one call must not take the daemon down:
                 # the call settles as failed, with the reason, and everything else goes on.
                 slog.exception("tool.internal_error")
+                while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+                    exc = exc.exceptions[0]  # say what happened, not "exceptions from a nursery"
                 result = self._failed_result(
                     call, "TOOL_FAILED",
-                    f"dshd hit an internal error running this call ({type(exc).__name__}: "
-                    f"{exc}); see the daemon log",
+                    f"dshd could not run this call ({type(exc).__name__}: {exc}); "
+                    "see the daemon log",
                 )
         except BaseException:
             # Shutdown cancelled us mid-call: settle as cancelled, shielded and bounded.
@@ -339,20 +364,32 @@ class Session:
 
     async def _execute(self, call: Call) -> dict:
         args = call.arguments
+        cwd = self.log.header.cwd
+        state = os.path.realpath(self.config.state_path())
+        if os.path.commonpath([os.path.realpath(cwd), state]) == state:
+            raise CallFailed(
+                "SANDBOX_UNAVAILABLE",
+                f"the session directory {cwd} lies inside dshd's state directory, which no "
+                "tool may touch; use a session in a project directory",
+            )
+        # The session env and the call's ids are set inside the sandbox (by env(1)), so that
+        # nothing in them (LD_PRELOAD, say) reaches the sandbox wrapper itself.
+        inner_env = dict(self.env)
+        inner_env["DSH_CALL_ID"] = call.call_id
+        inner_env["DSH_SESSION_ID"] = self.id
+        inner = ["env", "--", *(f"{k}={v}" for k, v in inner_env.items())]
         try:
             argv, completeness = self.sandbox.confine(
-                bash_argv(args["command"]),
+                inner + bash_argv(args["command"]),
                 self.mode,
-                self.log.header.cwd,
+                cwd,
                 hide=[str(self.config.state_path()), str(self.config.socket_path())],
                 network=self.config.network,
             )
         except SandboxUnavailable as exc:
             raise CallFailed("SANDBOX_UNAVAILABLE", str(exc)) from None
-        env = dict(os.environ)
-        env.update(self.env)
-        env["DSH_CALL_ID"] = call.call_id
-        env["DSH_SESSION_ID"] = self.id
+        env = tool_base_env(self.config)
+        env.update(identity.user_env(self.owner))
         call.started = True
         self.tracker.set(["tools", call.call_id, "state"], "running")
         self.tracker.set(["tools", call.call_id, "startedAt"], now_ms())
@@ -364,7 +401,7 @@ class Session:
                 nursery.start_soon(self._checkpoint_output, call)
                 outcome = await run_command(
                     argv,
-                    cwd=self.log.header.cwd,
+                    cwd=cwd,
                     env=env,
                     capture=call.capture,
                     on_output=self.publisher.mark_dirty,
@@ -372,6 +409,7 @@ class Session:
                     cancel=call.cancel,
                     kill_grace=self.config.kill_grace_seconds,
                     eof_grace=self.config.eof_grace_seconds,
+                    as_user=identity.run_as_for(self.owner),
                 )
                 nursery.cancel_scope.cancel()
         cap = call.capture
@@ -399,7 +437,11 @@ class Session:
             )
         elif outcome.cancelled:
             result["errorCode"] = "TOOL_CANCELLED"
-            result["message"] = "cancelled; the process group was killed"
+            result["message"] = (
+                "dshd is shutting down: the call was cancelled and its process group killed"
+                if self._closed.is_set()
+                else "cancelled; the process group was killed"
+            )
         elif outcome.error:
             result["errorCode"] = "TOOL_FAILED"
             result["message"] = outcome.error

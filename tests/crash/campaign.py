@@ -460,7 +460,7 @@ class Campaign:
                       min(len(events), len(rec.durable)))
             self.violation(f"{sid}: durable prefix changed at seq {at} "
                            f"(had {len(rec.durable)} durable events, log has {len(events)})")
-        if [e["type"] for e in events[:2]] != ["approval/policy", "sandbox/mode"]:
+        if [e["type"] for e in events[:3]] != ["session/owner", "approval/policy", "sandbox/mode"]:
             self.violation(f"{sid}: acknowledged session.create settings missing")
         calls: dict[str, int] = {}
         results: dict[str, list[dict]] = {}

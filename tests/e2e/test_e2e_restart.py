@@ -35,7 +35,7 @@ async def test_restart_keeps_sessions_and_events(daemon, workdir):
         after = {s: await _all_events(c, s) for s in (s1, s2)}
         assert after == before
         types = [e["type"] for e in after[s1]]
-        assert types[:2] == ["approval/policy", "sandbox/mode"]
+        assert types[:3] == ["session/owner", "approval/policy", "sandbox/mode"]
         assert "tool/call" in types and types[-1] == "tool/result"
         seqs = [e["seq"] for e in after[s1]]
         assert seqs == list(range(len(seqs)))
