@@ -13,11 +13,18 @@ $(BIN)/python:
 	@$(PYTHON) -m venv $(VENV) || { echo "python3 -m venv failed: install it with 'apt-get install -y python3-venv'"; exit 1; }
 	$(BIN)/pip install -q --upgrade pip
 
-install: $(BIN)/python
+# Stamps: reinstall only when pyproject.toml changes (the install is editable).
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e .
+	@touch $@
 
-install-test: $(BIN)/python
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[test]'
+	@touch $@ $(VENV)/.installed
+
+install: $(VENV)/.installed
+
+install-test: $(VENV)/.installed-test
 
 # Start dshd in the background (embedded defaults; socket and state under ./.run), unless running.
 start: install

@@ -47,11 +47,11 @@ SENTENCES = {
     "did not run. Change it with `dsh policy SESSION ask`, or run the command yourself with "
     "`dsh run`.",
     "rejected-answerer": "the call was rejected by the person approving it and did not run.",
-    "unavailable": "nobody was attached to approve this call, so it did not run. Attach an "
-    "answerer (`dsh attach --approve SESSION`) and retry, or submit it pre-approved "
-    "(`dsh run`).",
+    "unavailable": "nobody was attached to approve this call, so it did not run. Keep an "
+    "answerer attached (`dsh attach --approve --follow SESSION`) and retry, or submit it "
+    "pre-approved (`dsh run`).",
     "unavailable-left": "the last attached answerer left before deciding, so the call did not "
-    "run. Attach an answerer (`dsh attach --approve SESSION`) and retry.",
+    "run. Keep an answerer attached (`dsh attach --approve --follow SESSION`) and retry.",
     "cancelled": "the call was cancelled while it waited for approval; it did not run.",
     "audit": "the approval could not be recorded in the session log, so the call was rejected "
     "and did not run (no unrecorded grants).",

@@ -60,7 +60,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     #: Group let in on the socket in system mode.
     group: str = "dsh"
     #: Largest accepted request line, bytes (PROTOCOL.md §1).
-    max_message_bytes: int = 16 * 1024 * 1024
+    max_message_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 16 * 1024 * 1024
     #: Default approval policy of new sessions.
     approval_policy: Literal["ask", "never"] = "ask"
     #: Default sandbox mode of new sessions (EXEC.md §3).
@@ -72,31 +72,31 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     #: Log compression (STORAGE.md §2).
     compression: Literal["zstd", "none"] = "zstd"
     #: Coalescing window of the event log, seconds (STORAGE.md §4).
-    coalesce_seconds: float = 0.200
+    coalesce_seconds: Annotated[float, msgspec.Meta(ge=0, le=60)] = 0.200
     #: Retained output window per call (EXEC.md §2): UTF-8 bytes and lines.
-    output_max_bytes: int = 51_200
-    output_max_lines: int = 2_000
+    output_max_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 51_200
+    output_max_lines: Annotated[int, msgspec.Meta(ge=1)] = 2_000
     #: Grace between SIGTERM and SIGKILL, and wait for EOF after exit, seconds (EXEC.md §2).
-    kill_grace_seconds: float = 2.0
-    eof_grace_seconds: float = 2.0
+    kill_grace_seconds: Annotated[float, msgspec.Meta(ge=0, le=600)] = 2.0
+    eof_grace_seconds: Annotated[float, msgspec.Meta(ge=0, le=600)] = 2.0
     #: Per-connection send queue: stream bytes queued before a subscription is dropped to
     #: "needs base", and response bytes queued before the connection is closed.
-    send_queue_stream_bytes: int = 4 * 1024 * 1024
-    send_queue_response_bytes: int = 64 * 1024 * 1024
+    send_queue_stream_bytes: Annotated[int, msgspec.Meta(ge=4096)] = 4 * 1024 * 1024
+    send_queue_response_bytes: Annotated[int, msgspec.Meta(ge=65536)] = 64 * 1024 * 1024
     #: A connection whose queue does not drain for this long is closed, seconds.
-    stalled_client_seconds: float = 60.0
+    stalled_client_seconds: Annotated[float, msgspec.Meta(gt=0)] = 60.0
     #: Concurrent requests in flight per connection (more get -32013).
-    max_requests_per_connection: int = 256
+    max_requests_per_connection: Annotated[int, msgspec.Meta(ge=1)] = 256
     #: Sessions a daemon holds open at once; at the limit the least recently used idle one is
     #: closed to make room, and only when all are busy does a request get -32013.
-    max_sessions: int = 1024
+    max_sessions: Annotated[int, msgspec.Meta(ge=1)] = 1024
     #: A session with no running call and no subscriber is closed after this long, seconds
     #: (reopened transparently on the next request that names it).
-    session_idle_seconds: float = 300.0
+    session_idle_seconds: Annotated[float, msgspec.Meta(gt=0)] = 300.0
     #: Publication pacing (EXEC.md §2): minimum interval, seconds; and the rate that spaces
     #: large publishes, bytes per second.
-    publish_interval_seconds: float = 0.010
-    publish_rate_bytes: int = 256 * 1024
+    publish_interval_seconds: Annotated[float, msgspec.Meta(gt=0, le=10)] = 0.010
+    publish_rate_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 256 * 1024
     #: Log output: "auto" (console on a TTY, JSON otherwise), "console" or "json".
     log_format: Literal["auto", "console", "json"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -133,8 +133,10 @@ def load_config(path: str | os.PathLike[str] | None, *, system: bool = False, **
                 data = tomllib.load(fh)
         except FileNotFoundError:
             raise ConfigError(f"config file {file} does not exist") from None
-        except tomllib.TOMLDecodeError as exc:
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"config file {file} is not valid TOML: {exc}") from None
+        except OSError as exc:
+            raise ConfigError(f"config file {file} cannot be read: {exc.strerror}") from None
     if system:
         data["system"] = True
     data.update({k: v for k, v in overrides.items() if v is not None})

@@ -296,9 +296,10 @@ def parse_message(line: bytes | bytearray | memoryview | str) -> Messages:
     try:
         if _first_byte(line) == b"[":
             elements = _batch_decoder.decode(line)
-            out.is_batch = True  # a malformed array is one parse error, answered unbatched
-            if not elements:
+            if not elements:  # JSON-RPC 2.0: an empty batch gets one error object, not an array
                 out.append(RpcError(INVALID_REQUEST, "invalid request: empty batch"))
+                return out
+            out.is_batch = True  # a malformed array is one parse error, answered unbatched
             for element in elements:
                 out.append(_classify(element))
         else:
@@ -307,6 +308,10 @@ def parse_message(line: bytes | bytearray | memoryview | str) -> Messages:
         out.append(RpcError(INVALID_REQUEST, "invalid request"))
     except msgspec.DecodeError as e:
         out.append(RpcError(PARSE_ERROR, f"parse error: {e}; send one JSON text per line"))
+    except RecursionError:
+        out.clear()
+        out.is_batch = False
+        out.append(RpcError(PARSE_ERROR, "parse error: JSON nested too deeply"))
     return out
 
 

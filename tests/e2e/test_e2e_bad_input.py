@@ -72,6 +72,14 @@ async def test_bad_input_is_answered_and_everyone_keeps_working(daemon, workdir)
             raw.send_raw(b'{"x": "' + b"a" * (17 * 1024 * 1024) + b'"}\n')
             r = raw.recv()
             assert _error(r) == -32600 and r["id"] is None
+            # Nesting deep enough to exhaust a recursive decoder: -32700, connection open.
+            raw.send_raw(b'{"a":' * 100_000 + b"1" + b"}" * 100_000 + b"\n")
+            r = raw.recv()
+            assert _error(r) == -32700 and r["id"] is None
+            # An empty batch: one error object, not an array (JSON-RPC 2.0).
+            raw.send_raw(b"[]\n")
+            r = raw.recv()
+            assert isinstance(r, dict) and _error(r) == -32600
             # Unknown method: -32601.
             assert _error(raw.call("session.explode", {})) == -32601
             # Bad params: -32602, naming the field.

@@ -118,7 +118,8 @@ def test_batch():
     assert isinstance(msgs[3], RpcError) and msgs[3].id == "z"
     assert isinstance(msgs[4], Response)
     empty = parse_message(b" [ ] ")
-    assert empty.is_batch and len(empty) == 1 and empty[0].code == rpc.INVALID_REQUEST
+    # JSON-RPC 2.0: an empty batch is answered with one error object, not an array.
+    assert not empty.is_batch and len(empty) == 1 and empty[0].code == rpc.INVALID_REQUEST
 
 
 def test_encoders_give_one_line_each():
