@@ -2,7 +2,9 @@
 
 Theory of operation: ``connect`` resolves the socket path the way the daemon does
 (``dshd.paths.socket_path``: ``--socket``, ``DSH_SOCKET``, defaults), opens the socket, runs a
-``Connection`` for the duration of the block and sends ``initialize`` first; ``approvals=True``
+``Connection`` for the duration of the block and sends ``initialize`` first -- within ``connect_timeout()`` seconds (``DSH_CONNECT_TIMEOUT``, else
+10): a daemon alive but unable to serve (out of file descriptors, the kernel queues the
+connection and nobody reads it) is ``DaemonUnresponsive``, not a hang; ``approvals=True``
 makes the connection an approval answerer for every session it subscribes to (§3.4). A missing
 or refusing socket is ``DaemonNotRunning``, whose message says how to start the daemon. Each
 method below is one request; the daemon's errors come out as ``protocol.rpc.RpcError`` with its
@@ -12,6 +14,7 @@ names the calls, it does not model the domain.
 
 from __future__ import annotations
 
+import math
 import os
 from contextlib import asynccontextmanager
 from importlib import metadata
@@ -21,12 +24,21 @@ from typing import Any, AsyncIterator
 import trio
 
 from client.subscription import Subscription
-from client.transport import DEFAULT_INBOX_BOUND, Connection, DshClientError, open_connection
+from client.transport import (
+    DEFAULT_INBOX_BOUND,
+    Connection,
+    ConnectionLost,
+    DshClientError,
+    open_connection,
+)
 from dshd.paths import socket_path as resolve_socket_path
 
-__all__ = ["Client", "connect", "DaemonNotRunning", "ConnectFailed", "PROTOCOL_VERSION", "dsh_version"]
+__all__ = ["Client", "connect", "DaemonNotRunning", "DaemonUnresponsive", "ConnectFailed",
+           "CallLost", "PROTOCOL_VERSION", "dsh_version", "connect_timeout"]
 
 PROTOCOL_VERSION = 1
+#: How long ``connect`` waits for the socket and the ``initialize`` answer (seconds).
+CONNECT_TIMEOUT_S = 10.0
 
 
 class DaemonNotRunning(DshClientError):
@@ -38,6 +50,37 @@ class DaemonNotRunning(DshClientError):
             f"dshd is not running at {self.path}; start it with `dshd` "
             "(or `systemctl --user start dshd`)"
         )
+
+
+class DaemonUnresponsive(DshClientError):
+    """The socket accepts but ``initialize`` got no answer in time (dshd overloaded, or out of
+    file descriptors: the kernel queued the connection and the daemon never reads it)."""
+
+    def __init__(self, path: str | os.PathLike[str], timeout: float) -> None:
+        self.path = Path(path)
+        super().__init__(
+            f"dshd at {self.path} did not answer initialize within {timeout:g} s; it may be "
+            "overloaded or out of file descriptors (see its log)"
+        )
+
+
+class CallLost(ConnectionLost):
+    """The connection ended while a call was followed: ``hint`` says how to learn its fate."""
+
+    def __init__(self, lost: BaseException, session_id: str, call_id: str) -> None:
+        super().__init__(str(lost))
+        self.hint = (f"after restarting dshd, `dsh wait {session_id} {call_id}` shows what "
+                     "became of the call")
+
+
+def connect_timeout() -> float:
+    """``$DSH_CONNECT_TIMEOUT`` (seconds, > 0) when valid, else ``CONNECT_TIMEOUT_S``."""
+    raw = os.environ.get("DSH_CONNECT_TIMEOUT", "")
+    try:
+        value = float(raw)
+    except ValueError:
+        return CONNECT_TIMEOUT_S
+    return value if 0 < value < math.inf else CONNECT_TIMEOUT_S
 
 
 class ConnectFailed(DshClientError):
@@ -124,6 +167,16 @@ class Client:
                        name: str = "bash") -> str:
         """``tool.run`` of the bash tool; returns the callId (the existing one when
         ``call_id`` names a call already in the session)."""
+        result = await self.start_tool(session_id, command, call_id=call_id, timeout=timeout,
+                                       approved=approved, name=name)
+        return result["callId"]
+
+    async def start_tool(self, session_id: str, command: str, *, call_id: str | None = None,
+                         timeout: float | None = None, approved: bool = True,
+                         name: str = "bash") -> dict[str, Any]:
+        """``tool.run`` of the bash tool; returns its result: ``{"callId"}``, with
+        ``"existing": true`` when ``call_id`` names a call already in the session (nothing
+        was run again)."""
         arguments: dict[str, Any] = {"command": command}
         if timeout is not None:
             arguments["timeout"] = timeout
@@ -135,8 +188,7 @@ class Client:
         }
         if call_id is not None:
             params["callId"] = call_id
-        result = await self._conn.call("tool.run", params)
-        return result["callId"]
+        return await self._conn.call("tool.run", params)
 
     async def wait(self, session_id: str, call_id: str, timeout: float | None = None) -> dict[str, Any]:
         """``tool.wait``: the ToolResult once durable. With ``timeout`` the daemon answers
@@ -186,19 +238,29 @@ async def connect(
 ) -> AsyncIterator[Client]:
     """Connect to dshd and ``initialize``; the connection closes when the block ends."""
     path = resolve_socket_path(socket_path)
+    timeout = connect_timeout()
+    deadline = trio.current_time() + timeout
     try:
-        stream = await trio.open_unix_socket(os.fspath(path))
+        with trio.fail_at(deadline):
+            stream = await trio.open_unix_socket(os.fspath(path))
+    except trio.TooSlowError:
+        raise DaemonUnresponsive(path, timeout) from None
     except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError) as exc:
         raise DaemonNotRunning(path) from exc
     except OSError as exc:
         raise ConnectFailed(f"cannot connect to dshd at {path}: {exc.strerror or exc}") from exc
     async with open_connection(stream) as conn:
-        server = await conn.call(
-            "initialize",
-            {
-                "protocolVersion": PROTOCOL_VERSION,
-                "client": {"name": client_name, "version": client_version or dsh_version()},
-                "capabilities": {"approvals": approvals},
-            },
-        )
+        try:
+            with trio.fail_at(deadline):
+                server = await conn.call(
+                    "initialize",
+                    {
+                        "protocolVersion": PROTOCOL_VERSION,
+                        "client": {"name": client_name,
+                                   "version": client_version or dsh_version()},
+                        "capabilities": {"approvals": approvals},
+                    },
+                )
+        except trio.TooSlowError:
+            raise DaemonUnresponsive(path, timeout) from None
         yield Client(conn, path, server)

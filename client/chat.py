@@ -32,9 +32,9 @@ from typing import Any
 import click
 import trio
 
-from client.api import Client, DaemonNotRunning, connect
+from client.api import CallLost, Client, DaemonNotRunning, DaemonUnresponsive, connect
 from client.follow import CallOutput
-from client.transport import DshClientError
+from client.transport import ConnectionLost, DshClientError
 from protocol.rpc import RpcError
 
 __all__ = ["chat", "run_chat"]
@@ -179,6 +179,11 @@ class TurnScreen:
         self.end: dict | None = None
         self._line_start = True
 
+    def open_call(self) -> str | None:
+        """The last call shown that has not ended yet (None when there is none)."""
+        open_calls = [c for c in self.outputs if c not in self.closed_calls]
+        return open_calls[-1] if open_calls else None
+
     def _text(self, text: str) -> None:
         if text:
             _emit(text)
@@ -294,6 +299,18 @@ async def run_turn(client: Client, sub, session_id: str, text: str, approver: Ap
     after_seq = (await client.get_session(session_id))["lastSeq"]
     turn_id = (await client.call("turn.start", {"sessionId": session_id, "input": text}))["turnId"]
     screen = TurnScreen(client, session_id, turn_id, after_seq)
+    try:
+        return await _show_turn(client, sub, session_id, screen, approver)
+    except BaseException as raised:  # noqa: BLE001 - re-raised, with the hint when dshd left
+        lost = _single(raised)
+        call_id = screen.open_call()
+        if call_id and isinstance(lost, ConnectionLost) and not isinstance(lost, CallLost):
+            raise CallLost(lost, session_id, call_id) from raised
+        raise
+
+
+async def _show_turn(client: Client, sub, session_id: str, screen: TurnScreen,
+                     approver: Approver) -> int:
     detached = False
     with trio.open_signal_receiver(signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
@@ -365,9 +382,27 @@ async def _chat(socket: str | None, session_id: str | None, prompt: str | None, 
 
 
 def _single(exc: BaseException) -> BaseException:
+    """The exception that says what happened, out of nested groups: the one leaf, or -- when
+    several tasks failed at once (all of them on the connection dshd closed) -- the first
+    interrupt, then the first client error (one with a hint first), then error answer."""
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
+    if not isinstance(exc, BaseExceptionGroup):
+        return exc
+    leaves = list(_leaves(exc))
+    for kind in (KeyboardInterrupt, CallLost, DshClientError, RpcError):
+        for leaf in leaves:
+            if isinstance(leaf, kind):
+                return leaf
     return exc
+
+
+def _leaves(exc: BaseException):
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield exc
 
 
 def run_chat(socket: str | None, session_id: str | None, prompt: str | None, yes: bool) -> int:
@@ -379,11 +414,16 @@ def run_chat(socket: str | None, session_id: str | None, prompt: str | None, yes
         if isinstance(exc, DaemonNotRunning):
             _note(str(exc))
             return EXIT_DAEMON_NOT_RUNNING
+        if isinstance(exc, DaemonUnresponsive):
+            _note(f"dsh: {exc}")
+            return EXIT_DAEMON_NOT_RUNNING
         if isinstance(exc, RpcError):
             _note(f"dsh: {exc.message}")
             return EXIT_ERROR
         if isinstance(exc, DshClientError):
             _note(f"dsh: {exc}")
+            if isinstance(exc, CallLost):
+                _note(f"dsh: {exc.hint}")
             return EXIT_ERROR
         if isinstance(exc, KeyboardInterrupt):
             return EXIT_INTERRUPTED

@@ -4,7 +4,9 @@ Theory of operation: every command is one short trio program over ``client.api.c
 A command's own output goes to stdout -- a tool call's output exactly as the command wrote it
 (never through rich, never twice), tables and logs as rich tables on a terminal and as plain
 tab-separated text otherwise; progress and errors go to stderr. Errors end the command with one
-line and a non-zero status: 2 when dshd is not running, 1 for an error answer of the daemon.
+line and a non-zero status: 2 when dshd is not running or does not answer ``initialize`` in
+time (``DSH_CONNECT_TIMEOUT``), 1 for an error answer of the daemon; when dshd goes away while
+``dsh run`` follows a call, a second line says how to learn what became of it (``dsh wait``).
 
 ``dsh run`` and ``dsh attach`` subscribe to the session's lane view and follow a call's
 retained output with ``client.spill.CompleteOutput``: appends print as they come, a window
@@ -14,8 +16,10 @@ the lane could not keep up with still prints every byte once (``_keep_up`` polls
 which lags the lane a little; ``dsh run`` prints from the first byte, ``dsh attach`` from the
 window it first sees). ``dsh run`` parses its own options strictly (an unknown one is a usage
 error) and exits with ``exit_status`` of the result: the command's exit code, 124 on
-TOOL_TIMEOUT, 130 for TOOL_CANCELLED with exit 0, 125 when it never ran, never 0 for an
-error; Ctrl-C detaches (130) and leaves it running.
+TOOL_TIMEOUT, 130 for TOOL_CANCELLED with exit 0, 125 when it never ran, 75 when it may or
+may not have run (TOOL_OUTCOME_UNKNOWN: dshd crashed while it ran), never 0 for an error;
+Ctrl-C detaches (130) and leaves it running. Reusing a ``--call-id`` runs nothing again: a note
+says so and the existing call's result is shown.
 The socket is ``--socket``, else ``$DSH_SOCKET``, else the default of ``dshd.paths``.
 
 Approvals (PROTOCOL.md §3.4): ``dsh run`` submits pre-approved (the user typed the command);
@@ -48,10 +52,10 @@ from rich.text import Text
 
 from client import fsck as _fsck
 from client.answer import LineReader, Outcomes, parse_answer, request_lines
-from client.api import Client, DaemonNotRunning, connect, dsh_version
+from client.api import CallLost, Client, DaemonNotRunning, DaemonUnresponsive, connect, dsh_version
 from client.chat import chat as chat_command
 from client.spill import CompleteOutput
-from client.transport import DshClientError
+from client.transport import ConnectionLost, DshClientError
 from dshd.paths import is_valid_id
 from dshd.paths import state_dir as resolve_state_dir
 from protocol.rpc import ALREADY_DECIDED, APPROVAL_NOT_FOUND, STORAGE_FAILURE, RpcError
@@ -65,12 +69,18 @@ SPILL_POLL_S = 0.02
 #: How long a switch to the spill file -- or, after the result, the file -- may make no progress.
 SPILL_WAIT_S = 5.0
 EXIT_DAEMON_NOT_RUNNING = 2
+EXIT_OUTCOME_UNKNOWN = 75  # EX_TEMPFAIL: the command may or may not have run
 EXIT_TIMEOUT = 124
 EXIT_NEVER_RAN = 125
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141
 SANDBOX_MODES = ("read-only", "workspace-write", "danger-full-access")
 POLICIES = ("ask", "never")
+#: errorCodes of a call that never ran (exit 125 whatever else the result says).
+NEVER_RAN_CODES = frozenset({
+    "STORAGE_FAILURE", "SANDBOX_UNAVAILABLE", "APPROVAL_REJECTED", "APPROVAL_UNAVAILABLE",
+    "APPROVAL_CANCELLED", "ABORTED_BEFORE_DISPATCH", "TOOL_NOT_STARTED",
+})
 #: Widths of the title and of a damaged session's reason in ``dsh sessions``' table.
 TITLE_WIDTH = 60
 REASON_WIDTH = 40
@@ -157,9 +167,10 @@ def _details(result: dict[str, Any]) -> dict[str, Any]:
 def exit_status(result: dict[str, Any]) -> tuple[int, str | None]:
     """The exit status of ``dsh`` for a ToolResult, and a line for stderr (or None).
 
-    TOOL_TIMEOUT: 124. TOOL_CANCELLED: the command's exit code if non-zero, else 130. Another
-    errorCode: the exit code if non-zero, else 1 -- or 125 when there is none (the call never
-    ran; its ``errorCode`` and sentence go to stderr). No errorCode: the exit code (1 when
+    TOOL_TIMEOUT: 124. TOOL_CANCELLED: the command's exit code if non-zero, else 130.
+    TOOL_OUTCOME_UNKNOWN (dshd crashed while it ran: it may or may not have run): 75. A code of
+    ``NEVER_RAN_CODES``: 125. Another errorCode: the exit code if non-zero, else 1 -- or 125
+    when there is none (the call never ran). The ``errorCode`` and sentence go to stderr. No errorCode: the exit code (1 when
     there is none and the result is an error). Never 0 for a result with ``isError``.
     """
     error_code = result.get("errorCode")
@@ -169,7 +180,10 @@ def exit_status(result: dict[str, Any]) -> tuple[int, str | None]:
     if isinstance(code, bool) or not isinstance(code, int):
         code = None
     sentence = result.get("message")  # dshd's sentence when content holds output
-    if not isinstance(sentence, str):
+    if not isinstance(sentence, str) and error_code == "TOOL_OUTCOME_UNKNOWN":
+        # Its content is the sentence, then maybe the last output checkpointed.
+        sentence = str(result.get("content") or "").split("\n\n", 1)[0]
+    elif not isinstance(sentence, str):
         sentence = "" if _ran(result) else str(result.get("content") or "")
     sentence = sentence.strip()
     line = (f"dsh: {error_code}: {sentence}" if sentence else f"dsh: {error_code}") if error_code else None
@@ -178,6 +192,10 @@ def exit_status(result: dict[str, Any]) -> tuple[int, str | None]:
         status = EXIT_TIMEOUT
     elif error_code == "TOOL_CANCELLED":
         status = own or EXIT_INTERRUPTED
+    elif error_code == "TOOL_OUTCOME_UNKNOWN":
+        status = EXIT_OUTCOME_UNKNOWN
+    elif error_code in NEVER_RAN_CODES:
+        status = EXIT_NEVER_RAN
     elif error_code:
         status = EXIT_NEVER_RAN if own is None else own or 1
     else:
@@ -327,8 +345,13 @@ def _execute(opts: Options, body: Callable[[Client], Awaitable[int]], *,
         if isinstance(exc, DaemonNotRunning):
             _note(str(exc))
             return EXIT_DAEMON_NOT_RUNNING
+        if isinstance(exc, DaemonUnresponsive):
+            _note(f"dsh: {exc}")
+            return EXIT_DAEMON_NOT_RUNNING
         if isinstance(exc, DshClientError):
             _note(f"dsh: {exc}")
+            if isinstance(exc, CallLost):
+                _note(f"dsh: {exc.hint}")
             return 1
         if isinstance(exc, RpcError):
             _note(f"dsh: {exc.message}")
@@ -351,7 +374,7 @@ def _single(exc: BaseException) -> BaseException:
     leaves = list(_leaves(exc))
     if len(leaves) == 1:
         return leaves[0]
-    for kind in (KeyboardInterrupt, DshClientError, RpcError, BrokenPipeError):
+    for kind in (KeyboardInterrupt, CallLost, DshClientError, RpcError, BrokenPipeError):
         for leaf in leaves:
             if isinstance(leaf, kind):
                 return leaf
@@ -416,6 +439,7 @@ async def _run(client: Client, argv: tuple[str, ...], session_id: str | None,
     # Subscribe first: a command that finishes at once still shows in the lane.
     sub = await client.subscribe(session_id)
     _note(f"session {session_id} call {call_id}")
+    submitted = False  # tool.run was sent: if dshd goes away now, `dsh wait` tells the rest
     try:
         with trio.open_signal_receiver(signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:
@@ -469,8 +493,20 @@ async def _run(client: Client, argv: tuple[str, ...], session_id: str | None,
                         nursery.cancel_scope.cancel()
 
                 nursery.start_soon(on_interrupt)
-                await client.run_tool(session_id, command, call_id=call_id, timeout=timeout,
-                                      approved=not how.ask)
+                submitted = True
+                try:
+                    started = await client.start_tool(session_id, command, call_id=call_id,
+                                                      timeout=timeout, approved=not how.ask)
+                except RpcError as exc:
+                    if exc.code != STORAGE_FAILURE:
+                        raise
+                    # Its tool/call could not be logged: it never ran.
+                    _note(f"dsh: STORAGE_FAILURE: {exc.message}")
+                    nursery.cancel_scope.cancel()
+                    return EXIT_NEVER_RAN
+                if isinstance(started, dict) and started.get("existing"):
+                    _note(f"dsh: call {call_id} already exists in session {session_id}: showing "
+                          "its result; nothing was run again (use a new --call-id to run again)")
                 nursery.start_soon(follow)
                 nursery.start_soon(keep_up)
                 result = await client.wait(session_id, call_id)
@@ -479,6 +515,11 @@ async def _run(client: Client, argv: tuple[str, ...], session_id: str | None,
                     await follow_done.wait()
                 follow_scope.cancel()
                 nursery.cancel_scope.cancel()
+    except BaseException as raised:  # noqa: BLE001 - re-raised, with the hint when dshd left
+        lost = _single(raised)
+        if submitted and isinstance(lost, ConnectionLost) and not isinstance(lost, CallLost):
+            raise CallLost(lost, session_id, call_id) from raised
+        raise
     finally:
         with trio.move_on_after(1) as cleanup:
             cleanup.shield = True
@@ -856,9 +897,12 @@ def run(opts: Options, session_id: str | None, timeout: float | None, call_id: s
       124  TOOL_TIMEOUT: killed after --timeout
       130  TOOL_CANCELLED and the command exited 0 (else its own code);
            Ctrl-C (detached, or --cancel-on-interrupt)
-      125  the call did not run (--ask and rejected, nobody to ask, ...)
+      125  the call did not run (--ask and rejected, nobody to ask, no sandbox,
+           STORAGE_FAILURE, TOOL_NOT_STARTED, ...)
+      75   TOOL_OUTCOME_UNKNOWN: dshd crashed while it ran; it may or may not
+           have run (check before retrying)
       1    any other errorCode with exit code 0
-      2    a usage error, or dshd is not running
+      2    a usage error, or dshd is not running (or does not answer)
       141  stdout was closed (detached)
     """
     if call_id is not None and not is_valid_id(call_id):
@@ -1051,7 +1095,21 @@ def status(opts: Options, as_json: bool) -> None:
 @_json_flag
 @pass_options
 def wait(opts: Options, session_id: str, call_id: str, timeout: float | None, as_json: bool) -> None:
-    """Wait for a call's result; print its output and exit with its exit code."""
+    """Wait for a call's result; print its output and exit with its exit code.
+
+    \b
+    Exit status (never 0 when the call is an error):
+      N    the command's exit code
+      124  TOOL_TIMEOUT: killed after its timeout
+      130  TOOL_CANCELLED and the command exited 0 (else its own code)
+      125  the call did not run (rejected, no sandbox, STORAGE_FAILURE,
+           TOOL_NOT_STARTED, ...)
+      75   TOOL_OUTCOME_UNKNOWN: dshd crashed while it ran; it may or may not
+           have run (check before retrying)
+      1    any other errorCode with exit code 0, or an error answer (e.g. --timeout
+           passed: the call keeps running)
+      2    a usage error, or dshd is not running (or does not answer)
+    """
 
     async def body(client: Client) -> int:
         result = await client.wait(session_id, call_id, timeout)

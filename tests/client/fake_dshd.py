@@ -106,6 +106,10 @@ class FakeDshd:
         self.call_result: dict = {}
         self.settled = trio.Event()
         self.cancelled = False
+        #: callIds tool.run answers ``existing: true`` for (nothing is played).
+        self.existing: set[str] = set()
+        #: tool.run answers this error (code, message) instead.
+        self.run_error: tuple[int, str] | None = None
         self._conns: list[FakeConn] = []
         self._subs: dict[str, FakeConn] = {}
         # Approvals and sessions (fsck).
@@ -313,6 +317,10 @@ class FakeDshd:
 
     async def _tool_run(self, conn, params):
         call_id = params.get("callId") or "minted"
+        if self.run_error is not None:
+            raise FakeError(*self.run_error)
+        if call_id in self.existing:
+            return {"callId": call_id, "existing": True}
         if params.get("approved"):
             self.play(call_id)
         else:

@@ -355,7 +355,9 @@ async def test_dshd_hanging_up_is_one_line_not_a_traceback(fake, tmp_path):
         assert await run.wait() == 1
     finally:
         run.kill()
-    assert run.err.splitlines()[-1] == "dsh: dshd closed the connection"
+    lines = run.err.splitlines()
+    assert lines[-2] == "dsh: dshd closed the connection"
+    assert lines[-1].startswith("dsh: after restarting dshd, `dsh wait s1 ")
     assert "Traceback" not in run.err
 
 

@@ -1,0 +1,180 @@
+"""``dsh`` when things go wrong: a daemon that accepts but never answers ``initialize``, calls
+that never ran or whose outcome is unknown, a reused ``--call-id``, dshd dying under ``run``."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket as _socket
+import tempfile
+
+import pytest
+import trio
+from click.testing import CliRunner
+
+from client.api import DaemonUnresponsive, connect, connect_timeout
+from client.cli import cli, exit_status
+from dsh_proc import Live, dsh, dsh_cmd, env_for, ROOT
+from fake_dshd import FakeDshd
+
+
+@pytest.fixture
+async def fake(nursery):
+    d = tempfile.mkdtemp(prefix="dsh-f-", dir="/tmp")
+    server = FakeDshd(os.path.join(d, "fake.sock"))
+    await nursery.start(server.serve)
+    yield server
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+async def mute(nursery):
+    """A real Unix socket that accepts connections and never reads or answers (like a dshd
+    out of file descriptors: the kernel queues the connection, nobody serves it)."""
+    d = tempfile.mkdtemp(prefix="dsh-m-", dir="/tmp")
+    path = os.path.join(d, "mute.sock")
+    sock = trio.socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    await sock.bind(path)
+    sock.listen(16)
+    held = []
+    scope = trio.CancelScope()
+
+    async def accept_and_hold() -> None:
+        with scope:
+            while True:
+                conn, _ = await sock.accept()
+                held.append(conn)
+
+    nursery.start_soon(accept_and_hold)
+    yield path
+    scope.cancel()
+    await trio.sleep(0)
+    for conn in held:
+        conn.close()
+    sock.close()
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _unanswered(path: str, timeout: str) -> str:
+    return (f"dsh: dshd at {path} did not answer initialize within {timeout} s; it may be "
+            "overloaded or out of file descriptors (see its log)\n")
+
+
+# ---------------------------------------------------------------------- initialize timeout
+def test_connect_timeout_comes_from_the_environment(monkeypatch):
+    monkeypatch.delenv("DSH_CONNECT_TIMEOUT", raising=False)
+    assert connect_timeout() == 10
+    for raw, value in (("0.5", 0.5), ("3", 3.0), ("", 10), ("x", 10), ("0", 10), ("-1", 10),
+                       ("inf", 10), ("nan", 10)):
+        monkeypatch.setenv("DSH_CONNECT_TIMEOUT", raw)
+        assert connect_timeout() == value, raw
+
+
+async def test_connect_gives_up_on_a_daemon_that_never_answers(mute, monkeypatch):
+    monkeypatch.setenv("DSH_CONNECT_TIMEOUT", "0.3")
+    with trio.fail_after(5):
+        with pytest.raises(DaemonUnresponsive) as raised:
+            async with connect(mute):
+                pass
+    assert str(raised.value) == _unanswered(mute, "0.3")[len("dsh: "):-1]
+
+
+@pytest.mark.parametrize("args", [("status",), ("run", "--", "true"), ("chat", "hello")])
+async def test_dsh_says_dshd_did_not_answer_and_exits_2(mute, args):
+    start = trio.current_time()
+    with trio.fail_after(15):
+        proc = await trio.run_process(dsh_cmd(*args), capture_stdout=True, capture_stderr=True,
+                                      check=False, cwd=str(ROOT),
+                                      env=env_for(mute, DSH_CONNECT_TIMEOUT="0.5"))
+    assert trio.current_time() - start < 10
+    assert proc.returncode == 2
+    assert proc.stderr.decode() == _unanswered(mute, "0.5")
+    assert proc.stdout == b""
+
+
+# ---------------------------------------------------------------------- exit codes
+@pytest.mark.parametrize("code", ["STORAGE_FAILURE", "SANDBOX_UNAVAILABLE", "APPROVAL_REJECTED",
+                                  "APPROVAL_UNAVAILABLE", "APPROVAL_CANCELLED",
+                                  "ABORTED_BEFORE_DISPATCH", "TOOL_NOT_STARTED"])
+def test_never_ran_codes_exit_125(code):
+    result = {"isError": True, "content": "nothing was started.", "details": {},
+              "errorCode": code}
+    assert exit_status(result) == (125, f"dsh: {code}: nothing was started.")
+
+
+def test_outcome_unknown_exits_75_with_the_daemons_sentence():
+    sentence = ("it may or may not have run; retry only if read-only or idempotent, "
+                "otherwise check the outside world first")
+    bare = {"isError": True, "content": sentence, "details": {},
+            "errorCode": "TOOL_OUTCOME_UNKNOWN"}
+    assert exit_status(bare) == (75, f"dsh: TOOL_OUTCOME_UNKNOWN: {sentence}")
+    with_output = {"isError": True, "errorCode": "TOOL_OUTCOME_UNKNOWN",
+                   "content": f"{sentence}\n\nlast output checkpointed before the "
+                              "interruption:\npartial\n",
+                   "details": {"truncation": {"totalBytes": 8}}}
+    assert exit_status(with_output) == (75, f"dsh: TOOL_OUTCOME_UNKNOWN: {sentence}")
+
+
+@pytest.mark.parametrize("command", ["run", "wait"])
+def test_help_documents_75_and_125(command):
+    text = CliRunner().invoke(cli, [command, "--help"]).output
+    assert "75   TOOL_OUTCOME_UNKNOWN" in text
+    assert "125  the call did not run" in text and "STORAGE_FAILURE" in text
+
+
+async def test_run_whose_outcome_is_unknown_exits_75(fake):
+    fake.call_result = {"isError": True, "errorCode": "TOOL_OUTCOME_UNKNOWN", "details": {},
+                        "content": "it may or may not have run; check the outside world first"}
+    proc = await dsh(fake.path, "run", "--", "make deploy")
+    assert proc.returncode == 75
+    assert ("dsh: TOOL_OUTCOME_UNKNOWN: it may or may not have run; check the outside world "
+            "first") in proc.stderr.decode()
+    proc = await dsh(fake.path, "wait", "s1", "minted")
+    assert proc.returncode == 75
+
+
+async def test_run_that_could_not_be_logged_exits_125(fake):
+    fake.run_error = (-32014, "the session log could not be made durable (ENOSPC)")
+    with trio.fail_after(10):
+        proc = await dsh(fake.path, "run", "--", "true")
+    assert proc.returncode == 125
+    assert proc.stderr.decode().splitlines()[-1] == (
+        "dsh: STORAGE_FAILURE: the session log could not be made durable (ENOSPC)")
+
+
+# ---------------------------------------------------------------------- --call-id reused
+async def test_reused_call_id_says_nothing_ran_again(fake):
+    fake.existing = {"k1"}
+    fake.final_result = {"callId": "k1", "isError": False, "content": "old output\n",
+                         "details": {"exitCode": 0}, "exitCode": 0}
+    fake.settled.set()
+    proc = await dsh(fake.path, "run", "--session", "s1", "--call-id", "k1", "--", "rm -rf x")
+    assert proc.returncode == 0, proc.stderr
+    assert ("dsh: call k1 already exists in session s1: showing its result; nothing was run "
+            "again (use a new --call-id to run again)") in proc.stderr.decode().splitlines()
+    assert proc.stdout.decode() == "old output\n"
+
+
+async def test_new_call_id_gets_no_note(fake):
+    fake.call_result = {"isError": False, "content": "", "details": {"exitCode": 0}, "exitCode": 0}
+    proc = await dsh(fake.path, "run", "--call-id", "k2", "--", "true")
+    assert proc.returncode == 0 and "already exists" not in proc.stderr.decode()
+
+
+# ---------------------------------------------------------------------- dshd dies under run
+async def test_dshd_dying_under_run_says_how_to_learn_the_outcome(fake, tmp_path):
+    fake.call_hold = True
+    run = await Live(tmp_path, "run").start(fake.path, "run", "--call-id", "k3", "--", "sleep 100")
+    try:
+        with trio.fail_after(10):
+            while "tool.wait" not in [m for m, _ in fake.requests]:
+                await trio.sleep(0.01)
+        await fake.close_connections()
+        assert await run.wait() == 1
+    finally:
+        run.kill()
+    assert run.err.splitlines()[-2:] == [
+        "dsh: dshd closed the connection",
+        "dsh: after restarting dshd, `dsh wait s1 k3` shows what became of the call",
+    ]
+    assert "Traceback" not in run.err
