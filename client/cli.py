@@ -887,8 +887,10 @@ def run(opts: Options, session_id: str | None, timeout: float | None, call_id: s
     """Run CMD in a session and print its output live; exit with its exit code.
 
     Options come first: everything after `--` (or from the first word that is not an option)
-    is the command; an unknown option is an error. The output is printed complete, byte for
-    byte, even when it outruns the live window (the rest comes from the call's spill file).
+    is the command; an unknown option is an error. The output is printed complete, even when
+    it outruns the live window: from then on it is copied byte for byte from the call's spill
+    file. Output that fits the window is dshd's cleaned text (NUL and control characters other
+    than tab, newline and ESC dropped; invalid UTF-8 shown as U+FFFD).
     Ctrl-C detaches: the command keeps running (re-attach with `dsh attach SESSION`).
 
     \b
