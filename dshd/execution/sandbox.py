@@ -118,8 +118,25 @@ def skipped_list(skipped: tuple[tuple[str, str], ...]) -> list[dict]:
     return [{"provider": name, "reason": reason} for name, reason in skipped]
 
 
+class Verdict:
+    """``describe()`` for the providers: the verdict ``initialize`` and ``daemon.status`` show."""
+
+    name: str
+    completeness: str
+    reason: str
+    skipped: tuple[tuple[str, str], ...]
+
+    def describe(self) -> dict:
+        return {
+            "provider": self.name,
+            "completeness": self.completeness,
+            "reason": self.reason,
+            "skipped": skipped_list(self.skipped),
+        }
+
+
 @dataclass(frozen=True)
-class NoSandbox:
+class NoSandbox(Verdict):
     """Provider ``none``: ``danger-full-access`` runs unchanged; every other mode raises
     :class:`SandboxUnavailable` (never a silent unsandboxed run)."""
 
@@ -145,14 +162,6 @@ class NoSandbox:
             "Install bubblewrap (bwrap) or enable Landlock and restart dshd, or switch the "
             "session to danger-full-access to run it unconfined on purpose."
         )
-
-    def describe(self) -> dict:
-        return {
-            "provider": self.name,
-            "completeness": self.completeness,
-            "reason": self.reason,
-            "skipped": skipped_list(self.skipped),
-        }
 
 
 def _shell() -> str:

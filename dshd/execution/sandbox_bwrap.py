@@ -56,7 +56,7 @@ from dshd.execution.sandbox import (
     PROBE_TIMEOUT,
     check_mode,
     self_test,
-    skipped_list,
+    Verdict,
 )
 
 __all__ = ["BwrapProvider", "probe_bwrap"]
@@ -70,7 +70,7 @@ NAMESPACE_HINT = (
 
 
 @dataclass(frozen=True)
-class BwrapProvider:
+class BwrapProvider(Verdict):
     """Provider ``bwrap`` (see the module doc). ``path``: the bwrap binary; ``version``: its
     ``--version`` line; ``disable_userns``: pass ``--unshare-user --disable-userns``."""
 
@@ -81,14 +81,6 @@ class BwrapProvider:
     skipped: tuple[tuple[str, str], ...] = field(default=())
     name: str = "bwrap"
     completeness: str = "full"
-
-    def describe(self) -> dict:
-        return {
-            "provider": self.name,
-            "completeness": self.completeness,
-            "reason": self.reason,
-            "skipped": skipped_list(self.skipped),
-        }
 
     def confine(
         self,

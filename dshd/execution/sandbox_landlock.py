@@ -54,7 +54,7 @@ from pathlib import Path
 import trio
 
 from dshd.execution import landlock_exec
-from dshd.execution.sandbox import check_mode, self_test, skipped_list
+from dshd.execution.sandbox import Verdict, check_mode, self_test
 
 __all__ = ["DEVICES", "LandlockProvider", "probe_landlock"]
 
@@ -63,7 +63,7 @@ DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 
 
 @dataclass(frozen=True)
-class LandlockProvider:
+class LandlockProvider(Verdict):
     """Provider ``landlock`` (see the module doc). ``abi``: the kernel's Landlock ABI;
     ``python``: interpreter for the launcher; ``launcher``: path of ``landlock_exec.py``;
     ``tmp_root``: parent of the per-call ``TMPDIR`` directories."""
@@ -76,14 +76,6 @@ class LandlockProvider:
     skipped: tuple[tuple[str, str], ...] = field(default=())
     name: str = "landlock"
     completeness: str = "partial"
-
-    def describe(self) -> dict:
-        return {
-            "provider": self.name,
-            "completeness": self.completeness,
-            "reason": self.reason,
-            "skipped": skipped_list(self.skipped),
-        }
 
     def confine(
         self,

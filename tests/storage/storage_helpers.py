@@ -8,7 +8,7 @@ from dshd.storage import Header, SessionLog
 
 
 def make_header(session_id: str = "s1", title: str | None = "a title") -> Header:
-    return Header(id=session_id, createdAt=1_700_000_000_000, cwd="/work/project", title=title)
+    return Header(id=session_id, createdAt=1_700_000_000_000, cwd="/srv/project", title=title)
 
 
 async def write_log(
