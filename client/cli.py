@@ -352,6 +352,7 @@ def _execute(opts: Options, body: Callable[[Client], Awaitable[int]], *,
             _note(f"dsh: {exc}")
             if isinstance(exc, CallLost):
                 _note(f"dsh: {exc.hint}")
+                return EXIT_OUTCOME_UNKNOWN  # the call may or may not have finished
             return 1
         if isinstance(exc, RpcError):
             _note(f"dsh: {exc.message}")
@@ -902,8 +903,10 @@ def run(opts: Options, session_id: str | None, timeout: float | None, call_id: s
       125  the call did not run (--ask and rejected, nobody to ask, no sandbox,
            STORAGE_FAILURE, TOOL_NOT_STARTED, ...)
       75   TOOL_OUTCOME_UNKNOWN: dshd crashed while it ran; it may or may not
-           have run (check before retrying)
-      1    any other errorCode with exit code 0
+           have run (check before retrying); also when dshd went away under
+           dsh run (after a restart, `dsh wait SESSION CALL` tells)
+      1    any other errorCode with exit code 0; a request refused by dshd
+           (e.g. a session directory you cannot enter)
       2    a usage error, or dshd is not running (or does not answer)
       141  stdout was closed (detached)
     """

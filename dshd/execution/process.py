@@ -141,6 +141,12 @@ async def run_command(
             raise ValueError(f"{name} must be a non-negative number of seconds, not {value!r}")
     if not argv:
         raise ValueError("run_command needs a non-empty argv")
+    if as_user is not None:
+        # Popen enters cwd before it drops root; let the user's own chdir (env -C, after the
+        # uid change) decide whether the directory can be entered, so a directory swapped for
+        # a symlink after the session was created cannot smuggle root's access in.
+        argv = ["env", "-C", cwd, "--", *argv]
+        cwd = "/"
     read_fd, write_fd = os.pipe()
     try:
         fcntl.fcntl(read_fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)

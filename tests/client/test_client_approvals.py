@@ -352,7 +352,7 @@ async def test_dshd_hanging_up_is_one_line_not_a_traceback(fake, tmp_path):
             while "tool.wait" not in [m for m, _ in fake.requests]:
                 await trio.sleep(0.01)
         await fake.close_connections()
-        assert await run.wait() == 1
+        assert await run.wait() == 75  # the call's outcome is unknown, not a failure of its own
     finally:
         run.kill()
     lines = run.err.splitlines()

@@ -148,3 +148,22 @@ def test_a_stranger_cannot_even_connect(system_daemon):
     assert os.stat(d.socket.parent).st_gid == grp.getgrnam(GROUP).gr_gid
     out = _as(stranger, d.socket, [])
     assert out == {"connect": "Permission denied"}
+
+
+async def test_a_directory_swapped_for_a_symlink_is_entered_as_the_owner(system_daemon):
+    d, member, stranger, mine, secret = system_daemon
+    out = _as(member, d.socket, [
+        ["session.create", {"cwd": str(mine), "sandbox": "danger-full-access"}],
+    ])
+    sid = out[1]["result"]["sessionId"]
+    # After the check at session.create, the directory becomes a link to root's 0700 dir.
+    shutil.rmtree(mine)
+    mine.symlink_to(secret)
+    out = _as(member, d.socket, [
+        ["tool.run", {"sessionId": sid, "name": "bash", "approved": True,
+                      "arguments": {"command": "pwd; cat secret"}}],
+        ["tool.wait", {"sessionId": sid, "callId": "$CID"}],
+    ])
+    result = out[2]["result"]
+    assert result["isError"] and "root's" not in result["content"]
+    assert str(secret) not in result["content"]  # it never got in
