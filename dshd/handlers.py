@@ -22,7 +22,7 @@ from protocol import rpc
 from . import __version__, identity
 from .agent import NoTurn, SteerLimit, TurnBusy, TurnDriver
 from .approval import AlreadyDecided, ApprovalNotFound
-from .paths import is_valid_id
+from .paths import is_valid_id, is_within
 from .sessions.registry import SessionLimit, SessionNotFound
 from .sessions.streams import Subscription
 from .storage.errors import LockHeld, LogCorrupt, LogTooNew, StorageError
@@ -118,8 +118,7 @@ async def session_create(conn: "Connection", p: rpc.SessionCreateParams) -> dict
                 field="env",
             )
     cwd = os.path.normpath(p.cwd)
-    state = os.path.realpath(conn.daemon.state_dir)
-    if os.path.commonpath([os.path.realpath(cwd), state]) == state:
+    if is_within(cwd, conn.daemon.state_dir):
         raise _bad(f"cwd {cwd!r} lies inside dshd's state directory; pick a project directory",
                    field="cwd")
     if not identity.can_enter(cwd, conn.uid):

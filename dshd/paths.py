@@ -62,3 +62,10 @@ def state_dir(explicit: str | os.PathLike[str] | None = None, *, system: bool = 
     xdg = os.environ.get("XDG_STATE_HOME")
     base = Path(xdg) if xdg else Path.home() / ".local" / "state"
     return base / "dsh"
+
+
+def is_within(path: str | os.PathLike[str], root: str | os.PathLike[str]) -> bool:
+    """True when ``path`` is ``root`` or lies below it, symlinks resolved (a session directory
+    inside the state directory would let its tools reach other sessions' logs)."""
+    real_root = os.path.realpath(root)
+    return os.path.commonpath([os.path.realpath(path), real_root]) == real_root

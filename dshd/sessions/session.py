@@ -37,6 +37,7 @@ from ..config import Config
 from ..execution.capture import OutputCapture, ShellOutputLimits, SpillSink
 from ..execution.process import bash_argv, run_command
 from ..execution.sandbox import SandboxUnavailable
+from ..paths import is_within
 from ..storage.errors import StorageError
 from ..storage.sidecar import PendingOutput
 from ..storage.writer import SessionLog
@@ -365,8 +366,7 @@ class Session:
     async def _execute(self, call: Call) -> dict:
         args = call.arguments
         cwd = self.log.header.cwd
-        state = os.path.realpath(self.config.state_path())
-        if os.path.commonpath([os.path.realpath(cwd), state]) == state:
+        if is_within(cwd, self.config.state_path()):
             raise CallFailed(
                 "SANDBOX_UNAVAILABLE",
                 f"the session directory {cwd} lies inside dshd's state directory, which no "

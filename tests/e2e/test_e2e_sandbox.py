@@ -137,3 +137,14 @@ async def test_an_approved_call_still_runs_confined(daemon, workdir, outside):
         result = await c.wait(sid, cid)
     assert result["exitCode"] != 0
     assert not (outside / "out.txt").exists()
+
+
+async def test_a_session_inside_the_state_dir_is_refused(daemon):
+    from protocol.rpc import RpcError
+
+    async with connect(daemon.socket) as c:
+        await c.create_session(str(daemon.root))  # an ancestor is fine: the mask still applies
+        for inside in (daemon.state_dir, daemon.state_dir / "sessions"):
+            with pytest.raises(RpcError) as exc:
+                await c.create_session(str(inside))
+            assert exc.value.code == -32602 and "state directory" in exc.value.message
