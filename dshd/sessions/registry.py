@@ -22,7 +22,7 @@ from ..config import Config
 from ..paths import is_valid_id
 from ..storage.errors import LockHeld, StorageError
 from ..storage.format import Header
-from ..storage.reader import list_session_dirs, read_log
+from ..storage.reader import find_log, list_session_dirs, read_log
 from ..storage.writer import SessionLog
 from .session import Session
 
@@ -63,6 +63,8 @@ class SessionRegistry:
         self._opening: dict[str, trio.Lock] = {}
         self._claims: set[str] = set()
         self._last_used: dict[str, float] = {}
+        #: session.list cache of closed sessions: id -> ((size, mtime_ns, ino), info).
+        self._disk_infos: dict[str, tuple[tuple[int, int, int], dict | None]] = {}
         self._nursery: trio.Nursery | None = None
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -215,6 +217,24 @@ class SessionRegistry:
         return infos
 
     def _info_from_disk(self, session_id: str) -> dict | None:
+        """SessionInfo of a session that is not open, cached by its log's (size, mtime):
+        ``session.list`` would otherwise re-read every log in full on every call."""
+        session_dir = self.sessions_dir / session_id
+        try:
+            path, _ = find_log(session_dir, session_id)
+            st = path.stat()
+            key = (st.st_size, st.st_mtime_ns, st.st_ino)
+        except (OSError, StorageError):
+            key = None
+        cached = self._disk_infos.get(session_id)
+        if key is not None and cached is not None and cached[0] == key:
+            return cached[1]
+        info = self._read_info(session_id)
+        if key is not None:
+            self._disk_infos[session_id] = (key, info)
+        return info
+
+    def _read_info(self, session_id: str) -> dict | None:
         try:
             read = read_log(self.sessions_dir / session_id, session_id)
         except FileNotFoundError:

@@ -75,3 +75,24 @@ async def test_graceful_stop_cancels_running_calls(daemon, workdir):
         result = await c.wait(sid, cid)
     assert result["errorCode"] == "TOOL_CANCELLED" and result["isError"] is True
     assert result["content"].startswith("started\n")
+
+
+async def test_session_list_notices_a_log_changed_on_disk(daemon, workdir):
+    """session.list caches closed sessions' info by the log's size and mtime: a byte flipped
+    in place (same size) must still show up as damage on the next list."""
+    async with connect(daemon.socket) as c:
+        sid = await c.create_session(str(workdir), title="to be damaged")
+        cid = await c.run_tool(sid, "echo some output to make a middle frame", approved=True)
+        await c.wait(sid, cid)
+        await c.run_tool(sid, "true", approved=True)
+    daemon.restart()  # now the session is closed: listed from disk
+    async with connect(daemon.socket) as c:
+        first = {i["sessionId"]: i for i in await c.list_sessions()}
+        assert "damaged" not in first[sid]
+        assert {i["sessionId"]: i for i in await c.list_sessions()} == first  # cached, same
+        log = daemon.state_dir / "sessions" / sid / "session.v1.jsonl.zst"
+        data = bytearray(log.read_bytes())
+        data[len(data) // 2] ^= 0x41
+        log.write_bytes(bytes(data))
+        again = {i["sessionId"]: i for i in await c.list_sessions()}
+        assert "damaged" in again[sid]
