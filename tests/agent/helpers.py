@@ -5,15 +5,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import trio
 
 from dshd.config import ModelConfig
+from dshd.testing import DshdProcess
 
 #: Bound on every wait of these tests (a hang fails instead of blocking the suite).
 WAIT_S = 60
@@ -100,54 +99,14 @@ def kill_session_processes(session_id: str) -> None:
             continue
 
 
-class DaemonProcess:
-    """A real ``python -m dshd`` subprocess (short /tmp socket), for kill -9 and CLI tests."""
+class DaemonProcess(DshdProcess):
+    """A real ``python -m dshd`` subprocess with a config file, for kill -9 and CLI tests."""
 
     def __init__(self, root: Path, config_text: str) -> None:
-        self.root = root
-        self.socket = root / "run" / "dshd.sock"
-        self.state_dir = root / "state"
         self.config = root / "dshd.toml"
         self.config.write_text(config_text)
-        self.log_path = root / "dshd.log"
-        self.proc: subprocess.Popen | None = None
+        super().__init__(root, extra_args=["--config", str(self.config)])
         self.env = dict(os.environ, DSH_SOCKET=str(self.socket))
-
-    def start(self) -> None:
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "dshd", "--socket", str(self.socket), "--state-dir",
-                 str(self.state_dir), "--config", str(self.config), "--log-format", "json"],
-                env=self.env, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
-            )
-        for _ in range(400):  # bounded readiness poll, not a timing assertion
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"dshd exited {self.proc.returncode}: {self.log_path.read_text()}")
-            try:
-                with socket.socket(socket.AF_UNIX) as s:
-                    s.connect(str(self.socket))
-                return
-            except OSError:
-                time.sleep(0.025)
-        raise RuntimeError(f"dshd did not listen: {self.log_path.read_text()}")
-
-    def kill9(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait(10)
-        self.proc = None
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self.proc = None
 
     def dsh(self, *args: str, input: str | None = None, cwd=None) -> subprocess.CompletedProcess:
         """The real ``dsh`` CLI against this daemon."""
@@ -155,7 +114,6 @@ class DaemonProcess:
             [sys.executable, "-m", "client.cli", *args], env=self.env, cwd=cwd, input=input,
             capture_output=True, text=True, timeout=WAIT_S,
         )
-
 
 def model_toml(model: ModelConfig | None) -> str:
     """The ``[model]`` table of a dshd.toml for ``model`` (None: no table, the defaults)."""

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from crash.campaign import DshdProcess, kill_marked
+from crash.campaign import kill_marked
+from dshd.testing import DshdProcess
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from client.api import connect
-from crash.campaign import DshdProcess
+from dshd.testing import DshdProcess
 from dshd.storage import read_log
 from protocol.rpc import STORAGE_FAILURE, RpcError
 

@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from client.api import connect
-from crash.campaign import DshdProcess
+from dshd.testing import DshdProcess
 from protocol.rpc import SESSION_LOCKED, RpcError
 
 from .helpers import all_events

@@ -71,7 +71,7 @@ async def test_torn_tail_keeps_complete_records_and_continues(daemon, workdir, c
 
 async def test_torn_plain_log_line(root, workdir):
     """The same for an uncompressed log: a last line without its newline."""
-    from crash.campaign import DshdProcess
+    from dshd.testing import DshdProcess
 
     config = root / "dshd.toml"
     config.write_text('compression = "none"\n')

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -14,62 +12,22 @@ from pathlib import Path
 
 import pytest
 
+from dshd.testing import DshdProcess
 
-class DaemonProcess:
-    """One ``dshd`` subprocess with its own socket and state dir (both under a short /tmp dir,
-    since a Unix socket path is limited to 107 bytes)."""
+
+class DaemonProcess(DshdProcess):
+    """``dshd.testing.DshdProcess`` plus what the end-to-end tests ask of it: the environment
+    for the real ``dsh`` CLI, its peak RSS, and a restart."""
 
     def __init__(self, root: Path, extra_args: list[str] | None = None) -> None:
-        self.root = root
-        self.socket = root / "run" / "dshd.sock"  # the daemon creates run/ (0700)
-        self.state_dir = root / "state"
-        self.log_path = root / "dshd.log"
-        self.extra_args = extra_args or []
-        self.proc: subprocess.Popen | None = None
+        super().__init__(root, extra_args=extra_args)
         self.env = dict(os.environ, DSH_SOCKET=str(self.socket), DSH_STATE_DIR=str(self.state_dir))
-
-    def start(self) -> None:
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "dshd", "--log-format", "json", *self.extra_args],
-            env=self.env, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
-        )
-        log.close()
-        for _ in range(400):  # bounded readiness poll, not a timing assertion
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"dshd exited {self.proc.returncode}: {self.log_path.read_text()}")
-            try:
-                with socket.socket(socket.AF_UNIX) as s:
-                    s.connect(str(self.socket))
-                return
-            except OSError:
-                time.sleep(0.025)
-        raise RuntimeError(f"dshd did not listen: {self.log_path.read_text()}")
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
 
     def peak_rss_kib(self) -> int:
         for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
             if line.startswith("VmHWM:"):
                 return int(line.split()[1])
         raise RuntimeError("no VmHWM")
-
-    def stop(self, sig: int = signal.SIGTERM) -> int | None:
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        rc = self.proc.returncode
-        self.proc = None
-        return rc
 
     def restart(self) -> None:
         self.stop()

@@ -1,0 +1,109 @@
+"""Test support: a real ``dshd`` subprocess (like ``trio.testing``, shipped with the package so
+that the tests, the crash campaign and the benchmarks share one launcher).
+
+Theory of operation: :class:`DshdProcess` starts ``python -m dshd`` with its socket under a
+short directory (``sun_path`` is 107 bytes), waits, bounded, until the socket accepts, and
+always reaps what it started: ``stop`` signals and waits, SIGKILL after a bound; ``kill9``
+simulates a crash. It is not used by the daemon itself.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+class DshdProcess:
+    """One ``dshd`` subprocess on ``<root>/run/dshd.sock`` (short path: sun_path is 107 bytes)
+    with its state in ``state_dir`` (default ``<root>/state``) and its log in ``<root>/dshd.log``.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        state_dir: Path | None = None,
+        socket_path: Path | None = None,
+        extra_args: list[str] | None = None,
+    ) -> None:
+        self.root = Path(root)
+        self.socket = socket_path or self.root / "run" / "dshd.sock"
+        self.state_dir = state_dir or self.root / "state"
+        self.log_path = self.root / "dshd.log"
+        self.extra_args = list(extra_args or [])
+        self.proc: subprocess.Popen | None = None
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable, "-m", "dshd", "--log-format", "json",
+            "--socket", str(self.socket), "--state-dir", str(self.state_dir), *self.extra_args,
+        ]
+
+    def spawn(self) -> subprocess.Popen:
+        """Start the process without waiting for it to listen."""
+        with open(self.log_path, "ab") as log:
+            return subprocess.Popen(
+                self.command(), stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+                env=dict(os.environ, DSH_SOCKET=str(self.socket), DSH_STATE_DIR=str(self.state_dir)),
+            )
+
+    def start(self, timeout: float = 20.0) -> None:
+        """Start and wait (bounded) until the socket accepts a connection."""
+        assert self.proc is None, "already started"
+        self.proc = self.spawn()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                rc, self.proc = self.proc.returncode, None
+                raise RuntimeError(f"dshd exited {rc} at start:\n{self.log_tail()}")
+            try:
+                with socket.socket(socket.AF_UNIX) as s:
+                    s.connect(str(self.socket))
+                return
+            except OSError:
+                time.sleep(0.01)
+        self.kill9()
+        raise RuntimeError(f"dshd did not listen within {timeout} s:\n{self.log_tail()}")
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill9(self) -> None:
+        """SIGKILL and reap (no-op when not running)."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+        self.proc = None
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int | None:
+        """Signal (graceful by default), wait bounded, SIGKILL if needed; the exit status."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        rc, self.proc = self.proc.returncode, None
+        return rc
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
