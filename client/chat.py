@@ -32,16 +32,14 @@ from typing import Any
 import click
 import trio
 
-from client.api import CallLost, Client, DaemonNotRunning, DaemonUnresponsive, connect
+from client.api import CallLost, Client, connect
+from client.exits import EXIT_ERROR, EXIT_INTERRUPTED, exit_for, single
 from client.follow import CallOutput
-from client.transport import ConnectionLost, DshClientError
+from client.transport import ConnectionLost
 from protocol.rpc import RpcError
 
 __all__ = ["chat", "run_chat"]
 
-EXIT_ERROR = 1
-EXIT_DAEMON_NOT_RUNNING = 2
-EXIT_INTERRUPTED = 130
 END_STATUS = {"completed": 0, "error": EXIT_ERROR, "interrupted": EXIT_ERROR,
               "cancelled": EXIT_INTERRUPTED}
 
@@ -302,7 +300,7 @@ async def run_turn(client: Client, sub, session_id: str, text: str, approver: Ap
     try:
         return await _show_turn(client, sub, session_id, screen, approver)
     except BaseException as raised:  # noqa: BLE001 - re-raised, with the hint when dshd left
-        lost = _single(raised)
+        lost = single(raised)
         call_id = screen.open_call()
         if call_id and isinstance(lost, ConnectionLost) and not isinstance(lost, CallLost):
             raise CallLost(lost, session_id, call_id) from raised
@@ -381,53 +379,15 @@ async def _chat(socket: str | None, session_id: str | None, prompt: str | None, 
                 await sub.aclose()
 
 
-def _single(exc: BaseException) -> BaseException:
-    """The exception that says what happened, out of nested groups: the one leaf, or -- when
-    several tasks failed at once (all of them on the connection dshd closed) -- the first
-    interrupt, then the first client error (one with a hint first), then error answer."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    if not isinstance(exc, BaseExceptionGroup):
-        return exc
-    leaves = list(_leaves(exc))
-    for kind in (KeyboardInterrupt, CallLost, DshClientError, RpcError):
-        for leaf in leaves:
-            if isinstance(leaf, kind):
-                return leaf
-    return exc
-
-
-def _leaves(exc: BaseException):
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            yield from _leaves(inner)
-    else:
-        yield exc
-
-
 def run_chat(socket: str | None, session_id: str | None, prompt: str | None, yes: bool) -> int:
     """Run the chat; map client errors to one stderr line and an exit status."""
     try:
         return trio.run(_chat, socket, session_id, prompt, yes)
     except BaseException as raised:  # noqa: BLE001 - mapped below, re-raised when unknown
-        exc = _single(raised)
-        if isinstance(exc, DaemonNotRunning):
-            _note(str(exc))
-            return EXIT_DAEMON_NOT_RUNNING
-        if isinstance(exc, DaemonUnresponsive):
-            _note(f"dsh: {exc}")
-            return EXIT_DAEMON_NOT_RUNNING
-        if isinstance(exc, RpcError):
-            _note(f"dsh: {exc.message}")
-            return EXIT_ERROR
-        if isinstance(exc, DshClientError):
-            _note(f"dsh: {exc}")
-            if isinstance(exc, CallLost):
-                _note(f"dsh: {exc.hint}")
-            return EXIT_ERROR
-        if isinstance(exc, KeyboardInterrupt):
-            return EXIT_INTERRUPTED
-        raise
+        code = exit_for(single(raised), _note)
+        if code is None:
+            raise
+        return code
 
 
 @click.command("chat")

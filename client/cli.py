@@ -52,10 +52,19 @@ from rich.text import Text
 
 from client import fsck as _fsck
 from client.answer import LineReader, Outcomes, parse_answer, request_lines
-from client.api import CallLost, Client, DaemonNotRunning, DaemonUnresponsive, connect, dsh_version
+from client.exits import (
+    EXIT_BROKEN_PIPE,
+    EXIT_INTERRUPTED,
+    EXIT_NEVER_RAN,
+    EXIT_OUTCOME_UNKNOWN,
+    EXIT_TIMEOUT,
+    exit_for,
+    single,
+)
+from client.api import CallLost, Client, connect, dsh_version
 from client.chat import chat as chat_command
 from client.spill import CompleteOutput
-from client.transport import ConnectionLost, DshClientError
+from client.transport import ConnectionLost
 from dshd.paths import is_valid_id
 from dshd.paths import state_dir as resolve_state_dir
 from protocol.rpc import ALREADY_DECIDED, APPROVAL_NOT_FOUND, STORAGE_FAILURE, RpcError
@@ -68,12 +77,6 @@ SETTLE_GRACE_S = 2.0
 SPILL_POLL_S = 0.02
 #: How long a switch to the spill file -- or, after the result, the file -- may make no progress.
 SPILL_WAIT_S = 5.0
-EXIT_DAEMON_NOT_RUNNING = 2
-EXIT_OUTCOME_UNKNOWN = 75  # EX_TEMPFAIL: the command may or may not have run
-EXIT_TIMEOUT = 124
-EXIT_NEVER_RAN = 125
-EXIT_INTERRUPTED = 130
-EXIT_BROKEN_PIPE = 141
 SANDBOX_MODES = ("read-only", "workspace-write", "danger-full-access")
 POLICIES = ("ask", "never")
 #: errorCodes of a call that never ran (exit 125 whatever else the result says).
@@ -341,53 +344,14 @@ def _execute(opts: Options, body: Callable[[Client], Awaitable[int]], *,
     try:
         return trio.run(main)
     except BaseException as raised:  # noqa: BLE001 - mapped below, re-raised when unknown
-        exc = _single(raised)
-        if isinstance(exc, DaemonNotRunning):
-            _note(str(exc))
-            return EXIT_DAEMON_NOT_RUNNING
-        if isinstance(exc, DaemonUnresponsive):
-            _note(f"dsh: {exc}")
-            return EXIT_DAEMON_NOT_RUNNING
-        if isinstance(exc, DshClientError):
-            _note(f"dsh: {exc}")
-            if isinstance(exc, CallLost):
-                _note(f"dsh: {exc.hint}")
-                return EXIT_OUTCOME_UNKNOWN  # the call may or may not have finished
-            return 1
-        if isinstance(exc, RpcError):
-            _note(f"dsh: {exc.message}")
-            return 1
-        if isinstance(exc, KeyboardInterrupt):
-            return EXIT_INTERRUPTED
+        exc = single(raised)
         if isinstance(exc, BrokenPipeError):
             _silence_stdout()
             return EXIT_BROKEN_PIPE
-        raise
-
-
-def _single(exc: BaseException) -> BaseException:
-    """The exception that says what happened, out of nested exception groups (trio nurseries):
-    the one leaf, or -- when several tasks failed at once, e.g. all of them on the connection
-    dshd closed -- the first that is an interrupt, a client error or an error answer.
-    Anything else stays the group (a bug: re-raised with its traceback)."""
-    if not isinstance(exc, BaseExceptionGroup):
-        return exc
-    leaves = list(_leaves(exc))
-    if len(leaves) == 1:
-        return leaves[0]
-    for kind in (KeyboardInterrupt, CallLost, DshClientError, RpcError, BrokenPipeError):
-        for leaf in leaves:
-            if isinstance(leaf, kind):
-                return leaf
-    return exc
-
-
-def _leaves(exc: BaseException):
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            yield from _leaves(inner)
-    else:
-        yield exc
+        code = exit_for(exc, _note)
+        if code is None:
+            raise
+        return code
 
 
 def _silence_stdout() -> None:
@@ -517,7 +481,7 @@ async def _run(client: Client, argv: tuple[str, ...], session_id: str | None,
                 follow_scope.cancel()
                 nursery.cancel_scope.cancel()
     except BaseException as raised:  # noqa: BLE001 - re-raised, with the hint when dshd left
-        lost = _single(raised)
+        lost = single(raised)
         if submitted and isinstance(lost, ConnectionLost) and not isinstance(lost, CallLost):
             raise CallLost(lost, session_id, call_id) from raised
         raise

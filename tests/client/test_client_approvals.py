@@ -15,7 +15,7 @@ import trio
 
 from client.answer import LineReader, Outcomes, parse_answer, request_lines, sandbox_label, visible
 from client.api import connect
-from client.cli import _single
+from client.exits import single as _single
 from client.transport import ConnectionLost
 from dsh_proc import Live, dsh
 from fake_dshd import FakeDshd, lane
