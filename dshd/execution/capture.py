@@ -143,20 +143,13 @@ class SpillSink:
         if self.error is not None or not self._chunks:
             return
         chunks, self._chunks = self._chunks, []
+        size = sum(len(c) for c in chunks)
         try:
-            if self._fd is None:
-                self._fd = self._open()
-            for chunk in chunks:
-                view = memoryview(chunk)
-                while view:
-                    n = os.write(self._fd, view)
-                    view = view[n:]
-                    self.written += n
-                    self._pending -= n
-        except OSError as exc:
-            self.error = exc
+            self._write_chunks(chunks)
+        except OSError:
             self._pending = 0
             raise
+        self._pending -= size
 
     async def flush(self) -> None:
         """Write every buffered byte in a worker thread. Raises ``OSError`` (kept in ``error``).
@@ -181,7 +174,8 @@ class SpillSink:
         self._pending -= size
 
     def _write_chunks(self, chunks: list) -> None:
-        """Worker-thread half of :meth:`flush`: touches only the file, never the buffer."""
+        """Write ``chunks`` in order (the worker-thread half of :meth:`flush`, and all of
+        :meth:`flush_sync`): touches only the file, never the buffer."""
         try:
             if self._fd is None:
                 self._fd = self._open()

@@ -53,10 +53,13 @@ async def run(
     sink: SpillSink | None = None,
     timeout: float | None = None,
     cancel: trio.Event | None = None,
+    recorder: Recorder | None = None,
     **kwargs: float,
 ) -> tuple[ExecOutcome, OutputCapture, Recorder]:
-    capture = OutputCapture(ShellOutputLimits(), sink)
-    recorder = Recorder(capture)
+    """Run ``command`` to the end; pass ``recorder`` to watch its output while it runs."""
+    if recorder is None:
+        recorder = Recorder(OutputCapture(ShellOutputLimits(), sink))
+    capture = recorder.capture
     outcome = await run_command(
         bash_argv(command),
         cwd=str(cwd),
@@ -64,7 +67,7 @@ async def run(
         capture=capture,
         on_output=recorder,
         timeout=timeout,
-        cancel=cancel or trio.Event(),
+        cancel=cancel if cancel is not None else trio.Event(),
         **kwargs,
     )
     return outcome, capture, recorder
@@ -197,17 +200,9 @@ async def test_cancel_event_kills_the_command_and_its_children(tmp_path: Path) -
     result: list[ExecOutcome] = []
 
     async def go() -> None:
-        result.append(
-            await run_command(
-                bash_argv("sleep 100 & echo pid=$!; sleep 100"),
-                cwd=str(tmp_path),
-                env=ENV,
-                capture=capture,
-                on_output=recorder,
-                timeout=None,
-                cancel=cancel,
-            )
-        )
+        outcome, _, _ = await run("sleep 100 & echo pid=$!; sleep 100", tmp_path,
+                                  cancel=cancel, recorder=recorder)
+        result.append(outcome)
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(go)
@@ -339,18 +334,10 @@ async def test_cancel_during_eof_grace_kills_the_holder_at_once(tmp_path: Path) 
     result: list[ExecOutcome] = []
 
     async def go() -> None:
-        result.append(
-            await run_command(
-                bash_argv("sleep 100 & echo pid=$!; echo leader=$$"),
-                cwd=str(tmp_path),
-                env=ENV,
-                capture=capture,
-                on_output=recorder,
-                timeout=None,
-                cancel=cancel,
-                eof_grace=1000,  # only the cancel can end the wait
-            )
-        )
+        outcome, _, _ = await run("sleep 100 & echo pid=$!; echo leader=$$", tmp_path,
+                                  cancel=cancel, recorder=recorder,
+                                  eof_grace=1000)  # only the cancel can end the wait
+        result.append(outcome)
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(go)
