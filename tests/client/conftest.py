@@ -10,17 +10,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _find_vectors() -> Path | None:
-    for base in (ROOT, *ROOT.parents):
-        candidate = base / "shared" / "conformance" / "ops-v1.json"
-        if candidate.is_file():
-            return candidate
-    return None
+VECTORS_PATH = ROOT / "conformance" / "ops-v1.json"
 
 
 @pytest.fixture(scope="session")
 def ops_vectors() -> dict:
-    path = _find_vectors()
-    if path is None:
-        pytest.fail("shared/conformance/ops-v1.json not found beside the repository")
-    return json.loads(path.read_text())
+    if not VECTORS_PATH.is_file():
+        pytest.fail(f"{VECTORS_PATH} is missing: the conformance vectors are part of the repository")
+    return json.loads(VECTORS_PATH.read_text())

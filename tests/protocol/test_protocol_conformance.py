@@ -1,14 +1,13 @@
-"""Every case of shared/conformance/ops-v1.json (OPS.md): apply, encode/decode/final, bad_wire.
+"""Every case of conformance/ops-v1.json (docs/OPS.md): apply, encode/decode/final, bad_wire.
 
-The vectors live beside the repository (``<repo>/../shared``) or at ``$DSH_SHARED``. A missing
-file fails the run: an empty parametrization must never pass.
+The vectors are part of the repository. A missing file fails the run: an empty parametrization
+must never pass.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -18,14 +17,7 @@ from protocol.codec import decode_json, encode_json
 from protocol.ops import json_equal
 
 
-def _shared_dir() -> Path:
-    env = os.environ.get("DSH_SHARED")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[2] / ".." / "shared"
-
-
-VECTORS_PATH = _shared_dir() / "conformance" / "ops-v1.json"
+VECTORS_PATH = Path(__file__).resolve().parents[2] / "conformance" / "ops-v1.json"
 VECTORS = json.loads(VECTORS_PATH.read_text(encoding="utf-8"))  # FileNotFoundError fails collection
 KINDS = {"verb", "arity", "path", "reserved", "type", "range", "missing", "ref"}
 
