@@ -381,3 +381,13 @@ def test_real_answers_carry_only_documented_keys(tmp_path):
         if peer is not None:
             peer.close()
         daemon.stop()
+
+
+def test_repair_sentences_are_quoted_verbatim_in_storage_section_5():
+    from dshd.storage import repair
+
+    text = " ".join(section(doc("STORAGE"), "5").split())
+    sentences = (repair.NOT_STARTED_TEXT, repair.OUTCOME_UNKNOWN_TEXT, repair.NOT_GRANTED_TEXT,
+                 repair.LAST_OUTPUT_INTRO)
+    missing = [s for s in sentences if f'"{s}"' not in text]
+    assert not missing, missing
