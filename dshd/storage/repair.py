@@ -8,8 +8,8 @@ what was opened and never closed:
 - ``tool/call`` without ``tool/result`` → ``tool/result`` with ``TOOL_OUTCOME_UNKNOWN``, with
   the last checkpointed output window (sidecar, §6) when there is one — except a call whose
   approval was asked and never granted (no ``allowed-once``): the gate comes before the
-  barrier, so its body cannot have started, and it is closed ``TOOL_NOT_STARTED`` (sharper than
-  STORAGE.md §5's wording, and never less safe: a grant is durable before any body runs);
+  barrier, so its body cannot have started, and it is closed ``TOOL_NOT_STARTED`` (never less
+  safe than ``TOOL_OUTCOME_UNKNOWN``: a grant is durable before any body runs);
 - ``approval/asked`` without ``approval/decided`` → ``approval/decided {outcome: cancelled,
   by: repair}``;
 - a ``step/start`` without ``step/end`` → ``step/end``; a ``turn/start`` without ``turn/end``
