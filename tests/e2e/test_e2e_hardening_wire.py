@@ -463,3 +463,42 @@ def test_relative_paths_are_resolved_at_start(tmp_path, how):
             _stop(proc)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+PIDS_CGROUP = Path("/sys/fs/cgroup/pids")
+
+
+def _threads(pid: int) -> list[str]:
+    return [(t / "comm").read_text().strip() for t in Path(f"/proc/{pid}/task").iterdir()]
+
+
+def test_a_long_line_without_a_parser_thread_fails_closed(daemon):
+    """Long lines parse on a worker thread; when none can start (a pids limit), the line gets
+    a -32603 naming the reason and the daemon goes on (it neither crashes nor stalls)."""
+    if os.getuid() != 0 or not (PIDS_CGROUP / "cgroup.procs").exists():
+        pytest.skip("needs root and a cgroup v1 pids hierarchy to limit dshd's threads")
+    deadline = time.monotonic() + 30  # trio's idle worker threads leave after 10 s
+    while len(_threads(daemon.pid)) > 1:
+        assert time.monotonic() < deadline, _threads(daemon.pid)
+        time.sleep(0.2)
+    cg = PIDS_CGROUP / f"dsh-wire-{os.getpid()}"
+    cg.mkdir()
+    try:
+        (cg / "cgroup.procs").write_text(str(daemon.pid))
+        (cg / "pids.max").write_text("1")  # its one thread: no new one can start
+        c = RawClient(daemon.socket).init()
+        long_request = {"jsonrpc": "2.0", "id": 1, "method": "daemon.status",
+                        "params": {"pad": "x" * 100_000}}
+        c.send(long_request)
+        err = c.msg()
+        assert err["id"] is None and err["error"]["code"] == -32603, err
+        assert "thread" in err["error"]["message"] and "not run" in err["error"]["message"]
+        assert "result" in c.call(2, "daemon.status")  # short lines need no thread
+        (cg / "pids.max").write_text("max")
+        c.send(long_request)
+        assert "result" in c.answer()
+    finally:
+        (cg / "pids.max").write_text("max")
+        (PIDS_CGROUP / "cgroup.procs").write_text(str(daemon.pid))
+        cg.rmdir()
+    assert daemon.running
