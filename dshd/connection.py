@@ -18,7 +18,8 @@ Theory of operation (PROTOCOL.md §1–§2):
   line, always; what a request runs after its answer (``subscribe``'s base batch) runs after
   the array is queued.
 * End of input (a half-close, ``shutdown(SHUT_WR)``) stops reading, not answering: the
-  requests in flight finish and their answers are sent, then the connection closes.
+  requests in flight finish and their answers are sent, then the connection closes. A peer
+  that closed its socket entirely (``POLLHUP``) is not waited for: its requests are cancelled.
 * One writer task drains one FIFO send queue. Responses are never dropped: when the bytes of
   queued responses pass their bound, the connection is closed. Stream batches have their own
   byte budget; a batch that does not fit is dropped for its subscription, which waits for a base
@@ -34,6 +35,7 @@ Theory of operation (PROTOCOL.md §1–§2):
 from __future__ import annotations
 
 import functools
+import select
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -56,6 +58,8 @@ PARSE_THREADS = 2
 #: would otherwise reset the connection before it reads its error line).
 REFUSE_DRAIN_BYTES = 64 * 1024
 REFUSE_DRAIN_SECONDS = 1.0
+#: After end of input, how often to look whether the peer closed entirely, seconds.
+PEER_CHECK_SECONDS = 0.5
 #: Sending one refusal line, seconds.
 REFUSE_SEND_SECONDS = 2.0
 
@@ -237,10 +241,22 @@ class Connection:
 
     async def _answer_in_flight(self) -> None:
         """After end of input: wait until every request in flight is answered and every
-        response is sent (the writer closes a peer that stops reading)."""
+        response is sent (the writer closes a peer that stops reading). A peer that closed
+        both halves (not a half-close) is not waited for: its requests are cancelled."""
         while (self._in_flight or self._response_bytes) and not self._closing:
+            if self._peer_gone():
+                return
             self._progress = trio.Event()
-            await self._progress.wait()
+            with trio.move_on_after(PEER_CHECK_SECONDS):
+                await self._progress.wait()
+
+    def _peer_gone(self) -> bool:
+        """True when the peer closed its socket (POLLHUP: both directions shut), not only its
+        writing half."""
+        poller = select.poll()
+        poller.register(self.stream.socket.fileno(), select.POLLHUP)
+        return any(ev & (select.POLLHUP | select.POLLERR | select.POLLNVAL)
+                   for _, ev in poller.poll(0))
 
     async def _refuse(self, code: int, message: str) -> None:
         """Queue one error line, let the writer send it (bounded), then half-close and drain."""

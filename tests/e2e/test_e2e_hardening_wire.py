@@ -348,6 +348,21 @@ def test_a_half_closed_client_gets_every_answer(daemon, workdir):
     assert "result" in got[3]
 
 
+def test_a_client_that_closed_entirely_is_not_waited_for(daemon, workdir):
+    sid, slow = _session_with_running_call(daemon.socket, workdir, "sleep 60")
+    control = RawClient(daemon.socket).init()
+    gone = RawClient(daemon.socket).init()
+    gone.send({"jsonrpc": "2.0", "id": 1, "method": "tool.wait",
+               "params": {"sessionId": sid, "callId": slow}})
+    time.sleep(0.3)
+    assert control.call(1, "daemon.status")["result"]["connections"] == 2
+    gone.close()  # both halves: nobody will read the answer
+    deadline = time.monotonic() + 5
+    while control.call(2, "daemon.status")["result"]["connections"] != 1:
+        assert time.monotonic() < deadline, "the closed client's connection lingers"
+        time.sleep(0.1)
+
+
 @pytest.fixture
 def unprivileged_user():
     if os.getuid() != 0 or not shutil.which("useradd") or not shutil.which("setpriv"):
