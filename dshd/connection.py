@@ -297,7 +297,7 @@ class Connection:
                     buf = bytearray()
                     discarding = True
                 elif nl >= 0 and not buf:
-                    await self._on_line(data[start:nl], nursery)  # the common case: no copy
+                    await self._on_line(data[start:nl], nursery)  # the common case: not buffered
                 elif end > start:
                     if not budget.take(end - start):
                         self._release(len(buf))
