@@ -4,7 +4,8 @@ Every test talks to a real ``dshd`` over its real Unix socket with raw sockets (
 library between the test and the bytes), so they keep guarding when the connection layer is
 rebuilt: one huge batch line or many partial lines never stall other clients or blow up the
 daemon's memory; a response object, a batch with ``subscribe`` or a half-close never loses an
-answer; a refused peer reads its error line; relative paths on the command line work.
+answer (while a peer that closed entirely is not waited for); a refused peer reads its error
+line; a long line with no parser thread to be had fails closed; relative paths work.
 """
 
 from __future__ import annotations
