@@ -8,10 +8,12 @@ print; they never assert on time.
 BENCHES: list[str] = [
     "durability",  # SessionLog: durable events/s, group commit, flush latency vs bare fsync
     "streaming",  # live views: throughput, latency, wire bytes, memory, fan-out, codec ops/s
+    "wire_fuzz",  # daemon.status latency idle vs under malformed input on 20 connections
 ]
 
 #: Arguments each bench gets under ``python -m bench --quick`` (a smoke run with small sizes).
 QUICK_ARGV: dict[str, list[str]] = {
     "durability": ["--events", "200"],
     "streaming": ["--quick"],
+    "wire_fuzz": ["--seconds", "3"],
 }

@@ -4,7 +4,9 @@ Theory of operation: every setting has an embedded default, so ``dshd`` runs wit
 file at all. A TOML file (``dshd --config PATH``, else ``$XDG_CONFIG_HOME/dsh/dshd.toml`` in
 user mode or ``/etc/dsh/dshd.toml`` in system mode, when present) is read with ``tomllib`` and
 converted with msgspec; an unknown key is an error that names the key. Command-line flags
-override the file. Units are in the field names' comments: bytes, seconds, counts.
+override the file. Paths (``socket``, ``state_dir``) are made absolute at load: a relative one
+in the file is relative to the file's directory, on the command line to the working directory.
+Units are in the field names' comments: bytes, seconds, counts.
 """
 
 from __future__ import annotations
@@ -87,6 +89,16 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     stalled_client_seconds: Annotated[float, msgspec.Meta(gt=0)] = 60.0
     #: Concurrent requests in flight per connection (more get -32013).
     max_requests_per_connection: Annotated[int, msgspec.Meta(ge=1)] = 256
+    # -- wire limits (issue 10, connection room): PROTOCOL.md §1 ---------------------------
+    #: Entries of one batch array; a longer batch gets one -32600 (id null), none of it runs.
+    max_batch_entries: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 1_000
+    #: Client connections served at once; the next one gets one -32013 line and is closed.
+    max_connections: Annotated[int, msgspec.Meta(ge=1, le=65_536)] = 256
+    #: Bytes of not-yet-complete lines buffered over all connections together; the connection
+    #: whose bytes would pass it gets one -32013 line and is closed.
+    max_buffered_bytes: Annotated[int, msgspec.Meta(ge=1024 * 1024)] = 64 * 1024 * 1024
+    #: A line longer than this is parsed on a worker thread, not on the event loop, bytes.
+    offload_parse_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 64 * 1024
     #: Sessions a daemon holds open at once; at the limit the least recently used idle one is
     #: closed to make room, and only when all are busy does a request get -32013.
     max_sessions: Annotated[int, msgspec.Meta(ge=1)] = 1024
@@ -103,11 +115,20 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     #: The agent loop's model (``[model]`` table; ``ModelConfig``).
     model: ModelConfig = msgspec.field(default_factory=ModelConfig)
 
+    def __post_init__(self) -> None:
+        if self.max_buffered_bytes < self.max_message_bytes:
+            raise ValueError(
+                f"max_buffered_bytes ({self.max_buffered_bytes}) must be at least "
+                f"max_message_bytes ({self.max_message_bytes}), or the longest line never fits"
+            )
+
     def socket_path(self) -> Path:
-        return paths.socket_path(self.socket, system=self.system)
+        """Absolute (a relative ``DSH_SOCKET`` is relative to the working directory)."""
+        return Path(os.path.abspath(paths.socket_path(self.socket, system=self.system)))
 
     def state_path(self) -> Path:
-        return paths.state_dir(self.state_dir, system=self.system)
+        """Absolute (a relative ``DSH_STATE_DIR`` is relative to the working directory)."""
+        return Path(os.path.abspath(paths.state_dir(self.state_dir, system=self.system)))
 
 
 def default_config_path(system: bool) -> Path:
@@ -118,6 +139,15 @@ def default_config_path(system: bool) -> Path:
     return base / "dsh" / "dshd.toml"
 
 
+#: Config keys that are paths (made absolute at load).
+PATH_KEYS = ("socket", "state_dir")
+
+
+def _absolute(value: str, base: Path) -> str:
+    path = Path(value).expanduser()
+    return os.path.normpath(path if path.is_absolute() else base / path) if value else value
+
+
 def load_config(path: str | os.PathLike[str] | None, *, system: bool = False, **overrides) -> Config:
     """Build the Config: defaults < TOML file < ``overrides`` (flags; None values ignored).
 
@@ -126,7 +156,7 @@ def load_config(path: str | os.PathLike[str] | None, *, system: bool = False, **
     """
     data: dict = {}
     explicit = path is not None
-    file = Path(path) if explicit else default_config_path(system)
+    file = Path(os.path.abspath(path)) if explicit else default_config_path(system)
     if explicit or file.exists():
         try:
             with open(file, "rb") as fh:
@@ -139,7 +169,16 @@ def load_config(path: str | os.PathLike[str] | None, *, system: bool = False, **
             raise ConfigError(f"config file {file} cannot be read: {exc.strerror}") from None
     if system:
         data["system"] = True
-    data.update({k: v for k, v in overrides.items() if v is not None})
+    # Relative paths in the file are relative to the file; on the command line, to the cwd.
+    # Resolved here, once: the daemon hands them to sandboxes and subprocesses.
+    for key in PATH_KEYS:
+        if isinstance(data.get(key), str):
+            data[key] = _absolute(data[key], file.parent)
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    for key in PATH_KEYS:
+        if isinstance(overrides.get(key), str):
+            overrides[key] = _absolute(overrides[key], Path.cwd())
+    data.update(overrides)
     try:
         return msgspec.convert(data, Config)
     except msgspec.ValidationError as exc:

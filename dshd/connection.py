@@ -4,21 +4,38 @@ Theory of operation (PROTOCOL.md §1–§2):
 
 * The reader splits the byte stream into lines. A line longer than ``max_message_bytes`` is
   discarded through its newline and answered ``-32600`` (``id: null``); invalid JSON gets
-  ``-32700``; the connection stays open after both.
+  ``-32700``; the connection stays open after both. The bytes of unfinished lines count
+  against one daemon-wide :class:`LineBudget` (``max_buffered_bytes``); the connection whose
+  bytes would pass it gets one ``-32013`` line and is closed (:meth:`Connection._refuse`).
+* A line of ``offload_parse_bytes`` or more is parsed on a worker thread (at most
+  ``PARSE_THREADS`` at once, daemon-wide), so one huge line never stalls the event loop; a
+  worker that cannot be started is answered ``-32603`` with the reason. A batch of more than
+  ``max_batch_entries`` is one ``-32600`` (``id: null``) and none of it runs.
 * ``initialize`` is handled in line (it must come first; anything else before it gets
   ``-32002``). Every other request runs as its own task in the connection's handler nursery, so
   a ``tool.wait`` never holds up the requests behind it; at most ``max_requests_per_connection``
-  run at once (more get ``-32013``).
+  run at once (more get ``-32013``). A batch is one such task, and its answers are one array
+  line, always; what a request runs after its answer (``subscribe``'s base batch) runs after
+  the array is queued.
+* End of input (a half-close, ``shutdown(SHUT_WR)``) stops reading, not answering: the
+  requests in flight finish and their answers are sent, then the connection closes. A peer
+  that closed its socket entirely (``POLLHUP``) is not waited for: its requests are cancelled.
 * One writer task drains one FIFO send queue. Responses are never dropped: when the bytes of
   queued responses pass their bound, the connection is closed. Stream batches have their own
   byte budget; a batch that does not fit is dropped for its subscription, which waits for a base
   batch that the writer triggers once the queue has drained (``Publisher.rebase``). A peer that
   does not read for ``stalled_client_seconds`` is closed with a logged reason.
+* A refusal (a peer that may not connect, a connection over a limit) is one error line, then
+  :func:`half_close_and_drain`: our side shuts its writing half and reads what the peer sent
+  (at most ``REFUSE_DRAIN_BYTES``, ``REFUSE_DRAIN_SECONDS``) before closing, so the peer reads
+  the line instead of a connection reset.
 * Closing the connection ends its subscriptions; the sessions' tool calls keep running.
 """
 
 from __future__ import annotations
 
+import functools
+import select
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -35,7 +52,66 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("dshd.connection")
 
+#: Worker threads that parse long lines at once, daemon-wide.
+PARSE_THREADS = 2
+#: What a refused peer may still send before the close, bytes and seconds (its unread input
+#: would otherwise reset the connection before it reads its error line).
+REFUSE_DRAIN_BYTES = 64 * 1024
+REFUSE_DRAIN_SECONDS = 1.0
+#: After end of input, how often to look whether the peer closed entirely, seconds.
+PEER_CHECK_SECONDS = 0.5
+#: Sending one refusal line, seconds.
+REFUSE_SEND_SECONDS = 2.0
+
 _next_conn_id = 0
+
+
+class LineBudget:
+    """Bytes of unfinished lines buffered by all connections together (``max_buffered_bytes``)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def take(self, n: int) -> bool:
+        if self.used + n > self.limit:
+            return False
+        self.used += n
+        return True
+
+    def give(self, n: int) -> None:
+        self.used -= n
+
+
+async def half_close_and_drain(stream: trio.SocketStream) -> None:
+    """Shut our writing half, then read (bounded) what the peer still sends, so that closing
+    does not reset a connection whose peer has not read our last line yet."""
+    with trio.move_on_after(REFUSE_DRAIN_SECONDS):
+        try:
+            await stream.send_eof()
+            drained = 0
+            while drained < REFUSE_DRAIN_BYTES:
+                data = await stream.receive_some(REFUSE_DRAIN_BYTES - drained)
+                if not data:
+                    return
+                drained += len(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError, OSError):
+            return  # gone, or the writer still sends to a peer that does not read: just close
+
+
+async def refuse(stream: trio.SocketStream, line: bytes) -> None:
+    """Send one error line to a connection that is not served, drain (bounded), close."""
+    try:
+        with trio.move_on_after(REFUSE_SEND_SECONDS):
+            try:
+                await stream.send_all(line)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return
+            await half_close_and_drain(stream)
+    finally:
+        with trio.move_on_after(1) as cs:
+            cs.shield = True
+            await stream.aclose()
 
 
 class Connection:
@@ -57,6 +133,8 @@ class Connection:
         self._wakeup = trio.Event()
         self._resync: dict[str, "Subscription"] = {}
         self._in_flight = 0
+        self._progress = trio.Event()  # set when a request finishes or a response is sent
+        self._held = 0  # bytes this connection holds of the daemon's LineBudget
         self._closing = False
         self._nursery: trio.Nursery | None = None
         self.log = log.bind(conn=self.id, uid=uid)
@@ -120,6 +198,7 @@ class Connection:
                     return
             if sub is None:
                 self._response_bytes -= len(line)
+                self._progress.set()
             else:
                 self._stream_bytes -= len(line)
             if scope.cancelled_caught:
@@ -133,23 +212,24 @@ class Connection:
                 self._nursery = nursery
                 nursery.start_soon(self._writer)
                 if not self.daemon.peer_allowed(self.uid):
-                    self.send_line(
-                        rpc.encode_error(None, rpc.PERMISSION_DENIED,
-                                         "permission denied: this daemon serves its own user "
-                                         "(and, in system mode, the configured group)")
+                    await self._refuse(
+                        rpc.PERMISSION_DENIED,
+                        "permission denied: this daemon serves its own user "
+                        "(and, in system mode, the configured group)",
                     )
-                    await self._drain_then_close()
                     self.log.warning("connection.refused", reason="peer uid not allowed")
                     nursery.cancel_scope.cancel()
                     return
                 try:
-                    await self._reader(nursery)
+                    if await self._reader(nursery):
+                        await self._answer_in_flight()
                 finally:
-                    # EOF or error: finish in-flight requests' responses briefly, then stop.
                     nursery.cancel_scope.cancel()
         except* (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the peer went away: nothing to answer
         finally:
+            self.daemon.line_budget.give(self._held)
+            self._held = 0
             for sub in list(self.subscriptions.values()):
                 session = self.daemon.registry.open.get(sub.session_id)
                 if session is not None:
@@ -159,44 +239,95 @@ class Connection:
                 cs.shield = True
                 await self.stream.aclose()
 
-    async def _drain_then_close(self) -> None:
-        """Give the writer a bounded moment to send what is queued (the refusal line)."""
-        with trio.move_on_after(2):
-            while self._queue:
-                await trio.sleep(0.01)
+    async def _answer_in_flight(self) -> None:
+        """After end of input: wait until every request in flight is answered and every
+        response is sent (the writer closes a peer that stops reading). A peer that closed
+        both halves (not a half-close) is not waited for: its requests are cancelled."""
+        while (self._in_flight or self._response_bytes) and not self._closing:
+            if self._peer_gone():
+                return
+            self._progress = trio.Event()
+            with trio.move_on_after(PEER_CHECK_SECONDS):
+                await self._progress.wait()
 
-    async def _reader(self, nursery: trio.Nursery) -> None:
+    def _peer_gone(self) -> bool:
+        """True when the peer closed its socket (POLLHUP: both directions shut), not only its
+        writing half."""
+        poller = select.poll()
+        poller.register(self.stream.socket.fileno(), select.POLLHUP)
+        return any(ev & (select.POLLHUP | select.POLLERR | select.POLLNVAL)
+                   for _, ev in poller.poll(0))
+
+    async def _refuse(self, code: int, message: str) -> None:
+        """Queue one error line, let the writer send it (bounded), then half-close and drain."""
+        self.send_line(rpc.encode_error(None, code, message))
+        with trio.move_on_after(REFUSE_SEND_SECONDS):
+            await self._wait_responses_sent()
+        self._closing = True
+        self._queue.clear()  # nothing more goes out; the writer finishes at most one line
+        await half_close_and_drain(self.stream)
+
+    async def _wait_responses_sent(self) -> None:
+        while self._response_bytes and not self._closing:
+            self._progress = trio.Event()
+            await self._progress.wait()
+
+    async def _reader(self, nursery: trio.Nursery) -> bool:
+        """Read and handle lines until end of input (True), or until this connection is
+        refused for passing the daemon's line budget (False)."""
         limit = self.config.max_message_bytes
+        budget = self.daemon.line_budget
         buf = bytearray()
         discarding = False
         while True:
             try:
                 data = await self.stream.receive_some(65536)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
-                return
+                return True
             if not data:
-                return
+                return True
             start = 0
             while True:
                 nl = data.find(b"\n", start)
+                end = len(data) if nl < 0 else nl
+                if discarding:
+                    pass
+                elif len(buf) + end - start > limit:
+                    self._release(len(buf))
+                    buf = bytearray()
+                    discarding = True
+                elif nl >= 0 and not buf:
+                    await self._on_line(data[start:nl], nursery)  # the common case: not buffered
+                elif end > start:
+                    if not budget.take(end - start):
+                        self._release(len(buf))
+                        await self._refuse(rpc.LIMIT_EXCEEDED, self._over_budget())
+                        return False
+                    self._held += end - start
+                    buf += memoryview(data)[start:end]
                 if nl < 0:
-                    if not discarding:
-                        buf += data[start:]
-                        if len(buf) > limit:
-                            buf.clear()
-                            discarding = True
                     break
                 if discarding:
                     discarding = False
                     self._oversize(limit)
-                else:
-                    buf += data[start:nl]
-                    if len(buf) > limit:
-                        self._oversize(limit)
-                    elif buf.strip():
-                        await self._on_line(bytes(buf), nursery)
-                    buf.clear()
+                elif buf:
+                    line, buf = buf, bytearray()
+                    try:
+                        await self._on_line(line, nursery)
+                    finally:
+                        self._release(len(line))
                 start = nl + 1
+
+    def _release(self, n: int) -> None:
+        self.daemon.line_budget.give(n)
+        self._held -= n
+
+    def _over_budget(self) -> str:
+        return (
+            f"limit exceeded: unfinished lines of all connections passed max_buffered_bytes "
+            f"({self.config.max_buffered_bytes} bytes); this connection is closed: "
+            "reconnect and send shorter lines, or fewer at once"
+        )
 
     def _oversize(self, limit: int) -> None:
         self.send_line(
@@ -206,30 +337,53 @@ class Connection:
             )
         )
 
-    async def _on_line(self, line: bytes, nursery: trio.Nursery) -> None:
+    async def _parse(self, line: bytes | bytearray) -> rpc.Messages:
+        """``rpc.parse_message``, on a worker thread for a long line (see the module doc)."""
+        parse = functools.partial(rpc.parse_message, line, max_batch=self.config.max_batch_entries)
+        if len(line) < self.config.offload_parse_bytes:
+            return parse()
         try:
-            parsed = rpc.parse_message(line)
-        except rpc.RpcError as exc:
-            self.send_line(rpc.encode_error(None, exc.code, exc.message, exc.data))
+            return await trio.to_thread.run_sync(parse, limiter=self.daemon.parse_limiter)
+        except RuntimeError as exc:  # no thread could be started (pids limit, memory)
+            self.log.error("connection.parse_thread_failed", error=str(exc), bytes=len(line))
+            out = rpc.Messages()
+            out.append(rpc.RpcError(
+                rpc.INTERNAL_ERROR,
+                f"internal error: dshd could not start a thread to parse this "
+                f"{len(line)}-byte message ({exc}); it was not run: retry, or send shorter lines",
+            ))
+            return out
+
+    async def _on_line(self, line: bytes | bytearray, nursery: trio.Nursery) -> None:
+        if not line or line.isspace():
             return
+        parsed = await self._parse(line)
         if parsed.is_batch:
             if not self._admit(None):
                 return
-            nursery.start_soon(self._run_batch, parsed.items)
+            nursery.start_soon(self._run_batch, list(parsed))
             return
-        item = parsed.items[0]
+        item = parsed[0]
+        if isinstance(item, rpc.RpcError):  # the line itself is refused: answer at once
+            self.send_line(rpc.encode_error(item.id, item.code, item.message, item.data))
+            return
         if isinstance(item, rpc.Request) and item.method == "initialize":
-            response = await dispatch(self, item)
-            if response is not None:
-                self.send_line(response)
+            self._deliver(await dispatch(self, item))
             return
         if not self._admit(item):
             return
         nursery.start_soon(self._run_one, item)
 
+    def _deliver(self, answer) -> None:
+        line, then = answer
+        if line is not None:
+            self.send_line(line)
+        if then is not None:
+            then()
+
     def _admit(self, item) -> bool:
         if self._in_flight >= self.config.max_requests_per_connection:
-            rid = getattr(item, "id", None)
+            rid = item.id if isinstance(item, rpc.Request) else None
             self.send_line(
                 rpc.encode_error(rid, rpc.LIMIT_EXCEEDED,
                                  f"too many requests in flight on this connection "
@@ -239,26 +393,33 @@ class Connection:
         self._in_flight += 1
         return True
 
+    def _done(self) -> None:
+        self._in_flight -= 1
+        self._progress.set()
+
     async def _run_one(self, item) -> None:
         try:
-            response = await dispatch(self, item)
-            if response is not None:
-                self.send_line(response)
+            self._deliver(await dispatch(self, item))
         finally:
-            self._in_flight -= 1
+            self._done()
 
     async def _run_batch(self, items: list) -> None:
+        """Every entry runs at once; their answers go out as one array line, and only then
+        what an entry runs after its answer (a subscription's base batch)."""
         try:
-            responses: list[bytes | None] = [None] * len(items)
+            answers: list = [None] * len(items)
 
             async def one(i: int, item) -> None:
-                responses[i] = await dispatch(self, item)
+                answers[i] = await dispatch(self, item)
 
             async with trio.open_nursery() as n:
                 for i, item in enumerate(items):
                     n.start_soon(one, i, item)
-            parts = [r.rstrip(b"\n") for r in responses if r is not None]
-            if parts:
-                self.send_line(b"[" + b",".join(parts) + b"]\n")
+            line = rpc.encode_batch([a[0] for a in answers if a[0] is not None])
+            if line:
+                self.send_line(line)
+            for _, then in answers:
+                if then is not None:
+                    then()
         finally:
-            self._in_flight -= 1
+            self._done()

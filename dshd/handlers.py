@@ -1,6 +1,8 @@
 """JSON-RPC method handlers (PROTOCOL.md §2–§3.6), and the one place errors become responses.
 
-Theory of operation: :func:`dispatch` looks the method up in ``METHODS``, decodes its params
+Theory of operation: :func:`dispatch` first checks the envelope (only a request or a
+notification reaches a handler; a response object, or an element ``parse_message`` refused, is
+answered ``-32600``), then looks the method up in ``METHODS``, decodes its params
 into the method's msgspec struct (bad params → ``-32602`` naming the field), runs the handler
 and encodes the result. Domain exceptions are mapped to JSON-RPC errors here and nowhere else;
 an unexpected exception is logged with its traceback and answered ``-32603`` without closing the
@@ -225,7 +227,8 @@ async def unsubscribe(conn: "Connection", p: rpc.UnsubscribeParams) -> dict:
 
 
 class AfterResponse:
-    """A result whose ``then`` runs right after the response line is queued."""
+    """A result whose ``then`` runs right after the response line is queued (for a request in
+    a batch: after the batch's one array is queued)."""
 
     def __init__(self, result: object, then: Callable[[], None]) -> None:
         self.result = result
@@ -305,10 +308,29 @@ METHODS: dict[str, tuple[type, Handler]] = {
 }
 
 
-async def dispatch(conn: "Connection", item) -> bytes | None:
-    """Run one request (or notification) and return its encoded response line (or None)."""
-    if isinstance(item, rpc.RpcError):  # an element of a batch that was not a valid request
-        return rpc.encode_error(item.id, item.code, item.message, item.data)
+#: What :func:`dispatch` gives the connection: the encoded answer (None for a notification)
+#: and what to run once that answer is queued (a subscription's attach), in this order.
+Answer = tuple[bytes | None, Callable[[], None] | None]
+
+NOT_A_CALL = (
+    "invalid request: dshd answers requests and notifications; this is a response or an "
+    "error object, and dshd sent no request it could answer"
+)
+
+
+async def dispatch(conn: "Connection", item) -> Answer:
+    """Run one classified message and return its :data:`Answer`.
+
+    The envelope is checked before anything else: an element ``parse_message`` refused, and
+    any answer object (``Response``/``ErrorResponse``: dshd never sends requests), becomes a
+    ``-32600`` here, so only a ``Request`` or ``Notification`` reaches a handler. A response
+    object is answered with ``id: null`` (its id names none of the client's requests).
+    """
+    if isinstance(item, rpc.RpcError):  # not a valid message (or a whole line refused)
+        return rpc.encode_error(item.id, item.code, item.message, item.data), None
+    if not isinstance(item, (rpc.Request, rpc.Notification)):
+        log.info("rpc", conn=conn.id, method=None, id=None, error=rpc.INVALID_REQUEST)
+        return rpc.encode_error(None, rpc.INVALID_REQUEST, NOT_A_CALL), None
     is_request = isinstance(item, rpc.Request)
     rid = item.id if is_request else None
     started = time.perf_counter()
@@ -322,26 +344,21 @@ async def dispatch(conn: "Connection", item) -> bytes | None:
         params_type, handler = entry
         params = rpc.decode_params(item.params, params_type)
         result = await handler(conn, params)
+        then = None
         if isinstance(result, AfterResponse):
-            if is_request:
-                conn.send_line(rpc.encode_response(rid, result.result))
-            result.then()
-            return None
-        return rpc.encode_response(rid, result) if is_request else None
+            result, then = result.result, result.then
+        return (rpc.encode_response(rid, result) if is_request else None), then
     except rpc.RpcError as exc:
         code = exc.code
-        return rpc.encode_error(rid, exc.code, exc.message, exc.data) if is_request else None
+        return (rpc.encode_error(rid, exc.code, exc.message, exc.data) if is_request else None), None
     except StorageError as exc:
         code = rpc.STORAGE_FAILURE
-        return rpc.encode_error(rid, code, f"storage failure: {exc}") if is_request else None
+        return (rpc.encode_error(rid, code, f"storage failure: {exc}") if is_request else None), None
     except Exception:
         code = rpc.INTERNAL_ERROR
         log.exception("rpc.internal_error", method=item.method)
-        return (
-            rpc.encode_error(rid, code, "internal error in dshd; see the daemon log")
-            if is_request
-            else None
-        )
+        line = rpc.encode_error(rid, code, "internal error in dshd; see the daemon log")
+        return (line if is_request else None), None
     finally:
         log.info(
             "rpc",

@@ -3,10 +3,13 @@
 Theory of operation: :func:`serve` builds every long-lived object once (config, daemon lock,
 sandbox verdict, session registry) and runs them in one nursery: the registry (which owns the
 sessions and their tool calls), the accept loop and the signal watcher. Each accepted
-connection is a task in a separate handler nursery so that a graceful stop can stop accepting
-first, then tell the sessions to settle their calls and flush, then put a deadline on the
+connection is a task in a separate handler nursery (the accept loop never waits for one) so
+that a graceful stop can stop accepting first, then tell the sessions to settle their calls and flush, then put a deadline on the
 handlers. ``READY=1`` goes to systemd (``NOTIFY_SOCKET``) once the socket listens; under socket
-activation (``LISTEN_FDS``) the passed socket is used as is.
+activation (``LISTEN_FDS``) the passed socket is used as is. Bounds shared by all
+connections live on :class:`Daemon`: at most ``max_connections`` are served (the next one is
+answered -32013 and closed), their unfinished lines share one ``LineBudget``, and long lines
+are parsed on at most ``PARSE_THREADS`` worker threads.
 """
 
 from __future__ import annotations
@@ -22,15 +25,20 @@ from pathlib import Path
 import structlog
 import trio
 
+from protocol import rpc
+
 from . import __version__
 from .config import Config
-from .connection import Connection
+from .connection import PARSE_THREADS, Connection, LineBudget, refuse
 from .sessions.registry import SessionRegistry
 from .storage.lock import DaemonLock
 
 log = structlog.get_logger("dshd")
 
 SD_LISTEN_FDS_START = 3
+#: Connections being refused at once (max_connections reached): each gets its error line and a
+#: bounded drain; past this many, a new one is closed at once without the line.
+MAX_REFUSING = 64
 ACCEPT_CAPACITY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
 
 
@@ -162,6 +170,9 @@ class Daemon:
         self.sandbox = sandbox
         self.registry = SessionRegistry(config, state_dir, sandbox)
         self.connections: set[Connection] = set()
+        self.refusing = 0  # connections being refused for max_connections (MAX_REFUSING)
+        self.line_budget = LineBudget(config.max_buffered_bytes)
+        self.parse_limiter = trio.CapacityLimiter(PARSE_THREADS)
         self.started_at = time.time_ns() // 1_000_000
         self.pid = os.getpid()
         self.stopping = False
@@ -278,8 +289,29 @@ async def serve(config: Config, *, task_status=trio.TASK_STATUS_IGNORED) -> None
     log.info("dshd.stopped")
 
 
+async def _refuse_over_limit(daemon: Daemon, stream: trio.SocketStream) -> None:
+    """``max_connections`` are served: this one gets one -32013 line (bounded) and is closed."""
+    limit = daemon.config.max_connections
+    if daemon.refusing >= MAX_REFUSING:
+        await stream.aclose()
+        return
+    daemon.refusing += 1
+    try:
+        log.warning("connection.refused", reason="max_connections reached", max_connections=limit)
+        await refuse(stream, rpc.encode_error(
+            None, rpc.LIMIT_EXCEEDED,
+            f"limit exceeded: dshd serves at most {limit} connections at once (max_connections); "
+            "close idle clients and retry",
+        ))
+    finally:
+        daemon.refusing -= 1
+
+
 async def _handle(daemon: Daemon, stream: trio.SocketStream) -> None:
     """One connection. Whatever goes wrong in it stays in it: logged, never fatal."""
+    if len(daemon.connections) >= daemon.config.max_connections:
+        await _refuse_over_limit(daemon, stream)
+        return
     conn = Connection(daemon, stream, peer_uid(stream.socket))
     daemon.connections.add(conn)
     try:

@@ -7,8 +7,10 @@ Nothing here reads, writes, or knows about connections or sessions.
 * ``parse_message(line) -> Messages``: a single object or a batch array. Each element becomes a
   ``Request`` (has ``id``), a ``Notification`` (no ``id``), a ``Response`` / ``ErrorResponse``
   (the client side), or an ``RpcError`` (code ``INVALID_REQUEST``, carrying the element's
-  ``id`` when it could be read, else ``None``). Malformed JSON is one ``RpcError(PARSE_ERROR)``;
-  an empty batch is one ``INVALID_REQUEST``. ``Messages.is_batch`` says whether the line was
+  ``id`` when it could be read, else ``None``; a message with both ``method`` and
+  ``result``/``error`` is one too, ``id`` None). Malformed JSON is one
+  ``RpcError(PARSE_ERROR)``; an empty batch, and a batch longer than ``max_batch``, is one
+  ``INVALID_REQUEST``. ``Messages.is_batch`` says whether the line was
   an array. ``params`` and ``result`` stay ``msgspec.Raw`` (undecoded bytes) until the handler
   knows what it expects.
 * ``decode_params(raw, Type)``: the method's params struct (below), or ``RpcError(-32602)``
@@ -246,6 +248,10 @@ def _classify(raw: Any) -> Any:
     if not id_ok:
         return RpcError(INVALID_REQUEST, "invalid request: id must be a string, an integer or null")
     if env.method is not UNSET:
+        if env.result or env.error is not UNSET:  # neither a call nor an answer: no id echoed
+            return RpcError(
+                INVALID_REQUEST, "invalid request: a message has a method or a result/error, not both"
+            )
         if type(env.method) is not str:
             return RpcError(
                 INVALID_REQUEST, "invalid request: method must be a string", id=known_id
@@ -284,11 +290,14 @@ def _classify(raw: Any) -> Any:
     )
 
 
-def parse_message(line: bytes | bytearray | memoryview | str) -> Messages:
+def parse_message(
+    line: bytes | bytearray | memoryview | str, *, max_batch: int | None = None
+) -> Messages:
     """Classify one line (PROTOCOL.md §1); see the module docstring.
 
     Returns a ``Messages`` list of ``Request | Notification | Response | ErrorResponse |
-    RpcError``; never raises on bad input.
+    RpcError``; never raises on bad input. A batch of more than ``max_batch`` entries is one
+    ``INVALID_REQUEST`` (not a batch, ``id`` None): none of its entries is classified.
     """
     out = Messages()
     if isinstance(line, str):
@@ -298,6 +307,13 @@ def parse_message(line: bytes | bytearray | memoryview | str) -> Messages:
             elements = _batch_decoder.decode(line)
             if not elements:  # JSON-RPC 2.0: an empty batch gets one error object, not an array
                 out.append(RpcError(INVALID_REQUEST, "invalid request: empty batch"))
+                return out
+            if max_batch is not None and len(elements) > max_batch:
+                out.append(RpcError(
+                    INVALID_REQUEST,
+                    f"invalid request: a batch has at most {max_batch} entries, this one has "
+                    f"{len(elements)}; none of it ran: send it in parts",
+                ))
                 return out
             out.is_batch = True  # a malformed array is one parse error, answered unbatched
             for element in elements:
