@@ -35,6 +35,7 @@ import trio
 from client.api import CallLost, Client, connect
 from client.exits import EXIT_ERROR, EXIT_INTERRUPTED, exit_for, single
 from client.follow import CallOutput
+from client.output import printable
 from client.transport import ConnectionLost
 from protocol.rpc import RpcError
 
@@ -53,7 +54,8 @@ def _emit(text: str) -> None:
 
 
 def _note(text: str, *, dim: bool = False) -> None:
-    """One line on stderr."""
+    """One line on stderr; what came over the wire in it is shown escaped (``printable``)."""
+    text = printable(text, keep="\n\t")
     click.echo(click.style(text, dim=dim) if sys.stderr.isatty() else text, err=True)
 
 
@@ -73,7 +75,7 @@ class Lines:
 
     async def next(self, prompt: str = "") -> str | None:
         if prompt:
-            sys.stderr.write(prompt)
+            sys.stderr.write(printable(prompt, keep="\n\t"))
             sys.stderr.flush()
         try:
             return await self._receive.receive()

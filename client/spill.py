@@ -22,7 +22,9 @@ the output exactly once, in three modes:
   out yet), the window must be ``spill[E - len(window):E]``. Equal: ``position``, the raw
   offset of the end of what was handed out, is known, and the output continues from the file.
   Not equal, unreadable, or given up on by the driver: back to live for good -- the pieces
-  held meanwhile come out, and the driver's closing note tells what was not shown.
+  held meanwhile come out, and the driver's closing note tells what was not shown. A file this
+  user may not read (``PermissionError``: a system-mode daemon keeps spill files root's) sets
+  ``denied``, with no note of its own: the closing note says where the complete output is.
 - **spill**: every byte comes from the file: ``spill[position:target]``, ``target`` being the
   last ``totalBytes`` seen (views, then the result). No text of the window is handed out any
   more, so nothing can come twice, and a window that slid past unprinted text loses nothing.
@@ -180,6 +182,8 @@ class CompleteOutput:
         self._live_total = 0  # totalBytes of the window the live output ends with
         self._check: tuple[str, int, bytes] | None = None  # (kind, totalBytes, expected bytes)
         self._spill: Spill | None = None
+        #: The spill file exists but this user may not read it (a system-mode daemon's).
+        self.denied = False
 
     # -- state ---------------------------------------------------------------------------
     @property
@@ -326,6 +330,12 @@ class CompleteOutput:
             else:  # the window, as is, right before ``end``
                 begin = end - len(expect)
                 ok = begin >= 0 and self._read_exact(begin, len(expect)) == expect
+        except PermissionError:
+            # System mode: the file is root's (0600 under 0700 directories). Not an error of
+            # this call: follow the window; the driver's closing note says where the rest is.
+            self.denied = True
+            self._abandon(None)
+            return
         except OSError as exc:
             self._abandon(f"dsh: cannot read the spill file {self.spill_path}: "
                           f"{exc.strerror or exc}")
