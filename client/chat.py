@@ -36,6 +36,7 @@ from client.api import CallLost, Client, connect
 from client.exits import EXIT_ERROR, EXIT_INTERRUPTED, exit_for, single
 from client.follow import CallOutput
 from client.output import printable
+from client.spill import command_ran
 from client.transport import ConnectionLost
 from protocol.rpc import RpcError
 
@@ -157,8 +158,7 @@ def _command_of(arguments: Any) -> str:
 
 
 def _ran(result: dict) -> bool:
-    details = result.get("details") if isinstance(result.get("details"), dict) else {}
-    return isinstance(result.get("exitCode"), int) or "truncation" in details
+    return command_ran(result)
 
 
 class TurnScreen:

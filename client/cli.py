@@ -68,7 +68,7 @@ from client.exits import (
 from client.api import CallLost, Client, connect, dsh_version
 from client.chat import chat as chat_command
 from client.output import printable
-from client.spill import CompleteOutput
+from client.spill import CompleteOutput, command_ran
 from client.transport import ConnectionLost
 from dshd.paths import is_valid_id
 from dshd.paths import state_dir as resolve_state_dir
@@ -213,9 +213,7 @@ def exit_status(result: dict[str, Any]) -> tuple[int, str | None]:
 
 def _ran(result: dict[str, Any]) -> bool:
     """True when the command started: its result's content is its output (else a sentence)."""
-    details = _details(result)
-    return (isinstance(result.get("exitCode"), int) or isinstance(details.get("exitCode"), int)
-            or "truncation" in details)
+    return command_ran(result)
 
 
 def _emit_bytes(data: bytes) -> None:

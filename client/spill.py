@@ -48,7 +48,8 @@ from typing import Any, Callable, Protocol, Sequence
 
 from client.follow import CallOutput
 
-__all__ = ["CompleteOutput", "Spill", "SpillFile", "incomplete_utf8_tail", "TAKE_CHUNK"]
+__all__ = ["CompleteOutput", "Spill", "SpillFile", "command_ran", "incomplete_utf8_tail",
+           "TAKE_CHUNK"]
 
 #: The most ``take()`` hands out at once.
 TAKE_CHUNK = 1 << 20
@@ -136,6 +137,22 @@ def _get(value: Any, *path: str) -> Any:
 
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def command_ran(result: Any) -> bool:
+    """True when a ToolResult's command started, so its ``content`` is output (else it is the
+    sentence of a call that never ran). Every result has ``details.truncation`` (zeros when
+    the command never ran), so its presence says nothing: a started command has an
+    ``exitCode``, a ``message`` next to its output, or output (``totalBytes`` > 0)."""
+    if not isinstance(result, dict):
+        return False
+    details = result.get("details") if isinstance(result.get("details"), dict) else {}
+    if _int(result.get("exitCode")) is not None or _int(details.get("exitCode")) is not None:
+        return True
+    if isinstance(result.get("message"), str):
+        return True
+    total = _int(_get(details, "truncation", "totalBytes"))
+    return total is not None and total > 0
 
 
 def _encode(text: str) -> bytes:
@@ -233,9 +250,7 @@ class CompleteOutput:
         details = result.get("details") if isinstance(result.get("details"), dict) else {}
         truncation = details.get("truncation")
         content = result.get("content")
-        ran = isinstance(truncation, dict) or isinstance(result.get("exitCode"), int) or \
-            isinstance(details.get("exitCode"), int)
-        if not ran or not isinstance(content, str):
+        if not command_ran(result) or not isinstance(content, str):
             return  # never ran: its content is a sentence, not output
         total = _int(_get(truncation, "totalBytes"))
         piece = self.watcher.finish(content, total)
