@@ -72,7 +72,13 @@ from client.spill import CompleteOutput, command_ran
 from client.transport import ConnectionLost
 from dshd.paths import is_valid_id
 from dshd.paths import state_dir as resolve_state_dir
-from protocol.rpc import ALREADY_DECIDED, APPROVAL_NOT_FOUND, STORAGE_FAILURE, RpcError
+from protocol.rpc import (
+    ALREADY_DECIDED,
+    APPROVAL_NOT_FOUND,
+    MAX_TITLE_CHARS,
+    STORAGE_FAILURE,
+    RpcError,
+)
 
 __all__ = ["cli", "main", "exit_status", "command_string"]
 
@@ -398,7 +404,7 @@ async def _run(client: Client, argv: tuple[str, ...], session_id: str | None,
     how = how or RunOptions()
     command = command_string(argv)
     if session_id is None:
-        session_id = await client.create_session(os.getcwd(), title=command,
+        session_id = await client.create_session(os.getcwd(), title=_title_of(command),
                                                  sandbox=how.sandbox, approval_policy=how.policy)
     call_id = call_id or _mint_call_id()
     asked = False  # the hint how to approve was given
@@ -512,6 +518,13 @@ async def _run(client: Client, argv: tuple[str, ...], session_id: str | None,
         _note(f"dsh: keep an answerer attached (`dsh attach --approve --follow {session_id}` in "
               f"another terminal), then run it again with `dsh run --ask --session {session_id}`")
     return EXIT_INTERRUPTED if cancelling else status
+
+
+def _title_of(command: str) -> str:
+    """A new session's title for ``command``: the command, cut to the daemon's cap."""
+    if len(command) <= MAX_TITLE_CHARS:
+        return command
+    return command[: MAX_TITLE_CHARS - 1] + "…"
 
 
 def _call_header(call_id: str, call: Any) -> str:

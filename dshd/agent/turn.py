@@ -52,6 +52,9 @@ from typing import TYPE_CHECKING
 import structlog
 import trio
 
+from protocol.errors import OpError
+from protocol.ops import check_json_value
+
 from .. import barrier
 from ..results import sentence
 from ..sessions.session import CallLimit
@@ -92,6 +95,15 @@ def clean(text: str) -> str:
         return text
     except UnicodeEncodeError:
         return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+
+
+def _json_value(value) -> bool:
+    """True when ``value`` may be recorded (OPS.md §1: ints within ±(2^53-1), finite floats)."""
+    try:
+        check_json_value(value)
+    except OpError:
+        return False
+    return True
 
 
 @dataclass
@@ -351,8 +363,8 @@ class TurnDriver:
             data["finishReason"] = clean(response.finish_reason)
         if response.model:
             data["model"] = clean(response.model)
-        if response.usage is not None:
-            data["usage"] = response.usage
+        if response.usage is not None and _json_value(response.usage):
+            data["usage"] = response.usage  # a provider's counts: recorded only when JSON values
         if response.attempts > 1:
             data["attempts"] = response.attempts
         s.log.append("message/assistant", data)
