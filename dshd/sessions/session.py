@@ -325,7 +325,8 @@ class Session:
         The caller has checked the id is new and the tool and arguments are valid (a model's
         call too: an invalid one gets a result without a ``tool/call`` body run). ``turn_id`` /
         ``step_id`` tie a model-proposed call to its step (STORAGE.md §3). Await the outcome
-        with :meth:`wait_result`.
+        with :meth:`wait_result`. Raises ``CallLimit`` (nothing recorded) past
+        ``max_calls_per_session`` or ``max_calls``.
         """
         if self._calls_nursery is None:
             raise StorageError("the session is closing; no new calls are accepted")

@@ -99,6 +99,9 @@ def test_values_that_are_not_json_values_are_refused_and_nothing_is_recorded(wir
         if answer.get("id") == 99:
             break
     assert answer["error"]["code"] == -32602, answer
+    # A reserved segment where it would become a lane path (tools.<callId>): -32602 too.
+    for reserved in ("__proto__", "constructor", "prototype"):
+        assert _run(wire, sid, "true", callId=reserved)["error"]["code"] == -32602
     assert _tool_events(wire, sid) == []
     # The session is not wedged: a good call runs, and the lane never showed the bad ones.
     ok = _run(wire, sid, "echo fine", callId="good")
