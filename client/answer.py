@@ -10,8 +10,9 @@ order (``printf 'y\\nn\\n' | dsh attach --approve S`` answers the first two requ
 
 ``request_lines`` renders a request for a person: the tool, the call, the sandbox the call
 would run in, then the exact full command (``summary``), never truncated, each line indented,
-with control characters other than newline and tab shown as visible escapes (a carriage return
-or an escape sequence must not hide part of what is approved). ``parse_answer`` reads y/n.
+with every character that is not printable other than newline and tab shown as a visible
+escape (``client.output.printable``: a carriage return or an escape sequence must not hide
+part of what is approved). ``parse_answer`` reads y/n.
 ``Outcomes`` finds how an approval was decided from the session's log (``approval/decided``
 events after a known seq), for a request that left the lane while we were not deciding it.
 """
@@ -23,6 +24,8 @@ import os
 from typing import TYPE_CHECKING, Any
 
 import trio
+
+from client.output import printable
 
 if TYPE_CHECKING:
     from client.api import Client
@@ -89,17 +92,9 @@ def parse_answer(line: str) -> str | None:
 
 
 def visible(text: str) -> str:
-    """``text`` with control characters (except newline and tab) as ``\\xNN`` / ``\\uNNNN``."""
-    out = []
-    for ch in text:
-        code = ord(ch)
-        if ch in "\n\t" or not (code < 0x20 or 0x7F <= code < 0xA0 or ch in "\u2028\u2029"):
-            out.append(ch)
-        elif code < 0x100:
-            out.append(f"\\x{code:02x}")
-        else:
-            out.append(f"\\u{code:04x}")
-    return "".join(out)
+    """``text`` with every non-printable character but newline and tab shown as an escape
+    (``\\x1b``, ``\\u2028``; ``client.output.printable``)."""
+    return printable(text, keep="\n\t")
 
 
 def sandbox_label(mode: Any, provider: Any) -> str:
@@ -125,8 +120,8 @@ def request_lines(session_id: str, approval_id: str, request: dict[str, Any], mo
     summary = request.get("summary")
     summary = summary if isinstance(summary, str) else str(summary)
     shown = visible(summary)
-    lines = [f"── approval {approval_id}: call {request.get('callId', '?')} in session "
-             f"{session_id} asks to run {tool}, {sandbox_label(mode, provider)}:"]
+    lines = [printable(f"── approval {approval_id}: call {request.get('callId', '?')} in session "
+                       f"{session_id} asks to run {tool}, {sandbox_label(mode, provider)}:")]
     lines += ["    " + line for line in (shown.split("\n") if shown else ["(empty)"])]
     if shown != summary:
         lines.append("    (control characters are shown escaped, as \\xNN)")

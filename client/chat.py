@@ -35,6 +35,8 @@ import trio
 from client.api import CallLost, Client, connect
 from client.exits import EXIT_ERROR, EXIT_INTERRUPTED, exit_for, single
 from client.follow import CallOutput
+from client.output import printable
+from client.spill import command_ran
 from client.transport import ConnectionLost
 from protocol.rpc import RpcError
 
@@ -53,7 +55,8 @@ def _emit(text: str) -> None:
 
 
 def _note(text: str, *, dim: bool = False) -> None:
-    """One line on stderr."""
+    """One line on stderr; what came over the wire in it is shown escaped (``printable``)."""
+    text = printable(text, keep="\n\t")
     click.echo(click.style(text, dim=dim) if sys.stderr.isatty() else text, err=True)
 
 
@@ -73,7 +76,7 @@ class Lines:
 
     async def next(self, prompt: str = "") -> str | None:
         if prompt:
-            sys.stderr.write(prompt)
+            sys.stderr.write(printable(prompt, keep="\n\t"))
             sys.stderr.flush()
         try:
             return await self._receive.receive()
@@ -155,8 +158,7 @@ def _command_of(arguments: Any) -> str:
 
 
 def _ran(result: dict) -> bool:
-    details = result.get("details") if isinstance(result.get("details"), dict) else {}
-    return isinstance(result.get("exitCode"), int) or "truncation" in details
+    return command_ran(result)
 
 
 class TurnScreen:

@@ -14,7 +14,11 @@ slide or a resubscribe prints only what is new (``client.follow.CallOutput``), a
 output outgrew the window it is copied from the call's spill file instead, so that a flood
 the lane could not keep up with still prints every byte once (``_keep_up`` polls the file,
 which lags the lane a little; ``dsh run`` prints from the first byte, ``dsh attach`` from the
-window it first sees). ``dsh run`` parses its own options strictly (an unknown one is a usage
+window it first sees). A spill file this user may not read (a system-mode daemon keeps it
+root's) is not relied on: the window is printed, and one closing line says where the complete
+output is and how to read it. Metadata that came over the wire -- commands, titles, cwds,
+ids, the daemon's messages -- is shown through ``client.output.printable`` (escape sequences
+made visible); a call's output is printed as the command wrote it. ``dsh run`` parses its own options strictly (an unknown one is a usage
 error) and exits with ``exit_status`` of the result: the command's exit code, 124 on
 TOOL_TIMEOUT, 130 for TOOL_CANCELLED with exit 0, 125 when it never ran, 75 when it may or
 may not have run (TOOL_OUTCOME_UNKNOWN: dshd crashed while it ran), never 0 for an error;
@@ -63,11 +67,18 @@ from client.exits import (
 )
 from client.api import CallLost, Client, connect, dsh_version
 from client.chat import chat as chat_command
-from client.spill import CompleteOutput
+from client.output import printable
+from client.spill import CompleteOutput, command_ran
 from client.transport import ConnectionLost
 from dshd.paths import is_valid_id
 from dshd.paths import state_dir as resolve_state_dir
-from protocol.rpc import ALREADY_DECIDED, APPROVAL_NOT_FOUND, STORAGE_FAILURE, RpcError
+from protocol.rpc import (
+    ALREADY_DECIDED,
+    APPROVAL_NOT_FOUND,
+    MAX_TITLE_CHARS,
+    STORAGE_FAILURE,
+    RpcError,
+)
 
 __all__ = ["cli", "main", "exit_status", "command_string"]
 
@@ -106,8 +117,8 @@ def _is_tty() -> bool:
 
 
 def _note(message: str, style: str | None = None) -> None:
-    """One line on stderr."""
-    _stderr().print(Text(message, style=style or ""))
+    """One line on stderr; what came over the wire in it is shown escaped (``printable``)."""
+    _stderr().print(Text(printable(message, keep="\n\t"), style=style or ""))
 
 
 def _emit(text: str) -> None:
@@ -139,7 +150,7 @@ def _fmt_time(ms: Any, *, millis: bool = False) -> str:
 
 def _short(value: Any, width: int = 100) -> str:
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-    text = text.replace("\n", "\\n")
+    text = printable(text[: 2 * width + 8])
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
@@ -149,9 +160,7 @@ def _cell(value: Any, width: int | None = None) -> str:
     text = value if isinstance(value, str) else str(value)
     if width is not None:
         text = text[: 2 * width + 8]  # enough to fill the width: never escape 100 KB for 60
-    if not text.isprintable():
-        text = "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii")
-                       for ch in text)
+    text = printable(text)
     if width is not None and len(text) > width:
         text = text[: width - 1] + "…"
     return text
@@ -210,9 +219,7 @@ def exit_status(result: dict[str, Any]) -> tuple[int, str | None]:
 
 def _ran(result: dict[str, Any]) -> bool:
     """True when the command started: its result's content is its output (else a sentence)."""
-    details = _details(result)
-    return (isinstance(result.get("exitCode"), int) or isinstance(details.get("exitCode"), int)
-            or "truncation" in details)
+    return command_ran(result)
 
 
 def _emit_bytes(data: bytes) -> None:
@@ -308,6 +315,12 @@ def _closing_note(out: CompleteOutput, result: dict[str, Any]) -> None:
     if missing <= 0 or out.total is None:
         return
     where = _details(result).get("spillPath")
+    if out.denied:
+        # A system-mode daemon keeps the spill file root's: say so once, and how to read it.
+        _note(f"dsh: {missing} of {out.total} bytes of output were not shown: the complete "
+              f"output is in dshd's state directory, {where}, which only root can read on this "
+              f"system (`sudo cat {where}`); a later dsh will stream it through the daemon")
+        return
     why = ("the spill file could not supply them" if out.mode != "live"
            else "they scrolled out of the window between two updates")
     _note(f"dsh: {missing} of {out.total} bytes of output were not shown ({why})"
@@ -391,7 +404,7 @@ async def _run(client: Client, argv: tuple[str, ...], session_id: str | None,
     how = how or RunOptions()
     command = command_string(argv)
     if session_id is None:
-        session_id = await client.create_session(os.getcwd(), title=command,
+        session_id = await client.create_session(os.getcwd(), title=_title_of(command),
                                                  sandbox=how.sandbox, approval_policy=how.policy)
     call_id = call_id or _mint_call_id()
     asked = False  # the hint how to approve was given
@@ -505,6 +518,13 @@ async def _run(client: Client, argv: tuple[str, ...], session_id: str | None,
         _note(f"dsh: keep an answerer attached (`dsh attach --approve --follow {session_id}` in "
               f"another terminal), then run it again with `dsh run --ask --session {session_id}`")
     return EXIT_INTERRUPTED if cancelling else status
+
+
+def _title_of(command: str) -> str:
+    """A new session's title for ``command``: the command, cut to the daemon's cap."""
+    if len(command) <= MAX_TITLE_CHARS:
+        return command
+    return command[: MAX_TITLE_CHARS - 1] + "…"
 
 
 def _call_header(call_id: str, call: Any) -> str:
@@ -745,7 +765,7 @@ async def _attach_approve(client: Client, session_id: str, follow: bool, *,
                     _stderr().print()
                     raise _StdinClosed(approval_id)
                 if not reader.tty:
-                    _stderr().print(Text(line))  # a transcript reads like the session did
+                    _stderr().print(Text(printable(line)))  # a transcript reads like the session did
                 decision = parse_answer(line)
                 if decision is None:
                     _note("answer y (allow it once) or n (reject it)")
@@ -934,7 +954,7 @@ def approve(opts: Options, session_id: str, approval_id: str, reject: bool, as_j
         if as_json or opts.json:
             _print_json({"outcome": outcome})
         else:
-            _emit(f"{outcome}\n")
+            _emit(f"{printable(str(outcome))}\n")
         return 0
 
     sys.exit(_execute(opts, body))
@@ -1007,7 +1027,7 @@ def log(opts: Options, session_id: str, after_seq: int, as_json: bool) -> None:
                 continue
             line = (f"{event.get('seq', '?'):>6}  {_fmt_time(event.get('time'), millis=True)}  "
                     f"{str(event.get('type', '?')):<17} {_short(event.get('data'))}")
-            _emit(line + "\n")
+            _emit(printable(line) + "\n")
         return 0
 
     sys.exit(_execute(opts, body))
@@ -1049,7 +1069,7 @@ def status(opts: Options, as_json: bool) -> None:
                 value = _fmt_time(value)
             elif isinstance(value, (dict, list)):
                 value = json.dumps(value, separators=(", ", ": "))
-            lines.append(f"{key}: {value}\n")
+            lines.append(printable(f"{key}: {value}") + "\n")
         _emit(f"socket: {client.socket_path}\n" + "".join(lines))
         return 0
 
@@ -1170,7 +1190,7 @@ def fsck(opts: Options, session_id: str | None, offline: bool, state_dir: str | 
         verdicts.append(verdict)
         if to_json:
             return
-        line = f"{verdict.session_id}\t{verdict.text()}"
+        line = printable(f"{verdict.session_id}") + "\t" + printable(verdict.text())
         if tty:
             _stdout().print(Text(line, style=_FSCK_STYLES.get(verdict.state, "")))
         else:

@@ -22,7 +22,9 @@ the output exactly once, in three modes:
   out yet), the window must be ``spill[E - len(window):E]``. Equal: ``position``, the raw
   offset of the end of what was handed out, is known, and the output continues from the file.
   Not equal, unreadable, or given up on by the driver: back to live for good -- the pieces
-  held meanwhile come out, and the driver's closing note tells what was not shown.
+  held meanwhile come out, and the driver's closing note tells what was not shown. A file this
+  user may not read (``PermissionError``: a system-mode daemon keeps spill files root's) sets
+  ``denied``, with no note of its own: the closing note says where the complete output is.
 - **spill**: every byte comes from the file: ``spill[position:target]``, ``target`` being the
   last ``totalBytes`` seen (views, then the result). No text of the window is handed out any
   more, so nothing can come twice, and a window that slid past unprinted text loses nothing.
@@ -46,7 +48,8 @@ from typing import Any, Callable, Protocol, Sequence
 
 from client.follow import CallOutput
 
-__all__ = ["CompleteOutput", "Spill", "SpillFile", "incomplete_utf8_tail", "TAKE_CHUNK"]
+__all__ = ["CompleteOutput", "Spill", "SpillFile", "command_ran", "incomplete_utf8_tail",
+           "TAKE_CHUNK"]
 
 #: The most ``take()`` hands out at once.
 TAKE_CHUNK = 1 << 20
@@ -136,6 +139,22 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def command_ran(result: Any) -> bool:
+    """True when a ToolResult's command started, so its ``content`` is output (else it is the
+    sentence of a call that never ran). Every result has ``details.truncation`` (zeros when
+    the command never ran), so its presence says nothing: a started command has an
+    ``exitCode``, a ``message`` next to its output, or output (``totalBytes`` > 0)."""
+    if not isinstance(result, dict):
+        return False
+    details = result.get("details") if isinstance(result.get("details"), dict) else {}
+    if _int(result.get("exitCode")) is not None or _int(details.get("exitCode")) is not None:
+        return True
+    if isinstance(result.get("message"), str):
+        return True
+    total = _int(_get(details, "truncation", "totalBytes"))
+    return total is not None and total > 0
+
+
 def _encode(text: str) -> bytes:
     return text.encode("utf-8", "replace")
 
@@ -180,6 +199,8 @@ class CompleteOutput:
         self._live_total = 0  # totalBytes of the window the live output ends with
         self._check: tuple[str, int, bytes] | None = None  # (kind, totalBytes, expected bytes)
         self._spill: Spill | None = None
+        #: The spill file exists but this user may not read it (a system-mode daemon's).
+        self.denied = False
 
     # -- state ---------------------------------------------------------------------------
     @property
@@ -229,9 +250,7 @@ class CompleteOutput:
         details = result.get("details") if isinstance(result.get("details"), dict) else {}
         truncation = details.get("truncation")
         content = result.get("content")
-        ran = isinstance(truncation, dict) or isinstance(result.get("exitCode"), int) or \
-            isinstance(details.get("exitCode"), int)
-        if not ran or not isinstance(content, str):
+        if not command_ran(result) or not isinstance(content, str):
             return  # never ran: its content is a sentence, not output
         total = _int(_get(truncation, "totalBytes"))
         piece = self.watcher.finish(content, total)
@@ -326,6 +345,12 @@ class CompleteOutput:
             else:  # the window, as is, right before ``end``
                 begin = end - len(expect)
                 ok = begin >= 0 and self._read_exact(begin, len(expect)) == expect
+        except PermissionError:
+            # System mode: the file is root's (0600 under 0700 directories). Not an error of
+            # this call: follow the window; the driver's closing note says where the rest is.
+            self.denied = True
+            self._abandon(None)
+            return
         except OSError as exc:
             self._abandon(f"dsh: cannot read the spill file {self.spill_path}: "
                           f"{exc.strerror or exc}")

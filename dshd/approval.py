@@ -17,7 +17,7 @@ the call is cancelled while pending         cancelled        caller
 ==========================================  ===============  ==========
 
 Only ``allowed-once`` returns; every other outcome raises ``CallFailed`` with its code and a
-sentence, so the call settles without running (fail closed). An audit append that fails
+sentence (``dshd.results``, via ``WHY``), so the call settles without running (fail closed). An audit append that fails
 rejects the call: there is no unrecorded grant. A pending request is in the lane view's
 ``approvals`` (so an answerer that attaches later sees it in its base batch) until decided.
 Answerers are connections that said ``capabilities.approvals`` and hold a subscription to the
@@ -33,29 +33,27 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from .results import sentence
+
 if TYPE_CHECKING:
     from .sessions.session import Call, Session
 
-OUTCOME_CODES = {
-    "rejected": "APPROVAL_REJECTED",
-    "unavailable": "APPROVAL_UNAVAILABLE",
-    "cancelled": "APPROVAL_CANCELLED",
+#: why -> (errorCode, variant of ``dshd.results.SENTENCES``) of an outcome that does not run.
+WHY = {
+    "rejected-policy": ("APPROVAL_REJECTED", "policy"),
+    "rejected-answerer": ("APPROVAL_REJECTED", "answerer"),
+    "audit": ("APPROVAL_REJECTED", "audit"),
+    "unavailable": ("APPROVAL_UNAVAILABLE", ""),
+    "unavailable-left": ("APPROVAL_UNAVAILABLE", "left"),
+    "cancelled": ("APPROVAL_CANCELLED", ""),
 }
 
-SENTENCES = {
-    "rejected-policy": "the session's approval policy is 'never', so the call was rejected and "
-    "did not run. Change it with `dsh policy SESSION ask`, or run the command yourself with "
-    "`dsh run`.",
-    "rejected-answerer": "the call was rejected by the person approving it and did not run.",
-    "unavailable": "nobody was attached to approve this call, so it did not run. Keep an "
-    "answerer attached (`dsh attach --approve --follow SESSION`) and retry, or submit it "
-    "pre-approved (`dsh run`).",
-    "unavailable-left": "the last attached answerer left before deciding, so the call did not "
-    "run. Keep an answerer attached (`dsh attach --approve --follow SESSION`) and retry.",
-    "cancelled": "the call was cancelled while it waited for approval; it did not run.",
-    "audit": "the approval could not be recorded in the session log, so the call was rejected "
-    "and did not run (no unrecorded grants).",
-}
+
+def _refused(why: str) -> "CallFailed":
+    from .sessions.session import CallFailed
+
+    code, variant = WHY[why]
+    return CallFailed(code, sentence(code, variant))
 
 
 class AlreadyDecided(Exception):
@@ -134,8 +132,6 @@ class ApprovalDesk:
     # ------------------------------------------------------------------ the gate
     async def gate(self, call: "Call") -> None:
         """Return on ``allowed-once``; raise CallFailed otherwise (module doc)."""
-        from .sessions.session import CallFailed
-
         session = self.session
         approval_id = "a-" + secrets.token_hex(6)
         summary = summary_of(call)
@@ -146,7 +142,7 @@ class ApprovalDesk:
                  "summary": summary},
             )
         except Exception:
-            raise CallFailed("APPROVAL_REJECTED", SENTENCES["audit"]) from None
+            raise _refused("audit") from None
         p = _Pending(approval_id, call.call_id)
         if call.approved:
             self._decide(p, "allowed-once", "caller")
@@ -182,10 +178,10 @@ class ApprovalDesk:
                     self._record(p)
         assert p.outcome is not None and p.by is not None
         if not self._record(p):
-            raise CallFailed("APPROVAL_REJECTED", SENTENCES["audit"])
+            raise _refused("audit")
         if p.outcome == "allowed-once":
             return
-        raise CallFailed(OUTCOME_CODES[p.outcome], SENTENCES[p.why or p.outcome])
+        raise _refused(p.why or p.outcome)
 
     def _record(self, p: _Pending) -> bool:
         """Append ``approval/decided``; False when the append failed (then nothing runs)."""

@@ -23,6 +23,7 @@ from typing import Iterator, Protocol
 
 import trio
 
+from .results import sentence
 from .storage.errors import StorageError
 
 _passed: contextvars.ContextVar[str | None] = contextvars.ContextVar("dsh_barrier", default=None)
@@ -45,7 +46,7 @@ class BarrierFailed(Exception):
 
 def _aborted(kind: str) -> BarrierFailed:
     what = "the command" if kind == "tool/dispatch" else "the request"
-    return BarrierFailed("ABORTED_BEFORE_DISPATCH", f"cancelled before it started; {what} did not run")
+    return BarrierFailed("ABORTED_BEFORE_DISPATCH", sentence("ABORTED_BEFORE_DISPATCH", what=what))
 
 
 async def checkpoint(
@@ -76,11 +77,7 @@ async def checkpoint(
             failure = exc
         nursery.cancel_scope.cancel()
     if failure is not None:
-        raise BarrierFailed(
-            "STORAGE_FAILURE",
-            f"the session log could not be made durable ({failure}), so nothing was started. "
-            "Free disk space or fix the state directory, then retry.",
-        )
+        raise BarrierFailed("STORAGE_FAILURE", sentence("STORAGE_FAILURE", error=failure))
     if cancel is not None and cancel.is_set():
         raise _aborted(kind)
 

@@ -109,6 +109,13 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     #: large publishes, bytes per second.
     publish_interval_seconds: Annotated[float, msgspec.Meta(gt=0, le=10)] = 0.010
     publish_rate_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 256 * 1024
+    # --- boundary room (issue 10 item 15): tool calls admitted at once, counts. A call past
+    # either limit is refused before anything is recorded: -32013 for a client's tool.run, a
+    # LIMIT_EXCEEDED result for a model's call.
+    #: Running (unsettled) calls per session.
+    max_calls_per_session: Annotated[int, msgspec.Meta(ge=1, le=65536)] = 256
+    #: Running calls over the whole daemon (all sessions).
+    max_calls: Annotated[int, msgspec.Meta(ge=1, le=65536)] = 1024
     #: Log output: "auto" (console on a TTY, JSON otherwise), "console" or "json".
     log_format: Literal["auto", "console", "json"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"

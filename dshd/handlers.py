@@ -7,6 +7,13 @@ into the method's msgspec struct (bad params → ``-32602`` naming the field), r
 and encodes the result. Domain exceptions are mapped to JSON-RPC errors here and nowhere else;
 an unexpected exception is logged with its traceback and answered ``-32603`` without closing the
 connection. One canonical log line per request.
+
+What a request may record is checked before anything is recorded, by the params structs
+(``protocol.rpc``): every value a client sends that is recorded or shown is a JSON value
+(OPS.md §1; ``arguments`` through ``rpc.arguments_problem``, the check the agent loop applies
+to a model's calls too) and every free-form string has a cap (``rpc.MAX_*``); past either the
+answer is ``-32602`` naming the field and the cap, and the session is untouched. A call past
+``max_calls_per_session`` / ``max_calls`` is ``-32013``, nothing recorded.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from .agent import NoTurn, SteerLimit, TurnBusy, TurnDriver
 from .approval import AlreadyDecided, ApprovalNotFound
 from .paths import is_valid_id, is_within
 from .sessions.registry import SessionLimit, SessionNotFound
+from .sessions.session import CallLimit
 from .sessions.streams import Subscription
 from .storage.errors import LockHeld, LogCorrupt, LogTooNew, StorageError
 
@@ -180,6 +188,11 @@ async def tool_run(conn: "Connection", p: rpc.ToolRunParams) -> dict:
         return {"callId": call_id, "existing": True}
     try:
         session.start_call(call_id, p.name, p.arguments, p.approved)
+    except CallLimit as exc:
+        raise rpc.RpcError(
+            rpc.LIMIT_EXCEEDED, f"{exc}; nothing was recorded. Wait for a call to settle "
+            "(tool.wait) and retry", {"code": "CALL_LIMIT"},
+        ) from None
     except StorageError as exc:
         raise rpc.RpcError(rpc.STORAGE_FAILURE, str(exc)) from None
     return {"callId": call_id}

@@ -34,6 +34,9 @@ from typing import Annotated, Any, Literal, TypedDict
 import msgspec
 from msgspec import UNSET, Meta, Raw
 
+from .errors import OpError
+from .ops import check_json_value
+
 __all__ = [
     "ALREADY_DECIDED",
     "APPROVAL_NOT_FOUND",
@@ -54,6 +57,13 @@ __all__ = [
     "TIMEOUT",
     "UNKNOWN_TOOL",
     "UNSUPPORTED_VERSION",
+    "MAX_ARGUMENTS_BYTES",
+    "MAX_CWD_CHARS",
+    "MAX_ENV_ENTRIES",
+    "MAX_ENV_NAME_CHARS",
+    "MAX_ENV_VALUE_CHARS",
+    "MAX_INPUT_CHARS",
+    "MAX_TITLE_CHARS",
     "ApprovalDecideParams",
     "BashArguments",
     "Capabilities",
@@ -82,6 +92,7 @@ __all__ = [
     "TurnStartParams",
     "TurnSteerParams",
     "UnsubscribeParams",
+    "arguments_problem",
     "decode_params",
     "encode_batch",
     "encode_error",
@@ -384,6 +395,39 @@ def encode_batch(lines: list[bytes]) -> bytes:
 
 _RESERVED_IDS = frozenset({"__proto__", "constructor", "prototype"})
 
+# Caps on what a request may record or have shown (PROTOCOL.md §3.1, §3.2). Strings count
+# characters (code points); arguments count the bytes of their compact JSON encoding. Past a
+# cap the request is -32602 naming the field and the cap, and nothing of it is recorded.
+MAX_TITLE_CHARS = 1024
+MAX_CWD_CHARS = 4096
+MAX_ENV_ENTRIES = 256
+MAX_ENV_NAME_CHARS = 256
+MAX_ENV_VALUE_CHARS = 32 * 1024
+MAX_INPUT_CHARS = 1024 * 1024
+MAX_ARGUMENTS_BYTES = 8 * 1024 * 1024
+
+_arguments_encoder = msgspec.json.Encoder()
+
+
+def arguments_problem(arguments: Any) -> str | None:
+    """What is wrong with a tool call's ``arguments`` as a recorded value, or None.
+
+    The one check of both a client's ``tool.run`` and a model's proposed call: an object
+    whose every value is a JSON value (OPS.md §1: ints within ±(2^53-1), finite floats, no
+    lone surrogates, checked iteratively), at most ``MAX_ARGUMENTS_BYTES`` encoded.
+    """
+    if type(arguments) is not dict:
+        return "arguments must be a JSON object"
+    try:
+        check_json_value(arguments)
+    except OpError as exc:
+        return f"arguments: {exc.detail} (OPS.md §1)"
+    size = len(_arguments_encoder.encode(arguments))
+    if size > MAX_ARGUMENTS_BYTES:
+        return (f"arguments are {size} bytes as JSON, more than the cap of "
+                f"{MAX_ARGUMENTS_BYTES} bytes (8 MiB); write large content to a file in steps")
+    return None
+
 ClientCallId = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 Seconds = Annotated[float, Meta(ge=0)]
 ApprovalPolicy = Literal["ask", "never"]
@@ -428,13 +472,20 @@ class EmptyParams(_Params):
 
 
 class SessionCreateParams(_Params):
-    """``session.create`` (§3.1); ``cwd`` must be absolute (existence is the daemon's check)."""
+    """``session.create`` (§3.1); ``cwd`` must be absolute (existence is the daemon's check).
 
-    cwd: Annotated[str, Meta(pattern="^/")]
-    title: str | None = None
+    Caps: ``cwd`` ≤ 4,096 chars, ``title`` ≤ 1,024, ``env`` ≤ 256 entries, names ≤ 256 chars,
+    values ≤ 32,768 chars."""
+
+    cwd: Annotated[str, Meta(pattern="^/", max_length=MAX_CWD_CHARS)]
+    title: Annotated[str, Meta(max_length=MAX_TITLE_CHARS)] | None = None
     approvalPolicy: ApprovalPolicy | None = None
     sandbox: SandboxMode | None = None
-    env: dict[str, str] | None = None
+    env: Annotated[
+        dict[Annotated[str, Meta(max_length=MAX_ENV_NAME_CHARS)],
+             Annotated[str, Meta(max_length=MAX_ENV_VALUE_CHARS)]],
+        Meta(max_length=MAX_ENV_ENTRIES),
+    ] | None = None
 
 
 SessionListParams = EmptyParams
@@ -459,7 +510,8 @@ class SetApprovalPolicyParams(_Params):
 
 class ToolRunParams(_Params):
     """``tool.run`` (§3.2). ``callId``, when given, matches ``[A-Za-z0-9_-]{1,64}`` and is not
-    reserved; ``approved`` means the caller is the person approving this call."""
+    reserved; ``approved`` means the caller is the person approving this call. ``arguments``
+    must pass ``arguments_problem`` (JSON values only, ≤ 8 MiB encoded)."""
 
     sessionId: str
     name: str
@@ -470,6 +522,9 @@ class ToolRunParams(_Params):
     def __post_init__(self) -> None:
         if self.callId in _RESERVED_IDS:
             raise ValueError(f"callId {self.callId!r} is reserved - at `$.callId`")
+        problem = arguments_problem(self.arguments)
+        if problem is not None:
+            raise ValueError(f"{problem} - at `$.arguments`")
 
 
 class BashArguments(_Params):
@@ -506,9 +561,14 @@ class ApprovalDecideParams(_Params):
     decision: Literal["allow", "reject"]
 
 
+Input = Annotated[str, Meta(max_length=MAX_INPUT_CHARS)]
+
+
 class TurnStartParams(_Params):
+    """``turn.start``: ``input`` ≤ 1,048,576 chars (as ``turn.steer``)."""
+
     sessionId: str
-    input: str
+    input: Input
 
 
 class TurnCancelParams(_Params):
@@ -517,7 +577,7 @@ class TurnCancelParams(_Params):
 
 class TurnSteerParams(_Params):
     sessionId: str
-    input: str
+    input: Input
 
 
 DaemonStatusParams = EmptyParams

@@ -3,9 +3,12 @@
 Theory of operation: ``TOOLS`` is plain data. Each :class:`ToolSpec` gives the JSON schema the
 model sees, whether calls of it may run at the same time as their neighbours (``concurrent``;
 a tool that only reads would say so), and a check that turns the model's raw JSON arguments
-into a dict or a sentence that tells the model what was wrong. A call that fails its check
-never gets a ``tool/call``: the turn loop settles it at once with ``INVALID_ARGUMENTS`` (or
-``UNKNOWN_TOOL``), and the model reads the sentence in its next step.
+into a dict or a sentence that tells the model what was wrong. Before a tool's own check,
+every proposed call's arguments pass the same check as a client's ``tool.run``
+(``protocol.rpc.arguments_problem``: JSON values only, OPS.md §1, at most 8 MiB). A call that
+fails a check never gets a ``tool/call``: the turn loop settles it at once with
+``INVALID_ARGUMENTS`` (or ``UNKNOWN_TOOL``; sentences from ``dshd.results``), and the model
+reads the sentence in its next step.
 """
 
 from __future__ import annotations
@@ -14,6 +17,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 import msgspec
+
+from protocol.rpc import arguments_problem
+
+from ..results import sentence
 
 MAX_TIMEOUT_SECONDS = 7 * 86400
 
@@ -90,16 +97,17 @@ def parse_arguments(name: str, raw: str) -> tuple[dict | None, str | None, str |
     spec = TOOLS.get(name)
     if spec is None:
         known = ", ".join(sorted(TOOLS))
-        return None, "UNKNOWN_TOOL", f"there is no tool named {name!r}; the tools are: {known}"
+        return None, "UNKNOWN_TOOL", sentence("UNKNOWN_TOOL", name=name, known=known)
+    invalid = "INVALID_ARGUMENTS"
     try:
         arguments = _decode.decode(raw.encode() if raw.strip() else b"{}")
     except (msgspec.DecodeError, UnicodeEncodeError) as exc:
-        return None, "INVALID_ARGUMENTS", f"the arguments are not valid JSON ({exc}); nothing ran"
+        return None, invalid, sentence(invalid, "json", error=exc)
     if not isinstance(arguments, dict):
-        return None, "INVALID_ARGUMENTS", "the arguments must be a JSON object; nothing ran"
-    problem = spec.check(arguments)
+        return None, invalid, sentence(invalid, "object")
+    problem = arguments_problem(arguments) or spec.check(arguments)
     if problem is not None:
-        return None, "INVALID_ARGUMENTS", f"{problem}; nothing ran"
+        return None, invalid, sentence(invalid, problem=problem)
     return arguments, None, None
 
 

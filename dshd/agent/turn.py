@@ -24,7 +24,9 @@ Cancel: the model request's cancel scope is cancelled (what streamed so far is k
 ``partial`` assistant message), running calls are cancelled (``TOOL_CANCELLED``; one still
 waiting at the gate or its barrier settles ``APPROVAL_CANCELLED`` / ``ABORTED_BEFORE_DISPATCH``),
 and proposed calls that had not started settle ``ABORTED_BEFORE_DISPATCH`` without a
-``tool/call``. ``turn.steer`` queues text (bounded) that becomes a ``message/user`` at the next
+``tool/call``. A proposed call refused before it starts (unknown tool, invalid arguments,
+``LIMIT_EXCEEDED`` past ``max_calls_per_session`` / ``max_calls``) is settled the same way,
+through ``Session.refuse_call``: in ``recent``, and ``tool.wait`` answers it at once. ``turn.steer`` queues text (bounded) that becomes a ``message/user`` at the next
 step boundary; a steer that comes while the model gives its final answer earns one more step.
 
 Lane ``turn`` value: ``null`` between turns, else ``{"turnId", "state", "step", "stepId",
@@ -50,7 +52,12 @@ from typing import TYPE_CHECKING
 import structlog
 import trio
 
+from protocol.errors import OpError
+from protocol.ops import check_json_value
+
 from .. import barrier
+from ..results import sentence
+from ..sessions.session import CallLimit
 from ..storage.errors import StorageError
 from .history import build_messages, default_system_prompt
 from .model import ModelError, ModelRequest, ModelResponse, Provider, StreamHooks, open_provider
@@ -64,7 +71,7 @@ log = structlog.get_logger("dshd.agent")
 #: Steers queued for one turn at most (more get -32013).
 MAX_STEERS = 16
 
-ABORTED_SENTENCE = "the turn was cancelled before this call started; the command did not run"
+ABORTED_SENTENCE = sentence("ABORTED_BEFORE_DISPATCH", "turn")
 
 
 class TurnBusy(Exception):
@@ -88,6 +95,15 @@ def clean(text: str) -> str:
         return text
     except UnicodeEncodeError:
         return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+
+
+def _json_value(value) -> bool:
+    """True when ``value`` may be recorded (OPS.md §1: ints within ±(2^53-1), finite floats)."""
+    try:
+        check_json_value(value)
+    except OpError:
+        return False
+    return True
 
 
 @dataclass
@@ -347,8 +363,8 @@ class TurnDriver:
             data["finishReason"] = clean(response.finish_reason)
         if response.model:
             data["model"] = clean(response.model)
-        if response.usage is not None:
-            data["usage"] = response.usage
+        if response.usage is not None and _json_value(response.usage):
+            data["usage"] = response.usage  # a provider's counts: recorded only when JSON values
         if response.attempts > 1:
             data["attempts"] = response.attempts
         s.log.append("message/assistant", data)
@@ -368,30 +384,30 @@ class TurnDriver:
         for group in groups:
             started = []
             for call_id, proposed, _ in group:
+                name = clean(proposed.name)
                 if turn.cancel.is_set():
-                    self._settle_unstarted(call_id, "ABORTED_BEFORE_DISPATCH", ABORTED_SENTENCE)
+                    self.session.refuse_call(call_id, name, "ABORTED_BEFORE_DISPATCH",
+                                             ABORTED_SENTENCE)
                     continue
-                arguments, code, sentence = parse_arguments(clean(proposed.name),
-                                                            clean(proposed.arguments))
+                arguments, code, text = parse_arguments(name, clean(proposed.arguments))
                 if arguments is None:
-                    self._settle_unstarted(call_id, code, sentence)
+                    self.session.refuse_call(call_id, name, code or "INVALID_ARGUMENTS",
+                                             text or "")
                     continue
-                self.session.start_call(
-                    call_id, proposed.name, arguments, False,
-                    turn_id=turn.id, step_id=turn.step_id,
-                )
+                try:
+                    self.session.start_call(
+                        call_id, proposed.name, arguments, False,
+                        turn_id=turn.id, step_id=turn.step_id,
+                    )
+                except CallLimit as exc:
+                    self.session.refuse_call(call_id, name, "LIMIT_EXCEEDED",
+                                             sentence("LIMIT_EXCEEDED", limit=exc))
+                    continue
                 turn.running.add(call_id)
                 started.append(call_id)
             for call_id in started:
                 await self.session.wait_result(call_id, None)
                 turn.running.discard(call_id)
-
-    def _settle_unstarted(self, call_id: str, code: str | None, sentence: str | None) -> None:
-        """A proposed call that never gets a tool/call: its result, at once."""
-        result = {"callId": call_id, "isError": True, "content": sentence or "",
-                  "details": {}, "errorCode": code}
-        self.session.log.append("tool/result", result)
-        self.session.results[call_id] = result
 
     async def _finish(self, turn: Turn, end: dict, slog) -> None:
         """Close the step, keep leftover steers, append turn/end, clear the lane."""

@@ -2,9 +2,10 @@
 
 Theory of operation: the registry owns a nursery; each open session is a task in it
 (``Session.run``). A session is opened for write lazily, on the first request that names it,
-and then stays open for the daemon's lifetime (bounded by ``max_sessions``). Sessions that are
-not open are listed from their logs read-only, so a damaged log is listed as damaged without
-breaking the list. Opening is serialised per session id so two concurrent requests never race
+and then stays open for the daemon's lifetime (bounded by ``max_sessions``). The registry
+counts the running calls over all open sessions for ``max_calls`` (``running_calls``).
+Sessions that are not open are listed from their logs read-only, so a damaged log is listed as
+damaged without breaking the list. Opening is serialised per session id so two concurrent requests never race
 to open the same log.
 """
 
@@ -96,12 +97,17 @@ class SessionRegistry:
             await session.finished.wait()
 
     async def _start(self, log_: SessionLog) -> Session:
-        session = Session(log_, self.sessions_dir / log_.header.id, self.config, self.sandbox)
+        session = Session(log_, self.sessions_dir / log_.header.id, self.config, self.sandbox,
+                          running_calls=self.running_calls)
         assert self._nursery is not None
         await self._nursery.start(self._own, session)
         self.open[session.id] = session
         self._last_used[session.id] = trio.current_time()
         return session
+
+    def running_calls(self) -> int:
+        """Unsettled tool calls over every open session (``max_calls`` counts these)."""
+        return sum(len(session.calls) for session in self.open.values())
 
     async def _own(self, session: Session, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         try:

@@ -13,7 +13,17 @@ Theory of operation:
   checkpoint barrier (the log is durable through ``tool/call``) → spawn with output captured at
   the source → ``tool/result`` appended and made durable → the call leaves the lane's ``tools``
   and enters ``recent``. Every early exit still appends a ``tool/result`` with an ``errorCode``
-  and a sentence a person can act on.
+  and a sentence a person can act on (``dshd.results``: the one table of sentences; every
+  result has ``details.truncation``, zeros for a call that never ran).
+* Admission (:meth:`Session.start_call`): at most ``max_calls_per_session`` running calls per
+  session and ``max_calls`` over the daemon (the registry counts); past either, ``CallLimit``
+  and nothing is recorded. A call enters the lane in its first true state --
+  ``waiting-approval`` when the gate will ask, ``running`` when the caller pre-approved it --
+  and keeps the ``startedAt`` of its admission. The lane's ``args`` carry at most
+  ``LANE_ARGS_BYTES`` of the arguments' JSON (``argsCut: true`` marks a cut); the log's
+  ``tool/call`` keeps them whole. A call refused before its ``tool/call`` (a model's unknown
+  tool or invalid arguments) is settled by :meth:`Session.refuse_call`: waitable at once, in
+  ``recent``.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import msgspec
 import structlog
@@ -31,7 +42,7 @@ import trio
 from protocol.codec import Encoder
 from protocol.tracker import Tracker
 
-from .. import barrier, identity
+from .. import barrier, identity, results
 from ..approval import ApprovalDesk
 from ..config import Config
 from ..execution.capture import OutputCapture, ShellOutputLimits, SpillSink
@@ -46,6 +57,8 @@ from .streams import Publisher, Subscription
 log = structlog.get_logger("dshd.session")
 
 RECENT_MAX = 20
+#: Most bytes of a call's arguments (their JSON) the lane carries; more is cut (``argsCut``).
+LANE_ARGS_BYTES = 4096
 #: Pending-output sidecar checkpoints, at most one per call per this many seconds (STORAGE §6).
 CHECKPOINT_SECONDS = 1.0
 _json = msgspec.json.Encoder()
@@ -66,6 +79,23 @@ def tool_base_env(config: Config) -> dict[str, str]:
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+class CallLimit(Exception):
+    """A call past ``max_calls_per_session`` or ``max_calls``: refused, nothing recorded."""
+
+
+def lane_args(encoded: str) -> tuple[object, bool]:
+    """What the lane shows of arguments whose JSON is ``encoded``: ``(value, cut)``.
+
+    Up to ``LANE_ARGS_BYTES``: ``(None, False)``, the arguments themselves are shown. Past it
+    the first ``LANE_ARGS_BYTES`` bytes of the JSON text, as a string cut at a character
+    boundary, and ``cut`` True.
+    """
+    data = encoded.encode("utf-8")
+    if len(data) <= LANE_ARGS_BYTES:
+        return None, False
+    return data[:LANE_ARGS_BYTES].decode("utf-8", "ignore"), True
 
 
 class CallFailed(Exception):
@@ -97,13 +127,16 @@ class Call:
 class Session:
     """An open, writable session. Create through ``SessionRegistry``, never directly."""
 
-    def __init__(self, log_: SessionLog, session_dir: Path, config: Config, sandbox) -> None:
+    def __init__(self, log_: SessionLog, session_dir: Path, config: Config, sandbox,
+                 running_calls: Callable[[], int] | None = None) -> None:
         self.log = log_
         self.id = log_.header.id
         self.dir = session_dir
         self.config = config
         self.sandbox = sandbox
         self.calls: dict[str, Call] = {}
+        #: Running calls over the whole daemon (the registry's count; None: this session's).
+        self._running_calls = running_calls or (lambda: len(self.calls))
         self.call_ids: set[str] = set()
         self.call_names: dict[str, str] = {}
         self.results: dict[str, dict] = {}
@@ -292,11 +325,14 @@ class Session:
         The caller has checked the id is new and the tool and arguments are valid (a model's
         call too: an invalid one gets a result without a ``tool/call`` body run). ``turn_id`` /
         ``step_id`` tie a model-proposed call to its step (STORAGE.md §3). Await the outcome
-        with :meth:`wait_result`.
+        with :meth:`wait_result`. Raises ``CallLimit`` (nothing recorded) past
+        ``max_calls_per_session`` or ``max_calls``.
         """
         if self._calls_nursery is None:
             raise StorageError("the session is closing; no new calls are accepted")
-        data = {"callId": call_id, "name": name, "arguments": _json.encode(arguments).decode()}
+        self.admit_call()
+        encoded = _json.encode(arguments).decode()
+        data = {"callId": call_id, "name": name, "arguments": encoded}
         if turn_id is not None:
             data["turnId"] = turn_id
         if step_id is not None:
@@ -313,19 +349,55 @@ class Session:
         call.capture = OutputCapture(
             limits, SpillSink(self.dir / "spill" / f"{call_id}.log")
         )
-        self.tracker.set(
-            ["tools", call_id],
-            {
-                "name": name,
-                "args": arguments,
-                "state": "waiting-approval",
-                "startedAt": now_ms(),
-                "output": call.capture.tool_output(),
-            },
-        )
+        cut_args, cut = lane_args(encoded)
+        entry = {
+            "name": name,
+            "args": cut_args if cut else arguments,
+            "state": "running" if approved else "waiting-approval",
+            "startedAt": now_ms(),
+            "output": call.capture.tool_output(),
+        }
+        if cut:
+            entry["argsCut"] = True
+        self.tracker.set(["tools", call_id], entry)
         call.synced_version = call.capture.version
         self.publisher.mark_dirty()
         self._calls_nursery.start_soon(self._run_call, call)
+
+    def admit_call(self) -> None:
+        """Raise ``CallLimit`` when one more running call would pass a limit (module doc)."""
+        here, limit = len(self.calls), self.config.max_calls_per_session
+        if here >= limit:
+            raise CallLimit(
+                f"session {self.id} already runs {here} calls (max_calls_per_session = {limit})"
+            )
+        total, limit = self._running_calls(), self.config.max_calls
+        if total >= limit:
+            raise CallLimit(f"dshd already runs {total} calls over all sessions "
+                            f"(max_calls = {limit})")
+
+    def refuse_call(self, call_id: str, name: str, code: str, text: str) -> dict:
+        """Settle a call refused before its ``tool/call`` (a model's): its ``tool/result`` is
+        appended, it enters ``recent``, and ``wait_result`` answers it at once (once durable)."""
+        result = results.failed(call_id, code, text, self._zero_truncation())
+        ev = self.log.append("tool/result", result)
+        self.call_ids.add(call_id)
+        self.call_names[call_id] = name
+        self.results[call_id] = result
+        self._undurable[call_id] = ev.seq  # wait_result makes it durable before answering
+        self._settled.setdefault(call_id, trio.Event()).set()
+        self._enter_recent(call_id, result)
+        return result
+
+    def _zero_truncation(self) -> dict:
+        return results.zero_truncation(self.config.output_max_bytes, self.config.output_max_lines)
+
+    def _enter_recent(self, call_id: str, result: dict) -> None:
+        self.tracker.insert(["recent"], 0, self._recent_entry(call_id, result))
+        excess = len(self.tracker.value["recent"]) - RECENT_MAX
+        if excess > 0:
+            self.tracker.splice(["recent"], RECENT_MAX, excess, [])
+        self.publisher.mark_dirty()
 
     async def _run_call(self, call: Call) -> None:
         slog = log.bind(session=self.id, call=call.call_id)
@@ -345,20 +417,13 @@ class Session:
                 slog.exception("tool.internal_error")
                 while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
                     exc = exc.exceptions[0]  # say what happened, not "exceptions from a nursery"
-                result = self._failed_result(
-                    call, "TOOL_FAILED",
-                    f"dshd could not run this call ({type(exc).__name__}: {exc}); "
-                    "see the daemon log",
-                )
+                result = self._failed_result(call, "TOOL_FAILED", results.sentence(
+                    "TOOL_FAILED", "internal", error=f"{type(exc).__name__}: {exc}"))
         except BaseException:
             # Shutdown cancelled us mid-call: settle as cancelled, shielded and bounded.
             with trio.CancelScope(shield=True), trio.move_on_after(5):
-                sentence = (
-                    "the daemon stopped while the call ran; its process group was killed"
-                    if call.started
-                    else "the daemon stopped before the call started; nothing ran"
-                )
                 code = "TOOL_CANCELLED" if call.started else "ABORTED_BEFORE_DISPATCH"
+                sentence = results.sentence(code, "stopped" if call.started else "stopping")
                 await self._settle(call, self._failed_result(call, code, sentence), slog)
             raise
         await self._settle(call, result, slog)
@@ -368,9 +433,7 @@ class Session:
         cwd = self.log.header.cwd
         if is_within(cwd, self.config.state_path()):
             raise CallFailed(
-                "SANDBOX_UNAVAILABLE",
-                f"the session directory {cwd} lies inside dshd's state directory, which no "
-                "tool may touch; use a session in a project directory",
+                "SANDBOX_UNAVAILABLE", results.sentence("SANDBOX_UNAVAILABLE", "state-dir", cwd=cwd)
             )
         # The session env and the call's ids are set inside the sandbox (by env(1)), so that
         # nothing in them (LD_PRELOAD, say) reaches the sandbox wrapper itself.
@@ -387,13 +450,14 @@ class Session:
                 network=self.config.network,
             )
         except SandboxUnavailable as exc:
-            raise CallFailed("SANDBOX_UNAVAILABLE", str(exc)) from None
+            raise CallFailed("SANDBOX_UNAVAILABLE",
+                             results.sentence("SANDBOX_UNAVAILABLE", reason=exc)) from None
         env = tool_base_env(self.config)
         env.update(identity.user_env(self.owner))
         call.started = True
-        self.tracker.set(["tools", call.call_id, "state"], "running")
-        self.tracker.set(["tools", call.call_id, "startedAt"], now_ms())
-        self.publisher.mark_dirty()
+        if self.tracker.value["tools"][call.call_id]["state"] != "running":
+            self.tracker.set(["tools", call.call_id, "state"], "running")
+            self.publisher.mark_dirty()
         timeout = args.get("timeout")
         call.pending = PendingOutput(self.dir, call.call_id)
         with barrier.passed("tool/dispatch"):
@@ -432,36 +496,22 @@ class Session:
             result["exitCode"] = outcome.exit_code
         if outcome.timed_out:
             result["errorCode"] = "TOOL_TIMEOUT"
-            result["message"] = (
-                f"timed out after {args.get('timeout')} s; the process group was killed"
-            )
+            result["message"] = results.sentence("TOOL_TIMEOUT", timeout=args.get("timeout"))
         elif outcome.cancelled:
             result["errorCode"] = "TOOL_CANCELLED"
-            result["message"] = (
-                "dshd is shutting down: the call was cancelled and its process group killed"
-                if self._closed.is_set()
-                else "cancelled; the process group was killed"
-            )
+            result["message"] = results.sentence(
+                "TOOL_CANCELLED", "shutdown" if self._closed.is_set() else "")
         elif outcome.error:
             result["errorCode"] = "TOOL_FAILED"
-            result["message"] = outcome.error
+            result["message"] = results.sentence("TOOL_FAILED", error=outcome.error)
         return result
 
     def _failed_result(self, call: Call, code: str, sentence: str) -> dict:
-        result = {
-            "callId": call.call_id,
-            "isError": True,
-            "content": sentence,
-            "details": {},
-            "errorCode": code,
-        }
-        if call.started and call.capture is not None:
-            result["content"] = call.capture.text
-            result["details"] = {"truncation": dict(call.capture.truncation)}
-            if call.capture.spill_path:
-                result["details"]["spillPath"] = call.capture.spill_path
-            result["message"] = sentence
-        return result
+        cap = call.capture
+        if call.started and cap is not None:
+            return results.failed(call.call_id, code, sentence, cap.truncation,
+                                  output=cap.text, spill_path=cap.spill_path)
+        return results.failed(call.call_id, code, sentence, self._zero_truncation())
 
     async def _settle(self, call: Call, result: dict, slog) -> None:
         """Append ``tool/result``, make it durable, move the call from tools to recent."""
@@ -474,10 +524,7 @@ class Session:
         for approval_id, entry in list(self.tracker.value["approvals"].items()):
             if entry.get("callId") == call.call_id:
                 self.tracker.delete(["approvals", approval_id])
-        self.tracker.insert(["recent"], 0, self._recent_entry(call.call_id, result))
-        if len(self.tracker.value["recent"]) > RECENT_MAX:
-            self.tracker.splice(["recent"], RECENT_MAX, len(self.tracker.value["recent"]) - RECENT_MAX, [])
-        self.publisher.mark_dirty()
+        self._enter_recent(call.call_id, result)
         durable = True
         try:
             await self.log.wait_durable(ev.seq)

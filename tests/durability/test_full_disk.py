@@ -90,7 +90,8 @@ async def test_full_disk_fails_closed_and_recovers(root, tmpfs_state, workdir, t
                 assert "No space left on device" in result["content"]  # the OS's reason
             assert not marker.exists()
             with pytest.raises(RpcError) as err:
-                await c.create_session(str(workdir), title=f"no room {bulk}")
+                # (titles are capped at 1,024 chars: the bulk rides in the env, ≤ 32 KiB)
+                await c.create_session(str(workdir), title="no room", env={"BULK": bulk})
             assert err.value.code == STORAGE_FAILURE
             # Earlier events are still served, and the daemon still answers.
             assert (await all_events(c, sid))[: len(before)] == before

@@ -1,0 +1,115 @@
+"""ToolResults, and the one table of the sentences a person reads when a call ends early.
+
+Theory of operation: a ToolResult (PROTOCOL.md §3.2) is ``{"callId", "isError", "content",
+"details", "errorCode"?, "exitCode"?, "message"?}`` with ``details = {"truncation",
+"spillPath"?, "exitCode"?, "sandbox"?}``. ``details.truncation`` is always present: a call
+that never ran has zero totals (with the limits it would have had), so a client never needs a
+special case. Every failed result dshd builds takes its sentence from :data:`SENTENCES`, one
+entry per errorCode (and per variant where one code has several causes), through
+:func:`sentence`; :func:`failed` builds the result. When the command never started,
+``content`` is the sentence; when it started, ``content`` is its output and ``message`` the
+sentence. The builders that use it: ``dshd.sessions.session`` (a call's own pipeline:
+early exits, timeout, cancel, spawn failure, internal error), ``dshd.approval`` (the gate's
+outcomes), ``dshd.barrier`` (storage failure, aborted before dispatch) and ``dshd.agent.turn``
+(model calls refused before a ``tool/call``: unknown tool, invalid arguments, limits,
+cancelled turn). The crash repair's sentences (TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN) are
+defined by ``dshd.storage.repair`` and listed here so that the table is complete.
+
+Pure: no I/O, no trio.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .storage.repair import NOT_GRANTED_TEXT, NOT_STARTED_TEXT, OUTCOME_UNKNOWN_TEXT
+
+__all__ = ["SENTENCES", "failed", "sentence", "zero_truncation"]
+
+#: errorCode -> variant -> sentence template (``str.format`` fields in braces). The variant
+#: ``""`` is the code's usual cause. EXEC.md §1 carries this table.
+SENTENCES: dict[str, dict[str, str]] = {
+    "APPROVAL_REJECTED": {
+        "policy": "the session's approval policy is 'never', so the call was rejected and did "
+        "not run. Change it with `dsh policy SESSION ask`, or run the command yourself with "
+        "`dsh run`.",
+        "answerer": "the call was rejected by the person approving it and did not run.",
+        "audit": "the approval could not be recorded in the session log, so the call was "
+        "rejected and did not run (no unrecorded grants).",
+    },
+    "APPROVAL_UNAVAILABLE": {
+        "": "nobody was attached to approve this call, so it did not run. Keep an answerer "
+        "attached (`dsh attach --approve --follow SESSION`) and retry, or submit it "
+        "pre-approved (`dsh run`).",
+        "left": "the last attached answerer left before deciding, so the call did not run. "
+        "Keep an answerer attached (`dsh attach --approve --follow SESSION`) and retry.",
+    },
+    "APPROVAL_CANCELLED": {
+        "": "the call was cancelled while it waited for approval; it did not run.",
+    },
+    "ABORTED_BEFORE_DISPATCH": {
+        "": "cancelled before it started; {what} did not run",
+        "stopping": "the daemon stopped before the call started; nothing ran",
+        "turn": "the turn was cancelled before this call started; the command did not run",
+    },
+    "STORAGE_FAILURE": {
+        "": "the session log could not be made durable ({error}), so nothing was started. "
+        "Free disk space or fix the state directory, then retry.",
+    },
+    "SANDBOX_UNAVAILABLE": {
+        "": "{reason}",
+        "state-dir": "the session directory {cwd} lies inside dshd's state directory, which "
+        "no tool may touch; use a session in a project directory",
+    },
+    "UNKNOWN_TOOL": {
+        "": "there is no tool named {name!r}; the tools are: {known}",
+    },
+    "INVALID_ARGUMENTS": {
+        "": "{problem}; nothing ran",
+        "json": "the arguments are not valid JSON ({error}); nothing ran",
+        "object": "the arguments must be a JSON object; nothing ran",
+    },
+    "LIMIT_EXCEEDED": {
+        "": "{limit}; nothing ran. Wait for running calls to finish, then retry",
+    },
+    "TOOL_TIMEOUT": {
+        "": "timed out after {timeout} s; the process group was killed",
+    },
+    "TOOL_CANCELLED": {
+        "": "cancelled; the process group was killed",
+        "shutdown": "dshd is shutting down: the call was cancelled and its process group killed",
+        "stopped": "the daemon stopped while the call ran; its process group was killed",
+    },
+    "TOOL_FAILED": {
+        "": "{error}",
+        "internal": "dshd could not run this call ({error}); see the daemon log",
+    },
+    "TOOL_NOT_STARTED": {"": NOT_STARTED_TEXT, "not-granted": NOT_GRANTED_TEXT},
+    "TOOL_OUTCOME_UNKNOWN": {"": OUTCOME_UNKNOWN_TEXT},
+}
+
+
+def sentence(code: str, variant: str = "", **fields: Any) -> str:
+    """The sentence for ``code`` (and ``variant``), its fields filled in. KeyError for a code
+    or variant the table does not have (a bug: every early exit is in the table)."""
+    return SENTENCES[code][variant].format(**fields)
+
+
+def zero_truncation(max_bytes: int, max_lines: int) -> dict:
+    """``details.truncation`` of a call that wrote nothing (or never ran)."""
+    return {"truncated": False, "truncatedBy": None, "totalBytes": 0, "totalLines": 0,
+            "maxBytes": max_bytes, "maxLines": max_lines}
+
+
+def failed(call_id: str, code: str, text: str, truncation: dict, *,
+           output: str | None = None, spill_path: str | None = None) -> dict:
+    """A failed ToolResult: ``text`` (from :func:`sentence`) is the content when the command
+    never started (``output`` None), else the ``message`` next to its output."""
+    details: dict = {"truncation": dict(truncation)}
+    if spill_path:
+        details["spillPath"] = spill_path
+    result = {"callId": call_id, "isError": True, "content": text if output is None else output,
+              "details": details, "errorCode": code}
+    if output is not None:
+        result["message"] = text
+    return result
