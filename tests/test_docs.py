@@ -101,7 +101,7 @@ def test_every_error_code_is_in_protocol_section_4():
     documented = {int(c) for c in re.findall(r"`(-32\d{3})`", errors)}
     used = set()
     for path in py_sources("dshd"):
-        for name in re.findall(r"\brpc\.([A-Z_]{4,})\b", path.read_text(encoding="utf-8")):
+        for name in re.findall(r"\brpc\.([A-Z][A-Z0-9_]{2,}[A-Z0-9])\b", path.read_text(encoding="utf-8")):
             value = getattr(rpc, name)
             if isinstance(value, int):
                 used.add(value)
