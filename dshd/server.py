@@ -222,6 +222,8 @@ async def serve(config: Config, *, reload_config: Callable[[], Config] | None = 
             own_socket = True
         else:
             own_socket = False
+            name = sock.getsockname()  # bytes for an abstract address
+            path = Path(name if isinstance(name, str) and name else "(abstract or unnamed socket)")
         listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
         notifier = Notifier.from_environ()
         monitor = ServiceMonitor(daemon, notifier, reload_config=reload_config,
