@@ -59,16 +59,18 @@ run: start
 status: install
 	$(BIN)/dsh status
 
-# SIGTERM, then wait (bounded) until the process is gone; fails if it is still there. The pid
-# comes from `dsh status`, else (a daemon that does not answer) from its held state lock.
+# SIGTERM, then wait (bounded) until the process is gone (a zombie counts as gone); fails if it
+# is still there. The pid comes from `dsh status`, else (a daemon that does not answer) from
+# its held state lock.
 stop:
 	@lock="$$DSH_STATE_DIR/dshd.lock"; \
 	pid=$$($(BIN)/dsh status --json 2>/dev/null | $(BIN)/python -c 'import json,sys; print(json.load(sys.stdin)["pid"])' 2>/dev/null); \
 	if [ -z "$$pid" ] && [ -f "$$lock" ] && ! flock -n "$$lock" true 2>/dev/null; then pid=$$(head -n1 "$$lock"); fi; \
 	if [ -z "$$pid" ]; then echo "dshd is not running"; exit 0; fi; \
 	kill -TERM $$pid 2>/dev/null || true; \
-	for i in $$(seq 1 $$(( $(STOP_WAIT) * 10 ))); do kill -0 $$pid 2>/dev/null || break; sleep 0.1; done; \
-	if kill -0 $$pid 2>/dev/null; then echo "dshd (pid $$pid) is still running after $(STOP_WAIT) s; see $(RUNDIR)/dshd.log, or kill -9 $$pid"; exit 1; fi; \
+	alive() { [ -r /proc/$$1/stat ] && [ "$$(sed 's/.*) //' /proc/$$1/stat | cut -c1)" != Z ]; }; \
+	for i in $$(seq 1 $$(( $(STOP_WAIT) * 10 ))); do alive $$pid || break; sleep 0.1; done; \
+	if alive $$pid; then echo "dshd (pid $$pid) is still running after $(STOP_WAIT) s; see $(RUNDIR)/dshd.log, or kill -9 $$pid"; exit 1; fi; \
 	echo "stopped dshd (pid $$pid)"
 
 test: install-test
