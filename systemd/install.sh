@@ -141,12 +141,16 @@ install_service() {
     done
   fi
   say "units: $unitdir/dshd.service, $unitdir/dshd.socket (ExecStart=$venv/bin/dshd ...)"
-  if manager_reachable && units_are_read; then
+  if [ ! -d /run/systemd/system ]; then
+    say "systemd is not PID 1 here: no daemon-reload was run; the units take effect when" \
+        "systemd next starts and reads $unitdir"
+  elif ! units_are_read; then
+    say "the units are in $unitdir, not $std_unitdir: no daemon-reload was run"
+  elif ! manager_reachable; then
+    say "no user manager answers (systemctl --user): run 'systemctl --user daemon-reload' in your session"
+  else
     "${systemctl[@]}" daemon-reload
     say "systemd reloaded; start it with: ${systemctl[*]} enable --now dshd.socket"
-  else
-    say "systemd is not managing this scope here (not PID 1, or units outside $std_unitdir):" \
-        "no daemon-reload was run; the units take effect once systemd reads $unitdir"
   fi
 }
 

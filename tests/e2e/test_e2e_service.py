@@ -101,7 +101,7 @@ def test_install_system_serves_under_socket_activation_and_uninstalls(short_dir)
 def _install_system_and_serve(short_dir: Path, locs: list[str]) -> None:
     r = _make("install-system", *locs)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "no daemon-reload" in r.stdout or "systemd reloaded" in r.stdout
+    assert "no daemon-reload was run" in r.stdout  # these units are not where systemd looks
     units = short_dir / "etc/systemd/system"
     service, socket_unit = units / "dshd.service", units / "dshd.socket"
     verify_units(service, socket_unit)
