@@ -4,6 +4,7 @@ socket activation (LISTEN_FDS), as the units in systemd/ use them."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -95,7 +96,7 @@ def _render(template: Path, out: Path) -> Path:
     text = template.read_text()
     text = text.replace("@BINDIR@", str(Path(sys.executable).parent))
     text = text.replace("@DOCDIR@", "/usr/share/doc/dsh")
-    assert "@" not in text.replace("%h", ""), "a placeholder install.sh does not fill in"
+    assert not re.search(r"@[A-Z_]+@", text), "a placeholder install.sh does not fill in"
     out.write_text(text)
     return out
 
