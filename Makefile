@@ -7,7 +7,22 @@ RUNDIR ?= .run
 export DSH_SOCKET    ?= $(CURDIR)/$(RUNDIR)/dshd.sock
 export DSH_STATE_DIR ?= $(CURDIR)/$(RUNDIR)/state
 
-.PHONY: install install-test run start stop status test bench crash-test clean
+# Service install (README "systemd"): dshd in a venv of its own, units generated from
+# systemd/*.in; see systemd/install.sh. System: PREFIX, UNITDIR, DOCDIR; user: USER_PREFIX,
+# USER_UNITDIR, USER_BINDIR.
+PREFIX       ?= /opt/dsh
+UNITDIR      ?= /etc/systemd/system
+DOCDIR       ?= /usr/share/doc/dsh
+USER_PREFIX  ?= $(HOME)/.local/share/dsh
+USER_UNITDIR ?= $(HOME)/.config/systemd/user
+USER_BINDIR  ?= $(HOME)/.local/bin
+SERVICE_ENV   = PYTHON=$(PYTHON) PREFIX=$(PREFIX) UNITDIR=$(UNITDIR) DOCDIR=$(DOCDIR) \
+                USER_PREFIX=$(USER_PREFIX) USER_UNITDIR=$(USER_UNITDIR) USER_BINDIR=$(USER_BINDIR)
+# How long `make stop` waits for dshd to exit (it settles calls and flushes in < 10 s).
+STOP_WAIT    ?= 20
+
+.PHONY: install install-test run start stop status test bench crash-test clean \
+        install-system uninstall-system install-user uninstall-user
 
 $(BIN)/python:
 	@$(PYTHON) -m venv $(VENV) || { echo "python3 -m venv failed: install it with 'apt-get install -y python3-venv'"; exit 1; }
@@ -30,7 +45,7 @@ install-test: $(VENV)/.installed-test
 start: install
 	@mkdir -p $(RUNDIR)
 	@if $(BIN)/dsh status >/dev/null 2>&1; then echo "dshd already running at $$DSH_SOCKET"; else \
-	  env -u MAKELEVEL -u MAKEFLAGS -u MFLAGS -u MAKE_TERMOUT -u MAKE_TERMERR nohup $(BIN)/dshd --log-format json >$(RUNDIR)/dshd.log 2>&1 & \
+	  env -u MAKELEVEL -u MAKEFLAGS -u MFLAGS -u MAKE_TERMOUT -u MAKE_TERMERR nohup $(BIN)/dshd --log-format json >>$(RUNDIR)/dshd.log 2>&1 & \
 	  for i in $$(seq 1 100); do $(BIN)/dsh status >/dev/null 2>&1 && break; sleep 0.1; done; \
 	  $(BIN)/dsh status >/dev/null || { echo "dshd did not start; see $(RUNDIR)/dshd.log"; cat $(RUNDIR)/dshd.log; exit 1; }; \
 	  echo "dshd started (socket $$DSH_SOCKET, log $(RUNDIR)/dshd.log)"; fi
@@ -44,9 +59,19 @@ run: start
 status: install
 	$(BIN)/dsh status
 
+# SIGTERM, then wait (bounded) until the process is gone (a zombie counts as gone); fails if it
+# is still there. The pid comes from `dsh status`, else (a daemon that does not answer) from
+# its held state lock.
 stop:
-	@pid=$$($(BIN)/dsh status --json 2>/dev/null | $(BIN)/python -c 'import json,sys; print(json.load(sys.stdin)["pid"])' 2>/dev/null); \
-	if [ -n "$$pid" ]; then kill -TERM $$pid && echo "stopped dshd (pid $$pid)"; else echo "dshd is not running"; fi
+	@lock="$$DSH_STATE_DIR/dshd.lock"; \
+	pid=$$($(BIN)/dsh status --json 2>/dev/null | $(BIN)/python -c 'import json,sys; print(json.load(sys.stdin)["pid"])' 2>/dev/null); \
+	if [ -z "$$pid" ] && [ -f "$$lock" ] && ! flock -n "$$lock" true 2>/dev/null; then pid=$$(head -n1 "$$lock"); fi; \
+	if [ -z "$$pid" ]; then echo "dshd is not running"; exit 0; fi; \
+	kill -TERM $$pid 2>/dev/null || true; \
+	alive() { [ -r /proc/$$1/stat ] && [ "$$(sed 's/.*) //' /proc/$$1/stat | cut -c1)" != Z ]; }; \
+	for i in $$(seq 1 $$(( $(STOP_WAIT) * 10 ))); do alive $$pid || break; sleep 0.1; done; \
+	if alive $$pid; then echo "dshd (pid $$pid) is still running after $(STOP_WAIT) s; see $(RUNDIR)/dshd.log, or kill -9 $$pid"; exit 1; fi; \
+	echo "stopped dshd (pid $$pid)"
 
 test: install-test
 	$(BIN)/python -m pytest -q
@@ -58,5 +83,18 @@ bench: install-test
 crash-test: install-test
 	$(BIN)/python tests/crash/campaign.py --iterations 300
 
-clean:
+# Stops the daemon first (never deletes its socket and state from under it).
+clean: stop
 	rm -rf $(RUNDIR) build *.egg-info
+
+install-system:
+	@$(SERVICE_ENV) systemd/install.sh install-system
+
+uninstall-system:
+	@$(SERVICE_ENV) systemd/install.sh uninstall-system
+
+install-user:
+	@$(SERVICE_ENV) systemd/install.sh install-user
+
+uninstall-user:
+	@$(SERVICE_ENV) systemd/install.sh uninstall-user

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import click
@@ -22,20 +23,23 @@ from .logging import configure
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default=None)
 @click.version_option(package_name="dsh")
 def main(config_path, socket, state_dir, system, log_format, log_level) -> None:
-    """Run dshd, the durable agent-host daemon, in the foreground until SIGTERM/SIGINT."""
+    """Run dshd, the durable agent-host daemon, in the foreground until SIGTERM/SIGINT;
+    SIGHUP reloads the config file."""
     from .server import StartupError, serve
 
+    # The same file and flags again on SIGHUP (dshd.config: reload).
+    source = functools.partial(
+        load_config, config_path, system=system, socket=socket, state_dir=state_dir,
+        log_format=log_format, log_level=log_level,
+    )
     try:
-        config = load_config(
-            config_path, system=system, socket=socket, state_dir=state_dir,
-            log_format=log_format, log_level=log_level,
-        )
+        config = source()
     except ConfigError as exc:
         click.echo(f"dshd: {exc}", err=True)
         sys.exit(2)
     configure(config.log_format, config.log_level)
     try:
-        trio.run(serve, config)
+        trio.run(functools.partial(serve, config, reload_config=source))
     except StartupError as exc:
         click.echo(f"dshd: {exc}", err=True)
         sys.exit(1)

@@ -7,6 +7,21 @@ converted with msgspec; an unknown key is an error that names the key. Command-l
 override the file. Paths (``socket``, ``state_dir``) are made absolute at load: a relative one
 in the file is relative to the file's directory, on the command line to the working directory.
 Units are in the field names' comments: bytes, seconds, counts.
+
+Reload (SIGHUP, ``systemctl reload dshd``; ``dshd.service``): the daemon rebuilds a Config from
+the same file and flags as at start and :func:`apply_reload` copies every field that differs
+into the one Config the daemon shares (it is mutated in place, on the event loop, so every
+object that holds it sees the new value on its next read). Every field is reloadable by
+default (a field added later is too) except :data:`RELOAD_REFUSED`: those are bound at start
+(the listening socket, the state directory and its lock, the system-mode socket group, the
+probed sandbox). A change to one of them is refused *alone*: the key is named in a log line and
+keeps its old value, and the other changes apply. A file that does not load changes nothing.
+What a value governs decides when a reload shows: limits and policies read per request or per
+call (``max_sessions``, ``max_requests_per_connection``, the output window, grace times,
+``network``, ``[model]`` per turn) apply at once; session defaults (``approval_policy``,
+``sandbox``, ``compression``) apply to sessions created afterwards; values an object copies
+when it is made (``max_message_bytes`` per connection; ``coalesce_seconds`` and the
+``publish_*`` pacing per open session) apply to connections and sessions opened afterwards.
 """
 
 from __future__ import annotations
@@ -136,6 +151,30 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     def state_path(self) -> Path:
         """Absolute (a relative ``DSH_STATE_DIR`` is relative to the working directory)."""
         return Path(os.path.abspath(paths.state_dir(self.state_dir, system=self.system)))
+
+
+#: Fields bound at start that a reload refuses to change (each refusal is logged by name).
+RELOAD_REFUSED = frozenset({"system", "socket", "state_dir", "sandbox_provider", "group"})
+
+
+class ReloadResult(msgspec.Struct, frozen=True):
+    changed: list[str]  # fields that took their new value
+    refused: list[str]  # fields in RELOAD_REFUSED whose new value was not applied
+
+
+def apply_reload(current: Config, new: Config) -> ReloadResult:
+    """Copy into ``current`` every field of ``new`` that differs, except those in
+    :data:`RELOAD_REFUSED` (they keep their value and are listed as refused)."""
+    changed, refused = [], []
+    for name in current.__struct_fields__:
+        if getattr(current, name) == getattr(new, name):
+            continue
+        if name in RELOAD_REFUSED:
+            refused.append(name)
+        else:
+            setattr(current, name, getattr(new, name))
+            changed.append(name)
+    return ReloadResult(changed=changed, refused=refused)
 
 
 def default_config_path(system: bool) -> Path:

@@ -1,9 +1,11 @@
-"""structlog set-up: configured once at start; console on a TTY, JSON lines otherwise.
+"""structlog set-up: configured at start (and again on a reload that changes the log format or
+level); console on a TTY, JSON lines otherwise.
 
 Theory of operation: request and session context is bound with contextvars
 (``structlog.contextvars.bind_contextvars``) by the connection and session code, so each
 log line carries it. The daemon writes one canonical line per request and one per settled
-tool call; nothing else logs at info level on the hot path.
+tool call; nothing else logs at info level on the hot path. Loggers are not cached on first
+use, so a reconfiguration reaches the module-level loggers too.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ def configure(fmt: str = "auto", level: str = "info") -> None:
         ],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-        cache_logger_on_first_use=True,
+        cache_logger_on_first_use=False,  # a reload reconfigures
     )
 
 

@@ -4,12 +4,14 @@ Theory of operation: :func:`serve` builds every long-lived object once (config, 
 sandbox verdict, session registry) and runs them in one nursery: the registry (which owns the
 sessions and their tool calls), the accept loop and the signal watcher. Each accepted
 connection is a task in a separate handler nursery (the accept loop never waits for one) so
-that a graceful stop can stop accepting first, then tell the sessions to settle their calls and flush, then put a deadline on the
-handlers. ``READY=1`` goes to systemd (``NOTIFY_SOCKET``) once the socket listens; under socket
-activation (``LISTEN_FDS``) the passed socket is used as is. Bounds shared by all
-connections live on :class:`Daemon`: at most ``max_connections`` are served (the next one is
-answered -32013 and closed), their unfinished lines share one ``LineBudget``, and long lines
-are parsed on at most ``PARSE_THREADS`` worker threads.
+that a graceful stop can stop accepting first, then tell the sessions to settle their calls and
+flush, then put a deadline on the handlers. Under socket activation (``LISTEN_FDS``) the passed
+socket is used as is; otherwise the daemon binds its own. Bounds shared by all connections live
+on :class:`Daemon`: at most ``max_connections`` are served (the next one is answered -32013 and
+closed), their unfinished lines share one ``LineBudget``, and long lines are parsed on at most
+``PARSE_THREADS`` worker threads. Talking to systemd is ``dshd.service``'s job: ``READY=1`` once
+the socket listens, watchdog pings and ``STATUS=`` lines from its monitor task, and SIGHUP (a
+config reload: RELOADING=1 … READY=1) handled by the signal watcher between graceful stops.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import signal
 import socket as stdsocket
 import struct
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import structlog
@@ -30,6 +33,7 @@ from protocol import rpc
 from . import __version__
 from .config import Config
 from .connection import PARSE_THREADS, Connection, LineBudget, refuse
+from .service import Notifier, ServiceMonitor, watchdog_interval
 from .sessions.registry import SessionRegistry
 from .storage.lock import DaemonLock
 
@@ -44,21 +48,6 @@ ACCEPT_CAPACITY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUF
 
 class StartupError(Exception):
     """dshd cannot start; the message says why and what to do."""
-
-
-def sd_notify(message: str) -> None:
-    """Send ``message`` to systemd's notify socket when there is one (sd_notify(3))."""
-    addr = os.environ.get("NOTIFY_SOCKET")
-    if not addr:
-        return
-    if addr.startswith("@"):
-        addr = "\0" + addr[1:]
-    with stdsocket.socket(stdsocket.AF_UNIX, stdsocket.SOCK_DGRAM | stdsocket.SOCK_CLOEXEC) as s:
-        try:
-            s.connect(addr)
-            s.sendall(message.encode())
-        except OSError as exc:
-            log.warning("sd_notify.failed", error=str(exc))
 
 
 def peer_uid(sock: trio.socket.SocketType) -> int | None:
@@ -205,8 +194,10 @@ class Daemon:
         }
 
 
-async def serve(config: Config, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Run the daemon until SIGTERM/SIGINT; then stop gracefully (bounded by 10 s).
+async def serve(config: Config, *, reload_config: Callable[[], Config] | None = None,
+                task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Run the daemon until SIGTERM/SIGINT; then stop gracefully (bounded by 10 s). SIGHUP
+    reloads the config through ``reload_config`` (``dshd.service.ServiceMonitor.reload``).
 
     Raises StartupError (with a sentence a person can act on) when it cannot start.
     """
@@ -242,11 +233,17 @@ async def serve(config: Config, *, task_status=trio.TASK_STATUS_IGNORED) -> None
             own_socket = True
         else:
             own_socket = False
+            name = sock.getsockname()  # bytes for an abstract address
+            path = Path(name if isinstance(name, str) and name else "(abstract or unnamed socket)")
         listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+        notifier = Notifier.from_environ()
+        monitor = ServiceMonitor(daemon, notifier, reload_config=reload_config,
+                                 watchdog=watchdog_interval())
         try:
-            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
                 async with trio.open_nursery() as outer:
                     await outer.start(daemon.registry.run)
+                    await outer.start(monitor.run)
                     async with trio.open_nursery() as handlers:
                         accept_scope = trio.CancelScope()
 
@@ -262,22 +259,27 @@ async def serve(config: Config, *, task_status=trio.TASK_STATUS_IGNORED) -> None
                             pid=daemon.pid,
                             max_open_files=nofile,
                             sandbox=sandbox.describe(),
+                            watchdog_seconds=monitor.watchdog,
                         )
-                        sd_notify("READY=1\nSTATUS=listening")
+                        notifier.send(f"READY=1\nSTATUS={monitor.status_line()}")
                         task_status.started(daemon)
                         async for signum in signals:
+                            if signum == signal.SIGHUP:
+                                await monitor.reload()
+                                continue
                             log.info("dshd.stopping", signal=signal.Signals(signum).name)
                             break
                         # Graceful stop: stop accepting; sessions settle their calls
                         # (TOOL_CANCELLED) and flush; then the handlers get a deadline.
                         daemon.stopping = True
-                        sd_notify("STOPPING=1")
+                        notifier.send("STOPPING=1")
                         accept_scope.cancel()
                         with trio.move_on_after(8):
                             await daemon.registry.aclose()
                         handlers.cancel_scope.cancel()
                     outer.cancel_scope.cancel()
         finally:
+            notifier.close()
             await listener.aclose()
             if own_socket:
                 try:

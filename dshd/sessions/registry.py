@@ -61,6 +61,9 @@ class SessionRegistry:
         self.sessions_dir = state_dir / "sessions"
         self.sandbox = sandbox
         self.open: dict[str, Session] = {}
+        #: Every session whose task still runs: the open ones and closing ones still flushing
+        #: (the service watchdog checks each one's writer).
+        self.live: dict[str, Session] = {}
         self._opening: dict[str, trio.Lock] = {}
         self._claims: set[str] = set()
         self._last_used: dict[str, float] = {}
@@ -73,9 +76,10 @@ class SessionRegistry:
             self._nursery = nursery
             task_status.started()
             # Close sessions nobody uses, so their files (log, lock: 2 fds) are released.
-            idle = self.config.session_idle_seconds
+            # The limit is read each round (a reload may change it; a round is at most 5 s).
             while True:
-                await trio.sleep(max(idle / 4, 0.05))
+                idle = self.config.session_idle_seconds
+                await trio.sleep(min(max(idle / 4, 0.05), 5.0))
                 cutoff = trio.current_time() - idle
                 for session in list(self.open.values()):
                     if session.idle() and self._last_used.get(session.id, 0) < cutoff:
@@ -110,6 +114,7 @@ class SessionRegistry:
         return sum(len(session.calls) for session in self.open.values())
 
     async def _own(self, session: Session, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        self.live[session.id] = session
         try:
             await session.run(task_status=task_status)
         except Exception:
@@ -118,6 +123,8 @@ class SessionRegistry:
         finally:
             if self.open.get(session.id) is session:
                 del self.open[session.id]
+            if self.live.get(session.id) is session:
+                del self.live[session.id]
 
     async def _make_room(self) -> None:
         """At ``max_sessions``, close the least recently used idle session, or refuse."""

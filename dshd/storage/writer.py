@@ -27,6 +27,10 @@ and puts it in the buffer. Nothing is durable until a write has fsynced it:
   (`repair.repair_closers`) are appended and flushed before the handle is returned, and the
   pending-output sidecars of calls whose ``tool/result`` is durable are unlinked.
 
+Progress report: ``write_started`` is the trio time the write in flight (pwrite + fsync, or the
+publish) began, None when none is in flight. The service watchdog reads it to tell a writer
+that makes progress from one stuck in fsync (``dshd.service``).
+
 Blocking file work runs in ``trio.to_thread.run_sync`` (never abandoned on cancel, so a write
 in flight always finishes and the in-memory state matches the file).
 
@@ -156,6 +160,8 @@ class SessionLog:
         self._pending_since: float | None = None
 
         self._write_lock = trio.Lock()
+        #: trio time the write in flight began; None when no write is in flight.
+        self.write_started: float | None = None
         self._changed = trio.Event()
         self._failed: BaseException | None = None
         self._runner_active = False
@@ -447,6 +453,7 @@ class SessionLog:
             payloads.append(b"".join(line for _, line in fix))
         if pending:
             payloads.append(b"".join(line for _, line, _ in pending))
+        self.write_started = trio.current_time()
         try:
             if self._published:
                 await trio.to_thread.run_sync(self._append_sync, payloads)
@@ -461,6 +468,8 @@ class SessionLog:
                 f"{len(self._pending) + len(self._fix)} events stay buffered and the next "
                 "flush retries"
             ) from e
+        finally:
+            self.write_started = None
         self._published = True
         self._fix.clear()
         del self._pending[: len(pending)]
