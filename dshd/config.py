@@ -97,6 +97,12 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     #: large publishes, bytes per second.
     publish_interval_seconds: Annotated[float, msgspec.Meta(gt=0, le=10)] = 0.010
     publish_rate_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 256 * 1024
+    # -- sandbox room (issue 10 item 6; EXEC.md §3) --------------------------------------
+    #: Cap of one confined call's private /tmp (bwrap tmpfs, RAM), bytes: 1 MiB .. 1 TiB.
+    tmp_size_bytes: Annotated[int, msgspec.Meta(ge=1 << 20, le=1 << 40)] = 512 * 1024 * 1024
+    #: Bound on the private tmpfs mounts of all running confined calls together, bytes; a call
+    #: that would pass it fails closed (SANDBOX_UNAVAILABLE), it does not wait: 1 MiB .. 1 TiB.
+    tmp_total_bytes: Annotated[int, msgspec.Meta(ge=1 << 20, le=1 << 40)] = 4 * 1024 * 1024 * 1024
     #: Log output: "auto" (console on a TTY, JSON otherwise), "console" or "json".
     log_format: Literal["auto", "console", "json"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"

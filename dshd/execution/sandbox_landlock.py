@@ -54,7 +54,14 @@ from pathlib import Path
 import trio
 
 from dshd.execution import landlock_exec
-from dshd.execution.sandbox import Verdict, check_mode, self_test
+from dshd.execution.sandbox import (
+    HiddenPathGuard,
+    SandboxUnavailable,
+    Verdict,
+    check_confinable,
+    check_mode,
+    self_test,
+)
 
 __all__ = ["DEVICES", "LandlockProvider", "probe_landlock"]
 
@@ -76,6 +83,7 @@ class LandlockProvider(Verdict):
     skipped: tuple[tuple[str, str], ...] = field(default=())
     name: str = "landlock"
     completeness: str = "partial"
+    guard: HiddenPathGuard = field(default_factory=HiddenPathGuard, compare=False, repr=False)
 
     def confine(
         self,
@@ -88,14 +96,28 @@ class LandlockProvider(Verdict):
     ) -> tuple[list[str], str]:
         """``(launcher argv, "partial")``; ``danger-full-access`` → ``(argv, "none")``.
 
-        ``hide`` cannot be honoured (the reason says so; completeness stays ``partial``).
-        ``network``: honoured in ``workspace-write`` only. Raises ``ValueError`` for an
-        unknown mode or a relative workspace.
+        ``hide`` cannot be masked (the reason says so; completeness stays ``partial``), so
+        ``workspace-write`` is refused with :class:`SandboxUnavailable` when a hidden path lies
+        inside the workspace (a rule cannot allow a tree *except* a part of it: the tool could
+        write the state directory or rename it away). ``network``: honoured in
+        ``workspace-write`` only. Raises ``ValueError`` for an unknown mode or a relative
+        workspace, :class:`SandboxUnavailable` for a refused workspace or a moved hidden path.
         """
         check_mode(mode, workspace)
+        check_confinable(mode, workspace, list(hide), self.guard)
         if mode == "danger-full-access":
             return list(argv), "none"
         ws = os.path.realpath(workspace)
+        if mode == "workspace-write":
+            for path in hide:
+                real = os.path.realpath(path)
+                if os.path.commonpath([real, ws]) == ws:
+                    raise SandboxUnavailable(
+                        f"Landlock cannot keep tools out of {path} (dshd's state directory or "
+                        f"socket), which lies inside the workspace {ws}: a workspace-write tool "
+                        "could read, change or move it. Use a project directory as the "
+                        "session directory, read-only mode, or install bubblewrap (bwrap)."
+                    )
         rules = {
             "read": ["/"],
             "write": [ws] if mode == "workspace-write" else [],

@@ -20,6 +20,7 @@ import pytest
 import trio
 
 from dshd.execution import landlock_exec
+from dshd.execution.sandbox import SandboxUnavailable
 from dshd.execution.sandbox_bwrap import BwrapProvider
 from dshd.execution.sandbox_landlock import LandlockProvider
 
@@ -161,7 +162,7 @@ async def test_network_flag_opens_tcp_in_workspace_write_only(provider_of, area,
 def test_bwrap_argv_shape() -> None:
     provider = BwrapProvider("/usr/bin/bwrap", disable_userns=True)
     argv, completeness = provider.confine(
-        ["echo", "hi"], "workspace-write", "/tmp", hide=["/etc/passwd", "/var"], network=True
+        ["echo", "hi"], "workspace-write", "/tmp/ws", hide=["/etc/passwd", "/var"], network=True
     )
     assert completeness == "full"
     head = argv[: argv.index("--ro-bind")]
@@ -172,19 +173,22 @@ def test_bwrap_argv_shape() -> None:
     joined = " ".join(argv)
     # parents first: / then /tmp's tmpfs, then the workspace bound over it; masks at the end
     assert joined.index("--ro-bind / /") < joined.index("--tmpfs /tmp") < joined.index(
-        "--bind /tmp /tmp")
+        "--bind /tmp/ws /tmp/ws")
+    assert f"--size {provider.tmp_size} --tmpfs /tmp " in joined
     assert "--tmpfs /var" in joined and "--remount-ro /var" in joined
     assert "--ro-bind /dev/null /etc/passwd" in joined
-    assert argv[-5:] == ["--chdir", "/tmp", "--", "echo", "hi"]
-    ro, _ = provider.confine(["true"], "read-only", "/tmp", network=True)
-    assert "--share-net" not in ro and "--ro-bind /tmp /tmp" in " ".join(ro)
+    assert argv[-5:] == ["--chdir", "/tmp/ws", "--", "echo", "hi"]
+    ro, _ = provider.confine(["true"], "read-only", "/tmp/ws", network=True)
+    assert "--share-net" not in ro and "--ro-bind /tmp/ws /tmp/ws" in " ".join(ro)
     assert provider.confine(["x"], "danger-full-access", "/tmp") == (["x"], "none")
     with pytest.raises(ValueError):
         provider.confine(["x"], "full-access", "/tmp")
     with pytest.raises(ValueError):
         provider.confine(["x"], "read-only", "relative/dir")
     with pytest.raises(ValueError):
-        provider.confine(["x"], "read-only", "/tmp", hide=["/"])
+        provider.confine(["x"], "read-only", "/tmp/ws", hide=["/"])
+    with pytest.raises(SandboxUnavailable):  # the private /tmp itself is no workspace
+        provider.confine(["x"], "read-only", "/tmp")
 
 
 def test_landlock_argv_shape() -> None:
