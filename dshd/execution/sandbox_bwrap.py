@@ -144,7 +144,10 @@ class BwrapProvider(Verdict):
             out += ["--bind", lease, LEASE_DEST, "--chmod", f"{TmpBudget.STARTED:o}", LEASE_DEST,
                     "--remount-ro", LEASE_DEST, "--lock-file", LEASE_DEST]
         # Last, so that bwrap could still create mount points inside a mask or in /dev.
-        out += remount_ro + ["--remount-ro", "/dev"]
+        # /proc read-only too: bwrap covers /proc/sys and /proc/sysrq-trigger only when
+        # access(W_OK) says they are writable, which is wrong for root (their mode is 0555 and
+        # 0200), so a root daemon's tool could write the host's sysctls and the SysRq trigger.
+        out += remount_ro + ["--remount-ro", "/dev", "--remount-ro", "/proc"]
         out += ["--chdir", ws, "--", *argv]
         return out, self.completeness
 
