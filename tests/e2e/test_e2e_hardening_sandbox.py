@@ -134,3 +134,188 @@ async def test_a_moved_state_dir_fails_every_confined_call_closed(home_of, provi
             parent.with_name("state.x").rename(parent)
         again = await _run(c, sid, "echo after")
         assert again["exitCode"] == 0, again
+
+
+# ------------------------------------------------------------------------------- item 4
+SYSTEM_DIRS = ["/", "/proc", "/proc/sys", "/proc/self", "/etc", "/sys", "/sys/kernel", "/tmp",
+               "/dev", "/dev/shm", "/run", "/usr", "/usr/bin", "/bin", "/boot", "/var", "/home",
+               "/lib"]
+
+
+@pytest.fixture
+def bwrap_home(home_of):
+    return home_of("bwrap")
+
+
+async def test_system_directories_are_refused_as_a_session_directory(bwrap_home, tmp_path):
+    """Issue 10 item 4: cwd=/proc (and /, /etc, /sys, /tmp, ...) voided the sandbox (the
+    workspace bind covered the sandbox's own /proc). Refused at session.create with -32602
+    naming the rule — also through a symlink."""
+    link = tmp_path / "proc-link"
+    link.symlink_to("/proc")
+    refused = [d for d in SYSTEM_DIRS if os.path.isdir(d)] + [str(link)]
+    async with connect(bwrap_home.socket) as c:
+        for directory in refused:
+            for mode in ("workspace-write", "read-only", "danger-full-access"):
+                with pytest.raises(RpcError) as exc:
+                    await c.create_session(directory, sandbox=mode)
+                assert exc.value.code == -32602, (directory, exc.value)
+                assert "cannot be a session directory" in exc.value.message, exc.value.message
+                assert directory in exc.value.message
+        assert not [s for s in await c.list_sessions()]  # nothing was created
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_workspace_under_tmp_still_works(home_of, provider):
+    """EXEC.md §3: the workspace is bound at its path "even when it lies under /tmp"."""
+    h = home_of(provider)
+    project = Path(tempfile.mkdtemp(prefix="dsh-proj-", dir="/tmp"))
+    try:
+        (project / "seen").write_text("here\n")
+        async with connect(h.socket) as c:
+            sid = await c.create_session(str(project))
+            result = await _run(c, sid, "cat seen && echo made > made && echo ok")
+        assert result["exitCode"] == 0, result
+        assert result["content"] == "here\nok\n"
+        assert (project / "made").read_text() == "made\n"
+    finally:
+        shutil.rmtree(project, ignore_errors=True)
+
+
+@pytest.mark.parametrize("mode", ["workspace-write", "read-only"])
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_tool_cannot_write_the_hosts_sysctls(home_of, provider, mode):
+    """Issue 10 item 4: a workspace-write tool changed kernel.printk_ratelimit. The same value
+    is written back, so even a failing test changes nothing on the host."""
+    h = home_of(provider)
+    work = h.root / "project"
+    work.mkdir()
+    target = Path("/proc/sys/kernel/printk_ratelimit")
+    value = target.read_text().strip()
+    async with connect(h.socket) as c:
+        assert c.server["sandbox"]["provider"] == provider
+        sid = await c.create_session(str(work), sandbox=mode)
+        result = await _run(c, sid, f"echo {value} > {target} && echo WROTE")
+    assert "WROTE" not in result["content"], result
+    assert result["exitCode"] != 0
+    assert target.read_text().strip() == value
+
+
+# ------------------------------------------------------------------------------- item 5
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_confined_tool_cannot_drive_dshd_through_its_socket(home_of, provider):
+    """Issue 10 item 5: under Landlock a tool ran ``dsh run --sandbox danger-full-access --
+    touch OUTSIDE`` through dshd's socket. The tool is told the socket's real path here, as if
+    it had guessed it: environment scrubbing alone is no defence."""
+    import sys
+
+    h = home_of(provider)
+    work = h.root / "project"
+    work.mkdir()
+    outside = h.root / "OUTSIDE"
+    repo = Path(__file__).resolve().parents[2]
+    dsh = (f"cd {repo} && DSH_SOCKET={h.daemon.socket} {sys.executable} -m client.cli run "
+           f"--sandbox danger-full-access -- touch {outside}")
+    async with connect(h.daemon.socket) as c:
+        sid = await c.create_session(str(work))
+        direct = await _run(c, sid, _probe_socket_script(str(h.daemon.socket)))
+        via_cli = await _run(c, sid, dsh + "; echo rc=$?")
+        sessions = await c.list_sessions()
+    assert "CONNECTED" not in direct["content"], direct
+    assert not outside.exists(), via_cli
+    assert "rc=0" not in via_cli["content"], via_cli
+    assert len(sessions) == 1  # the tool created no session of its own
+
+
+@pytest.mark.parametrize("network", [False, True])
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_udp_is_denied_while_the_network_is_off(home_of, provider, network):
+    """Issue 10 item 5: UDP/DNS got out of Landlock's workspace-write (Landlock has no UDP
+    rules; the launcher's seccomp filter denies it). With ``network = true`` it gets out —
+    the control that shows the check can see a datagram (bwrap: the host's loopback)."""
+    import socket
+
+    h = home_of(provider, f"network = {'true' if network else 'false'}\n")
+    work = h.root / "project"
+    work.mkdir()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.setblocking(False)
+        port = listener.getsockname()[1]
+        async with connect(h.socket) as c:
+            sid = await c.create_session(str(work))
+            result = await _run(
+                c, sid,
+                "python3 -c \"import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM);"
+                f" s.sendto(b'x', ('127.0.0.1', {port})); print('SENT')\" 2>&1",
+            )
+        try:
+            listener.recv(16)
+            received = True
+        except BlockingIOError:
+            received = False
+    assert received == network, result
+    if provider == "landlock":  # refused at socket(); bwrap's own loopback takes the datagram
+        assert ("SENT" in result["content"]) == network, result
+
+
+# ------------------------------------------------------------------------------- item 6
+async def _daemon_alive(c) -> None:
+    status = await c.status()
+    assert status["sandbox"]["provider"] == "bwrap"
+
+
+@pytest.mark.parametrize("cap_mib", [None, 8])
+async def test_filling_the_private_tmp_gets_enospc_and_the_daemon_lives(home_of, cap_mib):
+    """Issue 10 item 6: an uncapped tmpfs let a tool OOM-kill dshd. Default cap 512 MiB
+    (``dd`` of 600 MiB fails); a configured 8 MiB cap (``dd`` of 16 MiB fails)."""
+    cap = (cap_mib or 512) * 1024 * 1024
+    h = home_of("bwrap", f"tmp_size_bytes = {cap}\n" if cap_mib else "")
+    work = h.root / "project"
+    work.mkdir()
+    count = 600 if cap_mib is None else 16
+    async with connect(h.socket) as c:
+        sid = await c.create_session(str(work))
+        result = await _run(
+            c, sid,
+            f"dd if=/dev/zero of=/tmp/big bs=1M count={count} 2>&1 | grep -o 'No space left on "
+            "device' | head -1; stat -c %s /tmp/big; "
+            f"head -c {2 * cap} /dev/zero > /dev/shm/big 2>/dev/null; stat -c %s /dev/shm/big",
+        )
+        await _daemon_alive(c)
+    lines = result["content"].splitlines()
+    assert lines[0] == "No space left on device", result
+    assert int(lines[1]) <= cap, result
+    assert int(lines[2]) <= cap, result  # /dev/shm is capped too
+    assert h.daemon.running
+
+
+async def test_the_sum_of_running_calls_tmp_is_bounded(home_of):
+    """Issue 10 item 6: the private /tmp of all running calls together is bounded
+    (``tmp_total_bytes``); the call past it fails closed, and runs again once one ended."""
+    mib = 1024 * 1024
+    # per call: /tmp 8 MiB + /dev/shm 8 MiB + /run 4 MiB = 20 MiB; room for two calls.
+    h = home_of("bwrap", f"tmp_size_bytes = {8 * mib}\ntmp_total_bytes = {45 * mib}\n")
+    work = h.root / "project"
+    work.mkdir()
+    hold = "touch started-$DSH_CALL_ID; while [ ! -e stop ]; do sleep 0.05; done; echo held"
+    async with connect(h.socket) as c:
+        sid = await c.create_session(str(work))
+        held = []
+        for _ in range(2):
+            cid = await c.run_tool(sid, hold, approved=True)
+            held.append(cid)
+            for _ in range(400):  # bounded: until the call's sandbox is up
+                if (work / f"started-{cid}").exists():
+                    break
+                await __import__("trio").sleep(0.05)
+            assert (work / f"started-{cid}").exists()
+        third = await _run(c, sid, "echo ran")
+        assert third["errorCode"] == "SANDBOX_UNAVAILABLE", third
+        assert "tmp_total_bytes" in third["content"], third
+        (work / "stop").touch()
+        for cid in held:
+            assert (await c.wait(sid, cid))["exitCode"] == 0
+        again = await _run(c, sid, "echo ran")
+        assert again["exitCode"] == 0 and again["content"] == "ran\n", again
+        await _daemon_alive(c)

@@ -312,3 +312,43 @@ async def test_bwrap_private_run_keeps_what_tools_need(provider_of, area) -> Non
         expected.add(resolv.parts[2])  # e.g. systemd/ holding only resolve/
     assert listed == expected, text
     assert "LOCK-OK" in text and "RESOLV-OK" in text
+
+
+REFUSED_WORKSPACES = ["/", "/proc", "/proc/sys", "/sys", "/dev", "/run", "/tmp", "/etc", "/usr"]
+
+
+@pytest.mark.parametrize("name", ["bwrap", "landlock"])
+@pytest.mark.parametrize("mode", ["read-only", "workspace-write"])
+async def test_system_directories_are_never_confined_as_a_workspace(provider_of, name, mode):
+    """Issue 10 item 4 (a session recorded before session.create refused them): the workspace
+    bind at /proc covered the sandbox's own procfs with the host's, read-write. The same value
+    is written back, so even a failing run changes nothing on the host."""
+    provider = provider_of(name)
+    target = "/proc/sys/kernel/printk_ratelimit"
+    value = Path(target).read_text().strip()
+    for workspace in REFUSED_WORKSPACES:
+        with pytest.raises(SandboxUnavailable, match="cannot be a session directory"):
+            await run_confined(provider, f"echo {value} > {target} && echo WROTE", mode,
+                               workspace)
+    assert provider.confine(["true"], "danger-full-access", "/proc") == (["true"], "none")
+
+
+def test_bwrap_mounts_its_own_trees_last_and_pins_mask_parents(tmp_path) -> None:
+    """Nothing is mounted over the sandbox's /proc, /dev, /tmp, /run after they are made; each
+    directory between the workspace and a mask inside it is bound onto itself (so it cannot be
+    renamed away from under the mask)."""
+    ws = tmp_path / "home"
+    state = ws / ".local" / "state" / "dsh"
+    state.mkdir(parents=True)
+    provider = BwrapProvider("/usr/bin/bwrap")
+    argv, _ = provider.confine(["true"], "workspace-write", str(ws), hide=[str(state)])
+    joined = " ".join(argv)
+    for parent in (ws / ".local", ws / ".local" / "state"):
+        assert f"--bind {parent} {parent}" in joined
+    assert joined.index(f"--bind {ws} {ws}") < joined.index(f"--bind {ws}/.local ")
+    assert joined.index(f"--bind {ws}/.local/state {ws}/.local/state") < joined.index(
+        f"--tmpfs {state}")
+    assert argv[argv.index("--chdir") - 4:argv.index("--chdir")] == [
+        "--remount-ro", "/dev", "--remount-ro", "/proc"]
+    ro, _ = provider.confine(["true"], "read-only", str(ws), hide=[str(state)])
+    assert f"--ro-bind {ws}/.local {ws}/.local" in " ".join(ro)
