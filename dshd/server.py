@@ -25,6 +25,7 @@ import trio
 from . import __version__
 from .config import Config
 from .connection import Connection
+from .execution.peers import refuse_confined
 from .sessions.registry import SessionRegistry
 from .storage.lock import DaemonLock
 
@@ -282,7 +283,9 @@ async def serve(config: Config, *, task_status=trio.TASK_STATUS_IGNORED) -> None
 
 async def _handle(daemon: Daemon, stream: trio.SocketStream) -> None:
     """One connection. Whatever goes wrong in it stays in it: logged, never fatal."""
-    conn = Connection(daemon, stream, peer_uid(stream.socket))
+    # A process inside one of this daemon's sandboxes is refused like a foreign uid (-32001).
+    uid = None if refuse_confined(stream.socket, daemon.sandbox, log) else peer_uid(stream.socket)
+    conn = Connection(daemon, stream, uid)
     daemon.connections.add(conn)
     try:
         await conn.run()

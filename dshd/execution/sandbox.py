@@ -23,6 +23,16 @@ Modes: ``read-only`` and ``workspace-write`` are confined by every real provider
 provider (an explicit opt-in, never a fallback). The ``none`` provider never runs a confining
 mode unconfined: it raises, and the session turns that into ``SANDBOX_UNAVAILABLE``.
 
+Before confining, every real provider (:func:`check_confinable`) refuses, with
+:class:`SandboxUnavailable`: a workspace that is a system directory (:func:`refused_workspace`:
+``/``, ``/etc``, ``/usr``, ``/tmp`` itself, anything at or under ``/proc``, ``/sys``, ``/dev``,
+``/run`` — a bind there would cover the sandbox's own trees with the host's; ``session.create``
+applies the same rule), and any call once a hidden path (the state directory, the socket) is no
+longer where it was when first seen (:class:`HiddenPathGuard`, by ``(st_dev, st_ino)``): masks
+sit on paths, and a moved directory would be unmasked under its new name. The bwrap provider
+also caps each call's tmpfs mounts and bounds their sum over running calls
+(:class:`TmpBudget`).
+
 The probe (:func:`probe`) tries ``bwrap`` then ``landlock`` (``auto``) or only the configured
 one, and for each runs a **real** confined ``true`` and a **real** write that must fail — a
 file next to (outside) a scratch workspace under ``workspace-write`` — plus a write inside the
@@ -54,6 +64,8 @@ __all__ = [
     "PROBE_TIMEOUT",
     "Provider",
     "SandboxUnavailable",
+    "TmpBudget",
+    "check_confinable",
     "probe",
     "refused_workspace",
     "self_test",

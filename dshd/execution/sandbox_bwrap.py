@@ -13,33 +13,48 @@ has it (no nested user namespace inside, so no way to regain capabilities there)
 (no TIOCSTI into the daemon's terminal), then the mounts, then ``--chdir <workspace>``.
 
 Mounts are applied in argv order, and a later mount covers an earlier one, so they are sorted by
-path depth (parents first; at equal depth a hidden path before the workspace):
+path depth (parents first; at equal depth a hidden path, then the workspace and the directories
+pinned for a mask, then the sandbox's own trees — so nothing ever covers those):
 
 * ``--ro-bind / /`` — the whole tree read-only (bwrap remounts every submount read-only too);
 * ``--proc /proc`` (a fresh procfs of the new pid namespace: ``/proc/self/root`` is the
-  sandbox's own read-only root and no host process is visible), ``--dev /dev`` (a fresh
-  minimal ``/dev`` whose ``/dev/shm`` is a private, throw-away directory), ``--tmpfs /tmp``
-  (private ``/tmp``), ``--tmpfs /run`` (private ``/run``: the host's IPC sockets — the
-  system and session D-Bus, ``/run/systemd/private``, ``/run/docker.sock``, a database's socket,
-  ``$XDG_RUNTIME_DIR`` with dshd's own user-mode socket — are not there to connect to; a Unix
-  socket on a read-only mount still accepts connections, and a root daemon's tool talking to
-  systemd is a full escape), with ``/run/lock`` recreated, ``/run/shm`` re-linked and the
-  directory ``/etc/resolv.conf`` points into bound back when it lies under ``/run``;
+  sandbox's own read-only root and no host process is visible), remounted read-only at the end
+  (bwrap's own cover of ``/proc/sys`` is skipped for root, whose tools could otherwise write
+  the host's global sysctls), ``--dev /dev`` (a fresh minimal ``/dev``, remounted read-only at
+  the end) with ``/dev/shm`` a private tmpfs of at most ``min(tmp_size, 64 MiB)``,
+  ``--size tmp_size --tmpfs /tmp`` (private ``/tmp``, capped: a tool that fills it gets
+  ``ENOSPC``; the pages count against dshd's cgroup), a private ``/run`` of at most 4 MiB
+  (the host's IPC sockets — the system and session D-Bus, ``/run/systemd/private``,
+  ``/run/docker.sock``, a database's socket, ``$XDG_RUNTIME_DIR`` with dshd's own user-mode
+  socket — are not there to connect to; a Unix socket on a read-only mount still accepts
+  connections, and a root daemon's tool talking to systemd is a full escape), with
+  ``/run/lock`` recreated, ``/run/shm`` re-linked and the directory ``/etc/resolv.conf`` points
+  into bound back when it lies under ``/run``;
 * each ``hide`` path: ``--tmpfs`` over a directory (it shows up empty; ``--remount-ro`` at the
   end of the mounts makes it read-only, so a write there fails instead of vanishing),
-  ``--ro-bind /dev/null`` over anything else (a Unix socket then refuses connections);
+  ``--ro-bind /dev/null`` over anything else (a Unix socket then refuses connections). When the
+  hidden path lies inside the workspace (cwd = ``$HOME``, state in ``~/.local/state/dsh``), each
+  directory between the workspace and it is bound onto itself: a mount point cannot be renamed
+  or removed (``EBUSY``), so ``mv .local/state .local/state.x`` cannot carry the state dir out
+  from under its mask for the next call;
 * the workspace at its own (resolved) path: ``--bind`` in ``workspace-write``, ``--ro-bind`` in
-  ``read-only`` — always, so that neither the private ``/tmp`` nor a hidden directory hides it.
+  ``read-only`` — always, so that neither the private ``/tmp`` nor a hidden directory hides it;
+* the tmpfs lease (:class:`dshd.execution.sandbox.TmpBudget`) at ``/dev/.dsh-tmp-lease``,
+  read-only: bwrap marks it started and holds a lock on it while the sandbox lives, which is how
+  the daemon bounds the sum of the running calls' tmpfs mounts (``tmp_total_bytes``).
+
+Refused before any of this (:func:`dshd.execution.sandbox.check_confinable`): a system
+directory as the workspace (``/``, ``/etc``, ``/tmp`` itself, anything under ``/proc``,
+``/sys``, ``/dev``, ``/run``), and any confined call once a hidden path was moved.
 
 Other host sockets (a socket outside ``/run`` and ``/tmp``) stay reachable unless listed in
-``hide``; the daemon should pass its state directory and its socket there.
+``hide``; the daemon passes its state directory and its socket there.
 
 Escapes this closes: symlinks or ``..`` in the workspace lead onto read-only mounts; hard links
 out of the workspace cross a mount (``EXDEV``); the network namespace has only its own loopback;
 unmounting a mask needs capabilities nobody inside has. The environment passes through unchanged
-(``DSH_CALL_ID``/``DSH_SESSION_ID`` included). Not limited: memory or disk use (the private
-``/tmp`` is a RAM-backed tmpfs without a size cap), CPU, reading files the daemon's user may read
-outside ``hide``.
+(``DSH_CALL_ID``/``DSH_SESSION_ID`` included). Not limited: memory outside the tmpfs mounts,
+disk use in the workspace, CPU, reading files the daemon's user may read outside ``hide``.
 """
 
 from __future__ import annotations
@@ -100,6 +115,14 @@ class BwrapProvider(Verdict):
     tmp_size: int = DEFAULT_TMP_SIZE
     budget: TmpBudget | None = field(default=None, compare=False, repr=False)
     guard: HiddenPathGuard = field(default_factory=HiddenPathGuard, compare=False, repr=False)
+
+    @property
+    def process_marker(self) -> tuple[str, str] | None:
+        """``(bwrap path, lease dir)``: what this daemon's sandboxes carry in their command
+        line, for the peer check (:mod:`dshd.execution.peers`); None without a budget."""
+        if self.budget is None:
+            return None
+        return self.path, self.budget.lease_dir + "/lease-"
 
     @property
     def per_call_tmpfs(self) -> int:

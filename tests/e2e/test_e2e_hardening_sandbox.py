@@ -319,3 +319,31 @@ async def test_the_sum_of_running_calls_tmp_is_bounded(home_of):
         again = await _run(c, sid, "echo ran")
         assert again["exitCode"] == 0 and again["content"] == "ran\n", again
         await _daemon_alive(c)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_confined_tool_is_refused_even_through_an_alias_of_the_socket(home_of, provider):
+    """Issue 10 item 5, the daemon's side: a hard link of dshd's socket inside the workspace
+    (the mask covers only the socket's own path) still must not let a tool drive dshd. bwrap:
+    the peer check recognises the connecting process as one of this daemon's sandboxes;
+    Landlock: the seccomp filter refuses the socket. A client outside any sandbox is served on
+    the same alias (the control)."""
+    import sys
+
+    h = home_of(provider)
+    work = h.root / "project"
+    work.mkdir()
+    alias = work / "alias.sock"
+    os.link(h.daemon.socket, alias)
+    outside = h.root / "OUTSIDE"
+    repo = Path(__file__).resolve().parents[2]
+    dsh = (f"cd {repo} && DSH_SOCKET={alias} {sys.executable} -m client.cli run "
+           f"--sandbox danger-full-access -- touch {outside}; echo rc=$?")
+    async with connect(alias) as c:  # the control: the alias reaches the daemon
+        sid = await c.create_session(str(work))
+        result = await _run(c, sid, dsh)
+    assert not outside.exists(), result
+    assert "rc=0" not in result["content"], result
+    if provider == "bwrap":
+        assert "permission denied" in result["content"], result
+        assert "connection.confined_peer" in h.daemon.log_path.read_text()
