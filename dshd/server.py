@@ -219,7 +219,7 @@ async def serve(config: Config, *, task_status=trio.TASK_STATUS_IGNORED) -> None
     try:
         sandbox = await probe(config.sandbox_provider, scratch_dir=state_dir / "sandbox",
                               tmp_size_bytes=config.tmp_size_bytes,
-                              tmp_total_bytes=config.tmp_total_bytes)
+                              tmp_total_bytes=None if config.system else config.tmp_total_bytes)
         log.info("sandbox.probed", **sandbox.describe())
         daemon = Daemon(config, state_dir, sandbox)
         sock = _activated_socket()

@@ -13,9 +13,10 @@ socket, a bind mount an admin made, a mask that did not hold):
    6.5+) a pidfd that pins *that* process, so a pid reused after the peer exited is not judged;
 2. the peer's ancestry is walked through ``/proc/<pid>/stat`` (at most :data:`MAX_DEPTH` steps,
    up to pid 1 or the first entry that cannot be read): the peer is *confined* when one of its
-   ancestors (or itself) is a bwrap process of this daemon — recognised by its command line,
-   which names this daemon's own tmpfs lease directory (``<state>/sandbox/tmp-leases``). Inside
-   bwrap's pid namespace a tool cannot leave that ancestry: orphans are reaped by bwrap's pid 1;
+   ancestors (or itself) is a dsh sandbox — a process whose command line starts with the
+   provider's bwrap binary and carries the mark ``--dir /dev/.dsh-sandbox`` (any dshd's: no
+   confined tool may drive any dshd). Inside bwrap's pid namespace a tool cannot leave that
+   ancestry: orphans are reaped by bwrap's pid 1;
 3. afterwards the pidfd must still be alive (not readable); a peer that exited meanwhile is
    refused too, since it could have handed its connection to a process that was not checked.
 

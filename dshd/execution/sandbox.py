@@ -206,7 +206,7 @@ class HiddenPathGuard:
 
 #: Defaults of the private tmpfs caps (config ``tmp_size_bytes`` / ``tmp_total_bytes``).
 DEFAULT_TMP_SIZE = 512 * 1024 * 1024
-DEFAULT_TMP_TOTAL = 4 * 1024 * 1024 * 1024
+DEFAULT_TMP_TOTAL = 8 * 1024 * 1024 * 1024
 
 
 class TmpBudget:

@@ -41,7 +41,10 @@ pinned for a mask, then the sandbox's own trees — so nothing ever covers those
   ``read-only`` — always, so that neither the private ``/tmp`` nor a hidden directory hides it;
 * the tmpfs lease (:class:`dshd.execution.sandbox.TmpBudget`) at ``/dev/.dsh-tmp-lease``,
   read-only: bwrap marks it started and holds a lock on it while the sandbox lives, which is how
-  the daemon bounds the sum of the running calls' tmpfs mounts (``tmp_total_bytes``).
+  the daemon bounds the sum of the running calls' tmpfs mounts (``tmp_total_bytes``). User
+  mode only: in system mode bwrap runs as the session's owner, who can neither reach nor
+  ``chmod`` a lease in root's state directory, so there only the per-call caps hold;
+* ``--dir /dev/.dsh-sandbox``: the mark the peer check looks for in bwrap's command line.
 
 Refused before any of this (:func:`dshd.execution.sandbox.check_confinable`): a system
 directory as the workspace (``/``, ``/etc``, ``/tmp`` itself, anything under ``/proc``,
@@ -94,6 +97,9 @@ SHM_SIZE = 64 * 1024 * 1024
 RUN_SIZE = 4 * 1024 * 1024
 #: Where a call's tmpfs lease (:class:`dshd.execution.sandbox.TmpBudget`) shows up inside.
 LEASE_DEST = "/dev/.dsh-tmp-lease"
+#: An empty directory every sandbox of dshd has: it marks bwrap's command line for the peer
+#: check (:mod:`dshd.execution.peers`), and tells a tool it runs in a dsh sandbox.
+SANDBOX_MARK = "/dev/.dsh-sandbox"
 #: Mount points the sandbox provides itself; nothing may be mounted over them afterwards.
 OWN_MOUNTS = ("/proc", "/dev", "/tmp", "/run")
 
@@ -117,12 +123,11 @@ class BwrapProvider(Verdict):
     guard: HiddenPathGuard = field(default_factory=HiddenPathGuard, compare=False, repr=False)
 
     @property
-    def process_marker(self) -> tuple[str, str] | None:
-        """``(bwrap path, lease dir)``: what this daemon's sandboxes carry in their command
-        line, for the peer check (:mod:`dshd.execution.peers`); None without a budget."""
-        if self.budget is None:
-            return None
-        return self.path, self.budget.lease_dir + "/lease-"
+    def process_marker(self) -> tuple[str, str]:
+        """``(bwrap path, marker)``: what every dsh sandbox's command line carries, for the
+        peer check (:mod:`dshd.execution.peers`) — whichever dshd made it: no confined tool
+        may drive any dshd."""
+        return self.path, f"\0--dir\0{SANDBOX_MARK}\0"
 
     @property
     def per_call_tmpfs(self) -> int:
@@ -166,6 +171,7 @@ class BwrapProvider(Verdict):
             # bwrap marks the lease started (chmod) and holds a lock on it while it lives.
             out += ["--bind", lease, LEASE_DEST, "--chmod", f"{TmpBudget.STARTED:o}", LEASE_DEST,
                     "--remount-ro", LEASE_DEST, "--lock-file", LEASE_DEST]
+        out += ["--dir", SANDBOX_MARK]
         # Last, so that bwrap could still create mount points inside a mask or in /dev.
         # /proc read-only too: bwrap covers /proc/sys and /proc/sysrq-trigger only when
         # access(W_OK) says they are writable, which is wrong for root (their mode is 0555 and

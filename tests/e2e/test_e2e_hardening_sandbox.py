@@ -342,7 +342,12 @@ async def test_a_confined_tool_is_refused_even_through_an_alias_of_the_socket(ho
     async with connect(alias) as c:  # the control: the alias reaches the daemon
         sid = await c.create_session(str(work))
         result = await _run(c, sid, dsh)
-    assert not outside.exists(), result
+        assert not outside.exists(), result
+        # No false positive: an unconfined tool may still use dsh (through the same alias).
+        free = await c.create_session(str(work), sandbox="danger-full-access")
+        unconfined = await _run(c, free, dsh)
+        assert outside.exists() and "rc=0" in unconfined["content"], unconfined
+        outside.unlink()
     assert "rc=0" not in result["content"], result
     if provider == "bwrap":
         assert "permission denied" in result["content"], result

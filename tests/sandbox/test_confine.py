@@ -352,3 +352,34 @@ def test_bwrap_mounts_its_own_trees_last_and_pins_mask_parents(tmp_path) -> None
         "--remount-ro", "/dev", "--remount-ro", "/proc"]
     ro, _ = provider.confine(["true"], "read-only", str(ws), hide=[str(state)])
     assert f"--ro-bind {ws}/.local {ws}/.local" in " ".join(ro)
+
+
+def test_tmp_budget_counts_running_and_unstarted_leases_only(tmp_path) -> None:
+    """The sum bound of issue 10 item 6, without a daemon: a lease counts while a sandbox holds
+    its lock, or while it is unstarted and young; a started, unlocked one (the call ended) and
+    an unstarted one past the grace are removed."""
+    from dshd.execution.sandbox import TmpBudget
+
+    budget = TmpBudget(str(tmp_path / "leases"), per_call=10, total=25)
+    first, second = budget.reserve(), budget.reserve()
+    with pytest.raises(SandboxUnavailable, match="tmp_total_bytes"):
+        budget.reserve()
+    os.chmod(first, TmpBudget.STARTED)  # what bwrap's --chmod does
+    holder = subprocess.Popen(  # another process holds the lock, as bwrap does
+        [shutil.which("python3"), "-c",
+         "import fcntl,os,sys; fd=os.open(sys.argv[1], os.O_RDONLY); "
+         "fcntl.lockf(fd, fcntl.LOCK_SH); print('locked', flush=True); sys.stdin.read()",
+         first], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        old = os.stat(second).st_mtime - TmpBudget.SPAWN_GRACE - 1
+        os.utime(second, (old, old))  # confined long ago, never started: stale
+        third = budget.reserve()
+        assert not os.path.exists(second) and os.path.exists(first)
+        with pytest.raises(SandboxUnavailable):
+            budget.reserve()
+    finally:
+        holder.stdin.close()
+        holder.wait()
+    assert budget.in_use() == 1  # first ended (started, unlocked): removed; third unstarted
+    assert not os.path.exists(first) and os.path.exists(third)
