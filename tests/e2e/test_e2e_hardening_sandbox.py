@@ -47,7 +47,11 @@ class Home:
             self.root, state_dir=self.state, socket_path=self.socket,
             extra_args=["--config", str(cfg)],
         )
-        self.daemon.start()
+        try:
+            self.daemon.start()
+        except BaseException:
+            shutil.rmtree(self.root, ignore_errors=True)
+            raise
 
     def close(self) -> None:
         self.daemon.stop()
