@@ -131,6 +131,14 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_calls_per_session: Annotated[int, msgspec.Meta(ge=1, le=65536)] = 256
     #: Running calls over the whole daemon (all sessions).
     max_calls: Annotated[int, msgspec.Meta(ge=1, le=65536)] = 1024
+    # -- sandbox room (issue 10 item 6; EXEC.md §3) --------------------------------------
+    #: Cap of one confined call's private /tmp (bwrap tmpfs, RAM), bytes: 1 MiB .. 1 TiB.
+    tmp_size_bytes: Annotated[int, msgspec.Meta(ge=1 << 20, le=1 << 40)] = 512 * 1024 * 1024
+    #: Bound on the private tmpfs mounts of all running confined calls together, bytes; each
+    #: running call counts its caps (tmp_size_bytes + /dev/shm + /run), so the default allows
+    #: 14 at the default tmp_size_bytes. A call past it fails closed (SANDBOX_UNAVAILABLE), it
+    #: does not wait. User mode only (system mode: per-call caps only). 1 MiB .. 1 TiB.
+    tmp_total_bytes: Annotated[int, msgspec.Meta(ge=1 << 20, le=1 << 40)] = 8 * 1024 * 1024 * 1024
     #: Log output: "auto" (console on a TTY, JSON otherwise), "console" or "json".
     log_format: Literal["auto", "console", "json"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"

@@ -31,6 +31,7 @@ from protocol import rpc
 from . import __version__, identity
 from .agent import NoTurn, SteerLimit, TurnBusy, TurnDriver
 from .approval import AlreadyDecided, ApprovalNotFound
+from .execution.sandbox import refused_workspace
 from .paths import is_valid_id, is_within
 from .sessions.registry import SessionLimit, SessionNotFound
 from .sessions.session import CallLimit
@@ -131,6 +132,8 @@ async def session_create(conn: "Connection", p: rpc.SessionCreateParams) -> dict
     if is_within(cwd, conn.daemon.state_dir):
         raise _bad(f"cwd {cwd!r} lies inside dshd's state directory; pick a project directory",
                    field="cwd")
+    if refusal := refused_workspace(cwd):
+        raise _bad(refusal, field="cwd")
     if not identity.can_enter(cwd, conn.uid):
         raise rpc.RpcError(rpc.PERMISSION_DENIED,
                            f"cwd {cwd!r} is not a directory you can enter; tools run as you")

@@ -34,6 +34,7 @@ from . import __version__
 from .config import Config
 from .connection import PARSE_THREADS, Connection, LineBudget, refuse
 from .service import Notifier, ServiceMonitor, watchdog_interval
+from .execution.peers import refuse_confined
 from .sessions.registry import SessionRegistry
 from .storage.lock import DaemonLock
 
@@ -218,7 +219,9 @@ async def serve(config: Config, *, reload_config: Callable[[], Config] | None = 
             "pass --state-dir (or DSH_STATE_DIR) with a writable directory"
         ) from None
     try:
-        sandbox = await probe(config.sandbox_provider, scratch_dir=state_dir / "sandbox")
+        sandbox = await probe(config.sandbox_provider, scratch_dir=state_dir / "sandbox",
+                              tmp_size_bytes=config.tmp_size_bytes,
+                              tmp_total_bytes=None if config.system else config.tmp_total_bytes)
         log.info("sandbox.probed", **sandbox.describe())
         daemon = Daemon(config, state_dir, sandbox)
         sock = _activated_socket()
@@ -314,7 +317,9 @@ async def _handle(daemon: Daemon, stream: trio.SocketStream) -> None:
     if len(daemon.connections) >= daemon.config.max_connections:
         await _refuse_over_limit(daemon, stream)
         return
-    conn = Connection(daemon, stream, peer_uid(stream.socket))
+    # A process inside one of this daemon's sandboxes is refused like a foreign uid (-32001).
+    uid = None if refuse_confined(stream.socket, daemon.sandbox, log) else peer_uid(stream.socket)
+    conn = Connection(daemon, stream, uid)
     daemon.connections.add(conn)
     try:
         await conn.run()

@@ -23,6 +23,16 @@ Modes: ``read-only`` and ``workspace-write`` are confined by every real provider
 provider (an explicit opt-in, never a fallback). The ``none`` provider never runs a confining
 mode unconfined: it raises, and the session turns that into ``SANDBOX_UNAVAILABLE``.
 
+Before confining, every real provider (:func:`check_confinable`) refuses, with
+:class:`SandboxUnavailable`: a workspace that is a system directory (:func:`refused_workspace`:
+``/``, ``/etc``, ``/usr``, ``/tmp`` itself, anything at or under ``/proc``, ``/sys``, ``/dev``,
+``/run`` — a bind there would cover the sandbox's own trees with the host's; ``session.create``
+applies the same rule), and any call once a hidden path (the state directory, the socket) is no
+longer where it was when first seen (:class:`HiddenPathGuard`, by ``(st_dev, st_ino)``): masks
+sit on paths, and a moved directory would be unmasked under its new name. The bwrap provider
+also caps each call's tmpfs mounts and bounds their sum over running calls
+(:class:`TmpBudget`).
+
 The probe (:func:`probe`) tries ``bwrap`` then ``landlock`` (``auto``) or only the configured
 one, and for each runs a **real** confined ``true`` and a **real** write that must fail — a
 file next to (outside) a scratch workspace under ``workspace-write`` — plus a write inside the
@@ -33,10 +43,13 @@ write test escapes is skipped, and the sentence why is kept in ``describe()["ski
 
 from __future__ import annotations
 
+import fcntl
 import os
 import secrets
 import shutil
+import stat
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -45,12 +58,16 @@ import trio
 
 __all__ = [
     "CONFINING_MODES",
+    "HiddenPathGuard",
     "MODES",
     "NoSandbox",
     "PROBE_TIMEOUT",
     "Provider",
     "SandboxUnavailable",
+    "TmpBudget",
+    "check_confinable",
     "probe",
+    "refused_workspace",
     "self_test",
 ]
 
@@ -106,12 +123,187 @@ class Provider(Protocol):
         ...
 
 
+#: Trees the sandbox builds afresh (``/proc``, ``/dev``, ``/run``) or the host's kernel interface
+#: (``/sys``): a workspace at or below one would cover the sandbox's own, or hand it the host's.
+SANDBOX_TREES = ("/proc", "/sys", "/dev", "/run")
+#: System directories refused as a workspace themselves (directories below them are fine:
+#: ``/tmp/project``, ``/var/www/site``, ``/usr/local/src/x``). ``/tmp`` is here because the
+#: sandbox mounts a private ``/tmp``; ``/usr/*`` because ``/bin`` may resolve to ``/usr/bin``.
+SYSTEM_DIRS = frozenset({
+    "/", "/bin", "/boot", "/etc", "/home", "/lib", "/lib32", "/lib64", "/libx32", "/sbin",
+    "/tmp", "/usr", "/usr/bin", "/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/libexec",
+    "/usr/local", "/usr/sbin", "/usr/share", "/var", "/var/lib", "/var/log", "/var/tmp",
+})
+
+
+def refused_workspace(path: str) -> str | None:
+    """Why ``path`` cannot be a session's workspace, or None (EXEC.md §3).
+
+    Refused: ``/`` and the system directories of :data:`SYSTEM_DIRS` themselves, and anything at
+    or below :data:`SANDBOX_TREES`. Judged on the path as given *and* with symlinks resolved, so
+    a link to ``/proc`` is refused too. A workspace below ``/tmp`` is fine: it is bound over the
+    private ``/tmp`` at its own path.
+    """
+    for candidate in dict.fromkeys((os.path.normpath(path), os.path.realpath(path))):
+        for tree in SANDBOX_TREES:
+            if candidate == tree or candidate.startswith(tree + "/"):
+                return (
+                    f"{path} cannot be a session directory: {tree} is a system tree the "
+                    "sandbox provides itself (or the host kernel's interface), and a workspace "
+                    "there would hand tools the host's; use a project directory"
+                )
+        if candidate in SYSTEM_DIRS:
+            return (
+                f"{path} cannot be a session directory: {candidate} is a system directory "
+                "(/, /etc, /usr, /var, /tmp, /home, ... are refused; a project directory "
+                "below them is fine)"
+            )
+    return None
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+class HiddenPathGuard:
+    """Notices a hidden path (the state directory, the socket) no longer being where it was.
+
+    The masks are put at *paths*; if something renames a hidden directory or one of its
+    ancestors, the path names nothing (or a stand-in) and the real thing is unmasked at its new
+    name. :meth:`check` pins ``(st_dev, st_ino)`` of each path and of its parent directory the
+    first time it sees the path — the daemon's first confine, which precedes every tool's
+    run — and on every later call compares; any difference raises :class:`SandboxUnavailable`
+    naming the path. Moving it back makes the check pass again. Bounded: one entry per distinct
+    hidden path (the daemon passes two).
+    """
+
+    MAX_PATHS = 64
+
+    def __init__(self) -> None:
+        self._pins: dict[str, tuple] = {}
+
+    def check(self, paths: list[str], *, enforce: bool = True) -> None:
+        """Pin unseen paths; with ``enforce``, raise when a pinned one changed."""
+        for path in paths:
+            now = (_identity(path), _identity(os.path.dirname(path) or "/"))
+            pinned = self._pins.get(path)
+            if pinned is None:
+                if len(self._pins) < self.MAX_PATHS:
+                    self._pins[path] = now
+                continue
+            if now != pinned and enforce:
+                raise SandboxUnavailable(
+                    f"{path} (hidden from tools: dshd's state directory or socket) is no longer "
+                    "where it was when dshd started — it or a parent directory was moved or "
+                    "replaced, so the sandbox's masks would not cover it. Every confined call "
+                    "is refused until it is moved back or dshd is restarted."
+                )
+
+
+#: Defaults of the private tmpfs caps (config ``tmp_size_bytes`` / ``tmp_total_bytes``).
+DEFAULT_TMP_SIZE = 512 * 1024 * 1024
+DEFAULT_TMP_TOTAL = 8 * 1024 * 1024 * 1024
+
+
+class TmpBudget:
+    r"""Bounds the RAM that the running calls' private tmpfs mounts may hold together.
+
+    The pages of a sandbox's ``/tmp`` count against dshd's cgroup, so each call's tmpfs mounts
+    are capped (``per_call`` bytes in all, see the bwrap provider) and the sum over running calls
+    is bounded by ``total``. There is no end-of-call hook here, so a call's share is a *lease*: a
+    file ``<lease_dir>/<token>`` (mode 0600) made by :meth:`reserve` at confine time, bound into
+    the sandbox, where bwrap ``--chmod``\ s it to 0640 (the call started) and holds a lock on it
+    for as long as the sandbox lives (``--lock-file``). A lease counts while it is locked, or
+    while it is 0600 and younger than :data:`SPAWN_GRACE` (confined, not yet started); a started
+    lease that is unlocked (the call ended) or an unstarted one past the grace is removed. A call
+    that would take the sum past ``total`` fails closed (:class:`SandboxUnavailable`); it is not
+    queued.
+    """
+
+    SPAWN_GRACE = 60.0
+    NOT_STARTED = 0o600
+    STARTED = 0o640
+
+    def __init__(self, lease_dir: str, per_call: int, total: int) -> None:
+        self.lease_dir = lease_dir
+        self.per_call = per_call
+        self.total = total
+
+    def _counts(self, name: str) -> bool:
+        """Whether lease ``name`` still holds its share (removes it when it does not)."""
+        path = os.path.join(self.lease_dir, name)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            return False
+        try:
+            st = os.fstat(fd)
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                return True  # a sandbox holds it: running
+            fcntl.lockf(fd, fcntl.LOCK_UN)
+            unstarted = stat.S_IMODE(st.st_mode) == self.NOT_STARTED
+            if unstarted and time.time() - st.st_mtime < self.SPAWN_GRACE:
+                return True  # confined, not yet started
+        finally:
+            os.close(fd)
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        return False
+
+    def in_use(self) -> int:
+        """How many leases hold a share now (stale ones are removed on the way)."""
+        try:
+            names = os.listdir(self.lease_dir)
+        except FileNotFoundError:
+            return 0
+        return sum(1 for name in names if name.startswith("lease-") and self._counts(name))
+
+    def reserve(self) -> str:
+        """A new lease file's path, or :class:`SandboxUnavailable` when the sum is spent."""
+        os.makedirs(self.lease_dir, mode=0o700, exist_ok=True)
+        running = self.in_use()
+        if (running + 1) * self.per_call > self.total:
+            raise SandboxUnavailable(
+                f"the private /tmp budget of running calls is spent: {running} running calls "
+                f"hold {running * self.per_call} bytes of the {self.total} allowed "
+                f"(tmp_total_bytes; {self.per_call} bytes per call, tmp_size_bytes plus /dev/shm "
+                "and /run); the call did not run — retry when a call has finished, or raise "
+                "tmp_total_bytes"
+            )
+        path = os.path.join(self.lease_dir, f"lease-{secrets.token_hex(8)}")
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, self.NOT_STARTED)
+        os.fchmod(fd, self.NOT_STARTED)  # whatever the umask
+        os.close(fd)
+        return path
+
+
 def check_mode(mode: str, workspace: str) -> None:
     """Raise ``ValueError`` for an unknown mode or a relative workspace path."""
     if mode not in MODES:
         raise ValueError(f"unknown sandbox mode {mode!r}; expected one of {', '.join(MODES)}")
     if not os.path.isabs(workspace):
         raise ValueError(f"the workspace must be an absolute path, not {workspace!r}")
+
+
+def check_confinable(mode: str, workspace: str, hide: list[str], guard: HiddenPathGuard) -> None:
+    """The checks every real provider makes before confining (after :func:`check_mode`).
+
+    Pins the hidden paths (all modes) and, in a confining mode, raises
+    :class:`SandboxUnavailable` when one was moved (:class:`HiddenPathGuard`) or the workspace
+    is refused (:func:`refused_workspace`: a session created before that rule existed).
+    """
+    confining = mode in CONFINING_MODES
+    guard.check(list(hide), enforce=confining)
+    if confining and (why := refused_workspace(workspace)):
+        raise SandboxUnavailable(why)
 
 
 def skipped_list(skipped: tuple[tuple[str, str], ...]) -> list[dict]:
@@ -246,6 +438,8 @@ async def probe(
     scratch_dir: Path,
     bwrap_path: str | None = None,
     python: str | None = None,
+    tmp_size_bytes: int = DEFAULT_TMP_SIZE,
+    tmp_total_bytes: int | None = DEFAULT_TMP_TOTAL,
 ) -> Provider:
     """Pick the sandbox provider for this daemon (EXEC.md §3).
 
@@ -255,7 +449,9 @@ async def probe(
     daemon owns (created if missing) for the probe's workspace and, under Landlock, the
     per-call temporary directories (``<scratch_dir>/landlock-tmp``). ``bwrap_path``: the bwrap
     binary (default: ``bwrap`` on ``$PATH``). ``python``: the interpreter that runs the Landlock
-    launcher (default ``sys.executable``).
+    launcher (default ``sys.executable``). ``tmp_size_bytes``: the cap of a call's private
+    ``/tmp`` (bwrap); ``tmp_total_bytes``: the bound on the running calls' tmpfs mounts together
+    (:class:`TmpBudget`; None: no bound).
 
     Never raises for a broken provider — that is a verdict, reported by ``describe()``.
     Raises ``ValueError`` for an unknown ``preferred``. Takes up to a few hundred ms (it runs
@@ -279,7 +475,9 @@ async def probe(
     skipped: list[tuple[str, str]] = []
     for name in candidates:
         if name == "bwrap":
-            provider, why_not = await probe_bwrap(scratch_dir, bwrap_path, tuple(skipped))
+            provider, why_not = await probe_bwrap(
+                scratch_dir, bwrap_path, tuple(skipped), tmp_size_bytes, tmp_total_bytes
+            )
         else:
             provider, why_not = await probe_landlock(scratch_dir, python, tuple(skipped))
         if provider is not None:

@@ -13,37 +13,56 @@ has it (no nested user namespace inside, so no way to regain capabilities there)
 (no TIOCSTI into the daemon's terminal), then the mounts, then ``--chdir <workspace>``.
 
 Mounts are applied in argv order, and a later mount covers an earlier one, so they are sorted by
-path depth (parents first; at equal depth a hidden path before the workspace):
+path depth (parents first; at equal depth a hidden path, then the workspace and the directories
+pinned for a mask, then the sandbox's own trees — so nothing ever covers those):
 
 * ``--ro-bind / /`` — the whole tree read-only (bwrap remounts every submount read-only too);
 * ``--proc /proc`` (a fresh procfs of the new pid namespace: ``/proc/self/root`` is the
-  sandbox's own read-only root and no host process is visible), ``--dev /dev`` (a fresh
-  minimal ``/dev`` whose ``/dev/shm`` is a private, throw-away directory), ``--tmpfs /tmp``
-  (private ``/tmp``), ``--tmpfs /run`` (private ``/run``: the host's IPC sockets — the
-  system and session D-Bus, ``/run/systemd/private``, ``/run/docker.sock``, a database's socket,
-  ``$XDG_RUNTIME_DIR`` with dshd's own user-mode socket — are not there to connect to; a Unix
-  socket on a read-only mount still accepts connections, and a root daemon's tool talking to
-  systemd is a full escape), with ``/run/lock`` recreated, ``/run/shm`` re-linked and the
-  directory ``/etc/resolv.conf`` points into bound back when it lies under ``/run``;
+  sandbox's own read-only root and no host process is visible), remounted read-only at the end
+  (bwrap's own cover of ``/proc/sys`` is skipped for root, whose tools could otherwise write
+  the host's global sysctls), ``--dev /dev`` (a fresh minimal ``/dev``, remounted read-only at
+  the end) with ``/dev/shm`` a private tmpfs of at most ``min(tmp_size, 64 MiB)``,
+  ``--size tmp_size --tmpfs /tmp`` (private ``/tmp``, capped: a tool that fills it gets
+  ``ENOSPC``; the pages count against dshd's cgroup), a private ``/run`` of at most 4 MiB
+  (the host's IPC sockets — the system and session D-Bus, ``/run/systemd/private``,
+  ``/run/docker.sock``, a database's socket, ``$XDG_RUNTIME_DIR`` with dshd's own user-mode
+  socket — are not there to connect to; a Unix socket on a read-only mount still accepts
+  connections, and a root daemon's tool talking to systemd is a full escape), with
+  ``/run/lock`` recreated, ``/run/shm`` re-linked and the directory ``/etc/resolv.conf`` points
+  into bound back when it lies under ``/run``;
 * each ``hide`` path: ``--tmpfs`` over a directory (it shows up empty; ``--remount-ro`` at the
   end of the mounts makes it read-only, so a write there fails instead of vanishing),
-  ``--ro-bind /dev/null`` over anything else (a Unix socket then refuses connections);
+  ``--ro-bind /dev/null`` over anything else (a Unix socket then refuses connections). When the
+  hidden path lies inside the workspace (cwd = ``$HOME``, state in ``~/.local/state/dsh``), each
+  directory between the workspace and it is bound onto itself: a mount point cannot be renamed
+  or removed (``EBUSY``), so ``mv .local/state .local/state.x`` cannot carry the state dir out
+  from under its mask for the next call;
 * the workspace at its own (resolved) path: ``--bind`` in ``workspace-write``, ``--ro-bind`` in
-  ``read-only`` — always, so that neither the private ``/tmp`` nor a hidden directory hides it.
+  ``read-only`` — always, so that neither the private ``/tmp`` nor a hidden directory hides it;
+* the tmpfs lease (:class:`dshd.execution.sandbox.TmpBudget`) at ``/dev/.dsh-tmp-lease``,
+  read-only: bwrap marks it started and holds a lock on it while the sandbox lives, which is how
+  the daemon bounds the sum of the running calls' tmpfs mounts (``tmp_total_bytes``). User
+  mode only: in system mode bwrap runs as the session's owner, who can neither reach nor
+  ``chmod`` a lease in root's state directory, so there only the per-call caps hold;
+* ``--dir /dev/.dsh-sandbox``: the mark the peer check looks for in bwrap's command line.
+
+Refused before any of this (:func:`dshd.execution.sandbox.check_confinable`): a system
+directory as the workspace (``/``, ``/etc``, ``/tmp`` itself, anything under ``/proc``,
+``/sys``, ``/dev``, ``/run``), and any confined call once a hidden path was moved.
 
 Other host sockets (a socket outside ``/run`` and ``/tmp``) stay reachable unless listed in
-``hide``; the daemon should pass its state directory and its socket there.
+``hide``; the daemon passes its state directory and its socket there.
 
 Escapes this closes: symlinks or ``..`` in the workspace lead onto read-only mounts; hard links
 out of the workspace cross a mount (``EXDEV``); the network namespace has only its own loopback;
 unmounting a mask needs capabilities nobody inside has. The environment passes through unchanged
-(``DSH_CALL_ID``/``DSH_SESSION_ID`` included). Not limited: memory or disk use (the private
-``/tmp`` is a RAM-backed tmpfs without a size cap), CPU, reading files the daemon's user may read
-outside ``hide``.
+(``DSH_CALL_ID``/``DSH_SESSION_ID`` included). Not limited: memory outside the tmpfs mounts,
+disk use in the workspace, CPU, reading files the daemon's user may read outside ``hide``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -53,10 +72,14 @@ from pathlib import Path
 import trio
 
 from dshd.execution.sandbox import (
+    DEFAULT_TMP_SIZE,
     PROBE_TIMEOUT,
+    HiddenPathGuard,
+    TmpBudget,
+    Verdict,
+    check_confinable,
     check_mode,
     self_test,
-    Verdict,
 )
 
 __all__ = ["BwrapProvider", "probe_bwrap"]
@@ -69,10 +92,24 @@ NAMESPACE_HINT = (
 )
 
 
+#: Caps of the other writable tmpfs mounts of a call (``/dev/shm``, ``/run``), in bytes.
+SHM_SIZE = 64 * 1024 * 1024
+RUN_SIZE = 4 * 1024 * 1024
+#: Where a call's tmpfs lease (:class:`dshd.execution.sandbox.TmpBudget`) shows up inside.
+LEASE_DEST = "/dev/.dsh-tmp-lease"
+#: An empty directory every sandbox of dshd has: it marks bwrap's command line for the peer
+#: check (:mod:`dshd.execution.peers`), and tells a tool it runs in a dsh sandbox.
+SANDBOX_MARK = "/dev/.dsh-sandbox"
+#: Mount points the sandbox provides itself; nothing may be mounted over them afterwards.
+OWN_MOUNTS = ("/proc", "/dev", "/tmp", "/run")
+
+
 @dataclass(frozen=True)
 class BwrapProvider(Verdict):
     """Provider ``bwrap`` (see the module doc). ``path``: the bwrap binary; ``version``: its
-    ``--version`` line; ``disable_userns``: pass ``--unshare-user --disable-userns``."""
+    ``--version`` line; ``disable_userns``: pass ``--unshare-user --disable-userns``;
+    ``tmp_size``: the cap of a call's private ``/tmp`` in bytes; ``budget``: the bound on the
+    running calls' tmpfs sum (None: per-call caps only, as in the probe)."""
 
     path: str
     version: str = "bubblewrap"
@@ -81,6 +118,21 @@ class BwrapProvider(Verdict):
     skipped: tuple[tuple[str, str], ...] = field(default=())
     name: str = "bwrap"
     completeness: str = "full"
+    tmp_size: int = DEFAULT_TMP_SIZE
+    budget: TmpBudget | None = field(default=None, compare=False, repr=False)
+    guard: HiddenPathGuard = field(default_factory=HiddenPathGuard, compare=False, repr=False)
+
+    @property
+    def process_marker(self) -> tuple[str, str]:
+        """``(bwrap path, marker)``: what every dsh sandbox's command line carries, for the
+        peer check (:mod:`dshd.execution.peers`) — whichever dshd made it: no confined tool
+        may drive any dshd."""
+        return self.path, f"\0--dir\0{SANDBOX_MARK}\0"
+
+    @property
+    def per_call_tmpfs(self) -> int:
+        """Bytes of RAM one call's writable tmpfs mounts may hold (/tmp, /dev/shm, /run)."""
+        return self.tmp_size + min(self.tmp_size, SHM_SIZE) + RUN_SIZE
 
     def confine(
         self,
@@ -95,9 +147,12 @@ class BwrapProvider(Verdict):
 
         ``workspace``: absolute; bound at its resolved path, which is also the new cwd.
         ``hide``: paths masked inside (missing ones are skipped; ``/`` is refused with
-        ``ValueError``). ``network``: honoured in ``workspace-write`` only.
+        ``ValueError``). ``network``: honoured in ``workspace-write`` only. Raises
+        :class:`SandboxUnavailable` for a refused workspace, a moved hidden path or a spent
+        tmpfs budget.
         """
         check_mode(mode, workspace)
+        check_confinable(mode, workspace, list(hide), self.guard)
         if mode == "danger-full-access":
             return list(argv), "none"
         ws = os.path.realpath(workspace)
@@ -107,15 +162,41 @@ class BwrapProvider(Verdict):
         if self.disable_userns:
             out += ["--unshare-user", "--disable-userns"]
         out += ["--cap-drop", "ALL", "--die-with-parent", "--new-session"]
-        # (path, tie-break, args): sorted by depth, then tie-break, so parents mount first.
+        bind = "--bind" if mode == "workspace-write" else "--ro-bind"
+        mounts, remount_ro = self._mounts(ws, bind, hide)
+        for _, _, args in mounts:
+            out += args
+        lease = self.budget.reserve() if self.budget is not None else None
+        if lease is not None:
+            # bwrap marks the lease started (chmod) and holds a lock on it while it lives.
+            out += ["--bind", lease, LEASE_DEST, "--chmod", f"{TmpBudget.STARTED:o}", LEASE_DEST,
+                    "--remount-ro", LEASE_DEST, "--lock-file", LEASE_DEST]
+        out += ["--dir", SANDBOX_MARK]
+        # Last, so that bwrap could still create mount points inside a mask or in /dev.
+        # /proc read-only too: bwrap covers /proc/sys and /proc/sysrq-trigger only when
+        # access(W_OK) says they are writable, which is wrong for root (their mode is 0555 and
+        # 0200), so a root daemon's tool could write the host's sysctls and the SysRq trigger.
+        out += remount_ro + ["--remount-ro", "/dev", "--remount-ro", "/proc"]
+        out += ["--chdir", ws, "--", *argv]
+        return out, self.completeness
+
+    def _mounts(
+        self, ws: str, bind: str, hide: list[str]
+    ) -> tuple[list[tuple[str, int, list[str]]], list[str]]:
+        """The sorted mount list and the ``--remount-ro`` tail (see the module doc)."""
+        # (path, tie-break, args): sorted by depth, then tie-break, so parents mount first and,
+        # at equal depth, the sandbox's own /proc, /dev, /tmp, /run mount last (never covered).
+        shm = min(self.tmp_size, SHM_SIZE)
         mounts: list[tuple[str, int, list[str]]] = [
             ("/", 0, ["--ro-bind", "/", "/"]),
-            ("/proc", 0, ["--proc", "/proc"]),
-            ("/dev", 0, ["--dev", "/dev"]),
-            ("/tmp", 0, ["--tmpfs", "/tmp"]),
+            ("/proc", 3, ["--proc", "/proc"]),
+            ("/dev", 3, ["--dev", "/dev"]),
+            ("/dev/shm", 3, ["--size", str(shm), "--tmpfs", "/dev/shm"]),
+            ("/tmp", 3, ["--size", str(self.tmp_size), "--tmpfs", "/tmp"]),
             *_private_run(),
         ]
         remount_ro: list[str] = []
+        pinned: set[str] = set()
         for path in hide:
             real = os.path.realpath(path)
             if real == "/":
@@ -125,15 +206,20 @@ class BwrapProvider(Verdict):
                 remount_ro += ["--remount-ro", real]
             elif os.path.lexists(real):
                 mounts.append((real, 1, ["--ro-bind", "/dev/null", real]))
-        bind = "--bind" if mode == "workspace-write" else "--ro-bind"
+            else:
+                continue
+            # A mask inside the workspace holds against renames: each directory between the
+            # workspace and the mask becomes a mount point (bound onto itself), and a mount
+            # point cannot be renamed or removed (EBUSY) — so the mask stays on its path.
+            parent = os.path.dirname(real)
+            while parent != ws and parent.startswith(ws.rstrip("/") + "/"):
+                if parent not in pinned:
+                    pinned.add(parent)
+                    mounts.append((parent, 2, [bind, parent, parent]))
+                parent = os.path.dirname(parent)
         mounts.append((ws, 2, [bind, ws, ws]))
         mounts.sort(key=lambda m: (0 if m[0] == "/" else len(Path(m[0]).parts), m[1]))
-        for _, _, args in mounts:
-            out += args
-        # Last, so that bwrap could still create the workspace's mount point inside a mask.
-        out += remount_ro
-        out += ["--chdir", ws, "--", *argv]
-        return out, self.completeness
+        return mounts, remount_ro
 
 
 def _private_run() -> list[tuple[str, int, list[str]]]:
@@ -144,12 +230,13 @@ def _private_run() -> list[tuple[str, int, list[str]]]:
     """
     if not os.path.isdir("/run") or os.path.islink("/run"):
         return []
-    mounts = [("/run", 0, ["--tmpfs", "/run"]), ("/run/lock", 0, ["--dir", "/run/lock"])]
+    mounts = [("/run", 3, ["--size", str(RUN_SIZE), "--tmpfs", "/run"]),
+              ("/run/lock", 3, ["--dir", "/run/lock"])]
     if os.path.islink("/run/shm"):
-        mounts.append(("/run/shm", 0, ["--symlink", os.readlink("/run/shm"), "/run/shm"]))
+        mounts.append(("/run/shm", 3, ["--symlink", os.readlink("/run/shm"), "/run/shm"]))
     resolv_dir = os.path.dirname(os.path.realpath("/etc/resolv.conf"))
     if resolv_dir.startswith("/run/") and os.path.isdir(resolv_dir):
-        mounts.append((resolv_dir, 0, ["--ro-bind", resolv_dir, resolv_dir]))
+        mounts.append((resolv_dir, 3, ["--ro-bind", resolv_dir, resolv_dir]))
     return mounts
 
 
@@ -165,7 +252,11 @@ async def _capture(argv: list[str]) -> subprocess.CompletedProcess:
 
 
 async def probe_bwrap(
-    scratch_dir: Path, bwrap_path: str | None, skipped: tuple[tuple[str, str], ...]
+    scratch_dir: Path,
+    bwrap_path: str | None,
+    skipped: tuple[tuple[str, str], ...],
+    tmp_size: int = DEFAULT_TMP_SIZE,
+    tmp_total: int | None = None,
 ) -> tuple[BwrapProvider | None, str]:
     """``(provider, "")`` when bwrap confines here, else ``(None, why not)`` (EXEC.md §3).
 
@@ -187,7 +278,7 @@ async def probe_bwrap(
     knows_disable = b"--disable-userns" in helptext.stdout + helptext.stderr
     first_failure = None
     for disable in ([True, False] if knows_disable else [False]):
-        provider = BwrapProvider(path, version_line, disable, "", skipped)
+        provider = BwrapProvider(path, version_line, disable, "", skipped, tmp_size=tmp_size)
         failure = await self_test(provider, scratch_dir)
         if failure is None:
             nested = (
@@ -198,13 +289,19 @@ async def probe_bwrap(
             )
             reason = (
                 f"{version_line} at {path}: user, pid, network, ipc, uts and cgroup namespaces, "
-                "read-only root, private /tmp, /run, /dev and /proc, hidden state paths, all "
+                f"read-only root, private /tmp (at most {tmp_size} bytes), /run, /dev and /proc, "
+                "hidden state paths that hold against renames, all "
                 f"capabilities dropped, {nested}; probe: a confined `true` ran and a write "
                 "outside the workspace was refused"
             )
             if skipped:
                 reason += "; skipped " + ", ".join(f"{n} ({why})" for n, why in skipped)
-            return BwrapProvider(path, version_line, disable, reason, skipped), ""
+            final = BwrapProvider(path, version_line, disable, reason, skipped, tmp_size=tmp_size)
+            if tmp_total is not None:
+                budget = TmpBudget(str(Path(scratch_dir) / "tmp-leases"),
+                                   final.per_call_tmpfs, tmp_total)
+                final = dataclasses.replace(final, budget=budget)
+            return final, ""
         first_failure = first_failure or failure
     why = f"{path} ({version_line}) cannot confine here: {first_failure}"
     lowered = (first_failure or "").lower()

@@ -21,7 +21,20 @@ per-call ``TMPDIR``             every right; ``<scratch>/landlock-tmp/<pgid>-<ra
 ``/dev/null`` ``/dev/zero`` …   read, write, truncate, ioctl
 TCP (ABI ≥ 4)                   bind and connect denied unless the network is allowed
 scopes (ABI ≥ 6)                abstract Unix sockets and signals confined to the sandbox
+seccomp (every ABI)             ``socket(AF_UNIX)`` refused; with the network off only TCP
+                                sockets (no UDP/DNS/ICMP/SCTP) and netlink; no io_uring
 =============================== ===========================================================
+
+Landlock has no rule for UDP or for connecting to a pathname Unix socket (a later ABI's
+Unix-socket right is not in this kernel's ABI 7), so the launcher adds a seccomp filter
+(:func:`dshd.execution.landlock_exec.socket_filter`): a confined tool cannot drive dshd
+through its socket — at whatever path it guesses — nor D-Bus, systemd or docker, and sends no
+datagram while the network is off. The price: a tool cannot use any Unix socket, not even one
+it serves itself in the workspace (bwrap allows that).
+
+Refused here, because Landlock cannot hide: ``workspace-write`` when dshd's state directory or
+socket lies inside the workspace (a rule cannot allow a tree *except* part of it), with
+``SANDBOX_UNAVAILABLE``; ``read-only`` such a session still runs (it reads the state, below).
 
 Why ``partial`` always — what Landlock cannot do that bwrap does:
 
@@ -33,9 +46,8 @@ Why ``partial`` always — what Landlock cannot do that bwrap does:
 * **no private /tmp**: the rest of ``/tmp`` is read-only and ``TMPDIR`` points at a per-call
   directory (tools that hard-code ``/tmp`` get ``EACCES``); ``/dev/shm`` is not writable, so
   POSIX shared memory (Python ``multiprocessing`` locks) fails;
-* network: below ABI 4 nothing; from ABI 4 only TCP bind/connect — UDP, and connecting to an
-  existing pathname Unix socket are not blocked — the daemon's own socket, D-Bus, systemd's
-  and docker's included, any of which may run things unconfined for the same user;
+* network: Landlock itself rules TCP only (ABI ≥ 4); the seccomp filter above does the rest
+  by refusing whole socket kinds, it cannot judge addresses;
 * no pid namespace: a process that ``setsid``\\ s can outlive a cancel.
 
 Per-call temporary directories are removed by a later launch once their process group is gone
@@ -54,7 +66,14 @@ from pathlib import Path
 import trio
 
 from dshd.execution import landlock_exec
-from dshd.execution.sandbox import Verdict, check_mode, self_test
+from dshd.execution.sandbox import (
+    HiddenPathGuard,
+    SandboxUnavailable,
+    Verdict,
+    check_confinable,
+    check_mode,
+    self_test,
+)
 
 __all__ = ["DEVICES", "LandlockProvider", "probe_landlock"]
 
@@ -76,6 +95,7 @@ class LandlockProvider(Verdict):
     skipped: tuple[tuple[str, str], ...] = field(default=())
     name: str = "landlock"
     completeness: str = "partial"
+    guard: HiddenPathGuard = field(default_factory=HiddenPathGuard, compare=False, repr=False)
 
     def confine(
         self,
@@ -88,14 +108,28 @@ class LandlockProvider(Verdict):
     ) -> tuple[list[str], str]:
         """``(launcher argv, "partial")``; ``danger-full-access`` → ``(argv, "none")``.
 
-        ``hide`` cannot be honoured (the reason says so; completeness stays ``partial``).
-        ``network``: honoured in ``workspace-write`` only. Raises ``ValueError`` for an
-        unknown mode or a relative workspace.
+        ``hide`` cannot be masked (the reason says so; completeness stays ``partial``), so
+        ``workspace-write`` is refused with :class:`SandboxUnavailable` when a hidden path lies
+        inside the workspace (a rule cannot allow a tree *except* a part of it: the tool could
+        write the state directory or rename it away). ``network``: honoured in
+        ``workspace-write`` only. Raises ``ValueError`` for an unknown mode or a relative
+        workspace, :class:`SandboxUnavailable` for a refused workspace or a moved hidden path.
         """
         check_mode(mode, workspace)
+        check_confinable(mode, workspace, list(hide), self.guard)
         if mode == "danger-full-access":
             return list(argv), "none"
         ws = os.path.realpath(workspace)
+        if mode == "workspace-write":
+            for path in hide:
+                real = os.path.realpath(path)
+                if os.path.commonpath([real, ws]) == ws:
+                    raise SandboxUnavailable(
+                        f"Landlock cannot keep tools out of {path} (dshd's state directory or "
+                        f"socket), which lies inside the workspace {ws}: a workspace-write tool "
+                        "could read, change or move it. Use a project directory as the "
+                        "session directory, read-only mode, or install bubblewrap (bwrap)."
+                    )
         rules = {
             "read": ["/"],
             "write": [ws] if mode == "workspace-write" else [],
@@ -126,16 +160,18 @@ def _limits(abi: int) -> str:
              "metadata changes (chmod, chown, utime, xattrs) outside the workspace are not "
              "blocked",
              "/tmp is not private (TMPDIR is) and /dev/shm is not writable"]
-    if abi >= 4:
-        parts.append("TCP bind/connect are denied when the network is off, but UDP and "
-                     "connects to existing Unix sockets (the daemon's own, D-Bus, systemd's, "
-                     "docker's) are not")
-    else:
-        parts.append(f"the network cannot be restricted at all (ABI {abi} < 4 has no TCP rules)")
+    if abi < 4:
+        parts.append(f"ABI {abi} < 4 has no TCP rules, so with the network off the seccomp "
+                     "filter refuses every IP socket")
+    parts.append("TCP bind/connect are denied by Landlock and UDP by seccomp when the network "
+                 "is off" if abi >= 4 else "")
+    parts.append("Unix sockets are refused outright by a seccomp filter (socket(AF_UNIX) → "
+                 "EPERM: tools cannot reach dshd, D-Bus, systemd or docker, nor serve a Unix "
+                 "socket of their own), and so are 32-bit syscalls")
     if abi < 6:
         parts.append("abstract Unix sockets and signals are not scoped (ABI < 6)")
     parts.append("there is no pid namespace, so a setsid'd process can outlive a cancel")
-    return "; ".join(parts)
+    return "; ".join(part for part in parts if part)
 
 
 async def probe_landlock(

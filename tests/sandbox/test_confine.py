@@ -20,6 +20,7 @@ import pytest
 import trio
 
 from dshd.execution import landlock_exec
+from dshd.execution.sandbox import SandboxUnavailable
 from dshd.execution.sandbox_bwrap import BwrapProvider
 from dshd.execution.sandbox_landlock import LandlockProvider
 
@@ -161,7 +162,7 @@ async def test_network_flag_opens_tcp_in_workspace_write_only(provider_of, area,
 def test_bwrap_argv_shape() -> None:
     provider = BwrapProvider("/usr/bin/bwrap", disable_userns=True)
     argv, completeness = provider.confine(
-        ["echo", "hi"], "workspace-write", "/tmp", hide=["/etc/passwd", "/var"], network=True
+        ["echo", "hi"], "workspace-write", "/tmp/ws", hide=["/etc/passwd", "/var"], network=True
     )
     assert completeness == "full"
     head = argv[: argv.index("--ro-bind")]
@@ -172,19 +173,22 @@ def test_bwrap_argv_shape() -> None:
     joined = " ".join(argv)
     # parents first: / then /tmp's tmpfs, then the workspace bound over it; masks at the end
     assert joined.index("--ro-bind / /") < joined.index("--tmpfs /tmp") < joined.index(
-        "--bind /tmp /tmp")
+        "--bind /tmp/ws /tmp/ws")
+    assert f"--size {provider.tmp_size} --tmpfs /tmp " in joined
     assert "--tmpfs /var" in joined and "--remount-ro /var" in joined
     assert "--ro-bind /dev/null /etc/passwd" in joined
-    assert argv[-5:] == ["--chdir", "/tmp", "--", "echo", "hi"]
-    ro, _ = provider.confine(["true"], "read-only", "/tmp", network=True)
-    assert "--share-net" not in ro and "--ro-bind /tmp /tmp" in " ".join(ro)
+    assert argv[-5:] == ["--chdir", "/tmp/ws", "--", "echo", "hi"]
+    ro, _ = provider.confine(["true"], "read-only", "/tmp/ws", network=True)
+    assert "--share-net" not in ro and "--ro-bind /tmp/ws /tmp/ws" in " ".join(ro)
     assert provider.confine(["x"], "danger-full-access", "/tmp") == (["x"], "none")
     with pytest.raises(ValueError):
         provider.confine(["x"], "full-access", "/tmp")
     with pytest.raises(ValueError):
         provider.confine(["x"], "read-only", "relative/dir")
     with pytest.raises(ValueError):
-        provider.confine(["x"], "read-only", "/tmp", hide=["/"])
+        provider.confine(["x"], "read-only", "/tmp/ws", hide=["/"])
+    with pytest.raises(SandboxUnavailable):  # the private /tmp itself is no workspace
+        provider.confine(["x"], "read-only", "/tmp")
 
 
 def test_landlock_argv_shape() -> None:
@@ -308,3 +312,74 @@ async def test_bwrap_private_run_keeps_what_tools_need(provider_of, area) -> Non
         expected.add(resolv.parts[2])  # e.g. systemd/ holding only resolve/
     assert listed == expected, text
     assert "LOCK-OK" in text and "RESOLV-OK" in text
+
+
+REFUSED_WORKSPACES = ["/", "/proc", "/proc/sys", "/sys", "/dev", "/run", "/tmp", "/etc", "/usr"]
+
+
+@pytest.mark.parametrize("name", ["bwrap", "landlock"])
+@pytest.mark.parametrize("mode", ["read-only", "workspace-write"])
+async def test_system_directories_are_never_confined_as_a_workspace(provider_of, name, mode):
+    """Issue 10 item 4 (a session recorded before session.create refused them): the workspace
+    bind at /proc covered the sandbox's own procfs with the host's, read-write. The same value
+    is written back, so even a failing run changes nothing on the host."""
+    provider = provider_of(name)
+    target = "/proc/sys/kernel/printk_ratelimit"
+    value = Path(target).read_text().strip()
+    for workspace in REFUSED_WORKSPACES:
+        with pytest.raises(SandboxUnavailable, match="cannot be a session directory"):
+            await run_confined(provider, f"echo {value} > {target} && echo WROTE", mode,
+                               workspace)
+    assert provider.confine(["true"], "danger-full-access", "/proc") == (["true"], "none")
+
+
+def test_bwrap_mounts_its_own_trees_last_and_pins_mask_parents(tmp_path) -> None:
+    """Nothing is mounted over the sandbox's /proc, /dev, /tmp, /run after they are made; each
+    directory between the workspace and a mask inside it is bound onto itself (so it cannot be
+    renamed away from under the mask)."""
+    ws = tmp_path / "home"
+    state = ws / ".local" / "state" / "dsh"
+    state.mkdir(parents=True)
+    provider = BwrapProvider("/usr/bin/bwrap")
+    argv, _ = provider.confine(["true"], "workspace-write", str(ws), hide=[str(state)])
+    joined = " ".join(argv)
+    for parent in (ws / ".local", ws / ".local" / "state"):
+        assert f"--bind {parent} {parent}" in joined
+    assert joined.index(f"--bind {ws} {ws}") < joined.index(f"--bind {ws}/.local ")
+    assert joined.index(f"--bind {ws}/.local/state {ws}/.local/state") < joined.index(
+        f"--tmpfs {state}")
+    assert argv[argv.index("--chdir") - 4:argv.index("--chdir")] == [
+        "--remount-ro", "/dev", "--remount-ro", "/proc"]
+    ro, _ = provider.confine(["true"], "read-only", str(ws), hide=[str(state)])
+    assert f"--ro-bind {ws}/.local {ws}/.local" in " ".join(ro)
+
+
+def test_tmp_budget_counts_running_and_unstarted_leases_only(tmp_path) -> None:
+    """The sum bound of issue 10 item 6, without a daemon: a lease counts while a sandbox holds
+    its lock, or while it is unstarted and young; a started, unlocked one (the call ended) and
+    an unstarted one past the grace are removed."""
+    from dshd.execution.sandbox import TmpBudget
+
+    budget = TmpBudget(str(tmp_path / "leases"), per_call=10, total=25)
+    first, second = budget.reserve(), budget.reserve()
+    with pytest.raises(SandboxUnavailable, match="tmp_total_bytes"):
+        budget.reserve()
+    os.chmod(first, TmpBudget.STARTED)  # what bwrap's --chmod does
+    holder = subprocess.Popen(  # another process holds the lock, as bwrap does
+        [shutil.which("python3"), "-c",
+         "import fcntl,os,sys; fd=os.open(sys.argv[1], os.O_RDONLY); "
+         "fcntl.lockf(fd, fcntl.LOCK_SH); print('locked', flush=True); sys.stdin.read()",
+         first], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        old = os.stat(second).st_mtime - TmpBudget.SPAWN_GRACE - 1
+        os.utime(second, (old, old))  # confined long ago, never started: stale
+        third = budget.reserve()
+        assert not os.path.exists(second) and os.path.exists(first)
+        with pytest.raises(SandboxUnavailable):
+            budget.reserve()
+    finally:
+        holder.stdin.close()
+        holder.wait()
+    assert budget.in_use() == 1  # first ended (started, unlocked): removed; third unstarted
+    assert not os.path.exists(first) and os.path.exists(third)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from dshd.execution.sandbox import NoSandbox
+from dshd.execution.sandbox import NoSandbox, SandboxUnavailable
 
 from .conftest import ESCAPE_REPORT
 from .helpers import run_confined
@@ -37,9 +37,6 @@ from .helpers import run_confined
 #: reason that declare each one.
 LANDLOCK_GAPS = {
     "read_hidden_state": "state directory",
-    "hidden_unix_socket": "Unix sockets",
-    "host_run_socket": "Unix sockets",
-    "udp_datagram": "UDP",
     "chmod_outside": "chmod",
     "utime_outside": "utime",
 }
@@ -50,6 +47,8 @@ class Case:
     name: str
     script: str
     escaped: Callable[[str], bool]  # output text -> did it get out?
+    #: Also hide the state dir and socket *inside* the workspace (cwd = HOME, issue 10 item 3).
+    inner: bool = False
 
 
 class Arena:
@@ -76,6 +75,18 @@ class Arena:
         (self.ws / "link").symlink_to(self.outside)
         (self.ws / "flink").symlink_to(self.victim)
         (self.ws / "movable").write_text("move me\n")
+        # A state dir and a socket inside the workspace, as with cwd = HOME (issue 10 item 3).
+        self.inner_state = self.ws / ".local" / "state" / "dsh"
+        self.inner_state.mkdir(parents=True)
+        (self.inner_state / "log").write_text(self.secret + "\n")
+        self.inner_sock_path = self.ws / ".local" / "run" / "dshd.sock"
+        self.inner_sock_path.parent.mkdir()
+        self.inner_sock = socket.socket(socket.AF_UNIX)
+        self.inner_sock.bind(str(self.inner_sock_path))
+        self.inner_sock.listen(16)
+        self.inner_sock.setblocking(False)
+        self.printk = Path("/proc/sys/kernel/printk_ratelimit")
+        self.printk_value = self.printk.read_text().strip()
         self.host = {
             "home": Path(os.environ.get("HOME", "/root")) / f".{self.marker}",
             "etc": Path("/etc") / self.marker,
@@ -111,8 +122,13 @@ class Arena:
     def hide(self) -> list[str]:
         return [str(self.state)]
 
+    @property
+    def inner_hide(self) -> list[str]:
+        return [str(self.state), str(self.inner_state), str(self.inner_sock_path)]
+
     def close(self) -> None:
-        for sock in (self.tcp, self.udp, self.abstract, self.unix, self.run_sock):
+        for sock in (self.tcp, self.udp, self.abstract, self.unix, self.run_sock,
+                     self.inner_sock):
             sock.close()
         self.run_path.unlink(missing_ok=True)
         for proc in (self.environ_target, self.signal_target):
@@ -222,6 +238,31 @@ class Arena:
                  lambda t: stat.S_IMODE(self.victim.stat().st_mode) != self.victim_mode),
             Case("utime_outside", f'touch -d "2001-01-01 00:00:00" "{self.victim}"',
                  lambda t: self.victim.stat().st_mtime_ns != self.victim_mtime),
+            # Issue 10 item 3: move a mask's parent away, then read and write beneath it.
+            Case("rename_mask_parent",
+                 "mv .local/state .local/state.x || mv .local .local.x; "
+                 "cat .local/state.x/dsh/log .local.x/state/dsh/log 2>/dev/null; "
+                 "echo pwn > .local/state.x/dsh/planted",
+                 lambda t: not (self.inner_state / "log").is_file() or self.secret in t,
+                 inner=True),
+            Case("rename_socket_dir",
+                 "mv .local/run .local/run.x || mv .local .local.x; "
+                 f"for p in .local/run.x/dshd.sock .local.x/run/dshd.sock; do "
+                 f'{py} -c "{connect_py}" "$p" 2>/dev/null; done',
+                 lambda t: not self.inner_sock_path.exists() or self._accepted(self.inner_sock)
+                 or "CONNECTED" in t,
+                 inner=True),
+            Case("inner_unix_socket", f'{py} -c "{connect_py}" .local/run/dshd.sock',
+                 lambda t: self._accepted(self.inner_sock) or "CONNECTED" in t, inner=True),
+            # Issue 10 item 4: the host's sysctls (the same value is written back).
+            Case("proc_sys_write",
+                 f"echo {self.printk_value} > /proc/sys/kernel/printk_ratelimit && echo WROTE",
+                 lambda t: "WROTE" in t),
+            # Issue 10 item 5: a datagram through a Python socket, not bash's /dev/udp.
+            Case("udp_sendto",
+                 f"{py} -c \"import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM)"
+                 f".sendto(b'x', ('127.0.0.1', {self.udp.getsockname()[1]}))\"",
+                 lambda t: self._received()),
         ]
 
 
@@ -240,9 +281,14 @@ async def run_cases(provider, mode: str, arena: Arena) -> tuple[list[str], list[
     """Run every case; ``(names, escaped names, outputs)``."""
     names, escaped, outputs = [], [], {}
     for case in arena.cases():
-        outcome, text, _ = await run_confined(
-            provider, case.script, mode, str(arena.ws), hide=arena.hide
-        )
+        hide = arena.inner_hide if case.inner else arena.hide
+        try:
+            outcome, text, _ = await run_confined(provider, case.script, mode, str(arena.ws),
+                                                  hide=hide)
+        except SandboxUnavailable as exc:  # refused to run at all: nothing got out
+            names.append(case.name)
+            outputs[case.name] = ("refused", str(exc))
+            continue
         names.append(case.name)
         outputs[case.name] = (outcome.exit_code, text)
         if case.escaped(text):
@@ -268,7 +314,7 @@ async def test_escape_suite(provider_of, arena: Arena, name: str, mode: str) -> 
     assert contract_escapes == [], {n: outputs[n] for n in contract_escapes}
     for gap in gap_escapes:
         assert LANDLOCK_GAPS[gap] in provider.reason, (gap, provider.reason)
-    assert len(names) == len(set(names)) >= 27
+    assert len(names) == len(set(names)) >= 32
 
 
 async def test_danger_full_access_escapes(provider_of, arena: Arena) -> None:
@@ -278,6 +324,7 @@ async def test_danger_full_access_escapes(provider_of, arena: Arena) -> None:
     expected = set(names)
     if os.geteuid() != 0:
         expected.discard("capabilities")  # an unprivileged test run holds none to begin with
+        expected.discard("proc_sys_write")  # nor may it write a sysctl
     missing = sorted(expected - set(escaped))
     ESCAPE_REPORT.append(
         f"control danger-full-access: {len(escaped)}/{len(names)} cases got out (expected all)"
