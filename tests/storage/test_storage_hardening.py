@@ -6,32 +6,11 @@ from __future__ import annotations
 import os
 
 import pytest
-import trio
-import trio._threads
 
+from durability.helpers import ThreadSpawnSwitch
 from dshd.storage import DaemonLock, LockHeld, SessionLog, StorageWriteError, read_log
 from dshd.storage.errors import LockLost
 from storage_helpers import make_header, turn_events, write_log
-
-
-class ThreadSpawnSwitch:
-    """Makes trio's worker-thread spawn fail, as ``RLIMIT_NPROC`` does, for the storage
-    room's blocking work only (its functions: ``_append_sync``, ``_publish_sync``, ...)."""
-
-    NAMES = ("_append_sync", "_publish_sync", "_open_sync", "_write_sync", "retire")
-
-    def __init__(self, monkeypatch) -> None:
-        self.failing = False
-        self.refused = 0
-        real = trio._threads.start_thread_soon
-
-        def start_thread_soon(fn, deliver, name=None):
-            if self.failing and any(n in (name or "") for n in self.NAMES):
-                self.refused += 1
-                raise RuntimeError("can't start new thread")
-            return real(fn, deliver, name)
-
-        monkeypatch.setattr(trio._threads, "start_thread_soon", start_thread_soon)
 
 
 async def test_thread_exhaustion_fails_the_write_closed_and_keeps_the_batch(state_dir, monkeypatch):
