@@ -13,11 +13,40 @@ import pytest
 import trio
 
 from client.api import connect
-from dshd.storage import read_log
+from dshd.storage import Header, SessionLog, StorageWriteError, read_log
 from protocol.rpc import STORAGE_FAILURE, RpcError
 
 from .helpers import ThreadSpawnSwitch, all_events, assert_paired
 from .test_fsync_failure import _start
+
+
+async def test_thread_exhaustion_fails_the_write_closed_and_keeps_the_batch(root, monkeypatch):
+    switch = ThreadSpawnSwitch(monkeypatch)
+    state_dir = root / "state"
+    first = SessionLog.create(state_dir, "s1", Header(id="s1", createdAt=1, cwd="/srv"))
+    first.append("turn/start", {"turnId": "t0"})
+    await first.aclose()
+    path = first.path
+    log = await SessionLog.open_for_write(state_dir, "s1")
+    before = path.read_bytes()
+    switch.failing = True
+    ev = log.append("turn/start", {"turnId": "t9"})
+    for _ in range(3):  # every retry fails the same honest way; none crashes
+        with pytest.raises(StorageWriteError) as info:
+            await log.flush()
+        message = str(info.value)
+        assert "can't start new thread" in message and "RLIMIT_NPROC" in message
+        assert "stay buffered" in message
+    assert switch.refused == 3
+    assert log.statistics()["buffered"] == 1 and log.durable_seq == ev.seq - 1
+    assert path.read_bytes() == before
+    with pytest.raises(OSError) as opened:  # opening another session: the same reason
+        await SessionLog.open_for_write(state_dir, "s2")
+    assert "RLIMIT_NPROC" in str(opened.value)
+    switch.failing = False
+    assert await log.flush() == ev.seq  # the kept batch is written by the retry
+    await log.aclose()
+    assert read_log(path.parent, "s1").events[-1] == ev
 
 
 async def _wait_fails_closed(c, sid: str, cid: str) -> dict | None:
