@@ -163,7 +163,7 @@ class Session:
         self.call_ids: set[str] = set()
         self.call_names: dict[str, str] = {}
         self.results: dict[str, dict] = {}
-        self._undurable: dict[str, int] = {}  # callId -> seq of a result not yet durable
+        self._result_seqs: dict[str, int] = {}  # callId -> seq of its tool/result (this run)
         self._settled: dict[str, trio.Event] = {}
         self.policy = config.approval_policy
         self.mode = config.sandbox
@@ -679,6 +679,7 @@ class Session:
             return  # settled already (a crash winding down after the call's own settle)
         ev = self.log.append("tool/result", result)
         self.results[call.call_id] = result
+        self._result_seqs[call.call_id] = ev.seq
         self.calls.pop(call.call_id, None)
         if self.crash is None:
             try:
@@ -690,7 +691,6 @@ class Session:
             await self.log.wait_durable(ev.seq)
         except StorageError as exc:
             durable = False
-            self._undurable[call.call_id] = ev.seq
             slog.error("tool.result_not_durable", error=str(exc))
         if durable and call.pending is not None:
             try:
@@ -734,12 +734,17 @@ class Session:
                     f"call {call_id} was recorded; ask again: the session reopens from its log, "
                     "which says what happened"
                 )
-            seq = self._undurable.get(call_id)
-            if seq is not None:
+            seq = self._result_seqs.get(call_id, -1)
+            if seq > self.log.durable_seq:
                 # Never claim a result that is not durable: retry the flush (StorageError
                 # reaches the client as -32014) before answering.
+                if self.finished.is_set():
+                    raise StorageError(
+                        f"session {self.id} stopped before the result of call {call_id} was "
+                        "made durable; ask again: the session reopens from its log, which says "
+                        "what happened"
+                    )
                 await self.log.wait_durable(seq)
-                self._undurable.pop(call_id, None)
             return self.results[call_id]
         return None
 

@@ -15,7 +15,9 @@ and puts it in the buffer. Nothing is durable until a write has fsynced it:
 - **Failure**: before a write the file size is noted; if the write or its fsync fails the file
   is truncated back (and fsynced; if even that fails, the truncation is retried first thing on
   the next write), the batch stays buffered, timed writes pause, and every ``flush()`` retries
-  and raises `StorageWriteError` until one succeeds. Callers fail closed.
+  and raises `StorageWriteError` until one succeeds. Callers fail closed. A caller whose change
+  must not happen after all (a settings change answered "storage failure") takes its events
+  back with `retract` while they are still the unwritten tail.
 - **Publishing** (a log made by `create`): the first write makes the directories (fsyncing each
   parent), takes the session lock, writes header frame + first batch to a temp file opened
   ``O_EXCL``, fsyncs it, ``link()``s it to the log's name (never overwriting), fsyncs the
