@@ -10,7 +10,10 @@ to open the same log.
 A session that crashed (``Session.crash``; see ``Session`` on supervision) or is closing stays
 in ``open`` until it has finished winding down; a request that names it meanwhile waits for that
 (bounded), then reopens the session from its log: a crash never wedges a session, and the
-in-process claim is released before the reopen asks for it.
+in-process claim is released before the reopen asks for it. A crashed session that had
+subscribers is reopened at once (`_revive`, at most ``REVIVE_MAX`` times a minute) and its
+subscriptions move over: each gets a base batch of the reopened lane, so a client that follows
+the lane sees its calls settle instead of a stream that went silent.
 
 ``DSH_TEST_FAULT`` (a test hook, ``session.TestFault``) is read here, once, when the registry
 is built at daemon start, and handed to every session; unset, it does nothing.
@@ -57,6 +60,8 @@ def mint_session_id() -> str:
 #: Bound on waiting for a crashed or closing session to release its log before reopening it,
 #: seconds (its calls get kill_grace + eof_grace to settle; its final flush is bounded too).
 REOPEN_WAIT_SECONDS = 30.0
+#: Crashed sessions reopened for their subscribers, at most this many times per session a minute.
+REVIVE_MAX = 3
 
 
 class SessionNotFound(LookupError):
@@ -79,6 +84,8 @@ class SessionRegistry:
         self._last_used: dict[str, float] = {}
         #: session.list cache of closed sessions: id -> ((size, mtime_ns, ino), info).
         self._disk_infos: dict[str, tuple[tuple[int, int, int], dict | None]] = {}
+        #: session id -> trio times it was revived after a crash (the last minute's only).
+        self._revivals: dict[str, list[float]] = {}
         self._nursery: trio.Nursery | None = None
         self._fault = TestFault.parse(os.environ.get("DSH_TEST_FAULT"))
         if self._fault is not None:
@@ -134,6 +141,29 @@ class SessionRegistry:
         finally:
             if self.open.get(session.id) is session:
                 del self.open[session.id]
+            if session.crash is not None and session.publisher.subscriptions and self._nursery:
+                self._nursery.start_soon(self._revive, session)
+
+    async def _revive(self, crashed: Session) -> None:
+        """Reopen a crashed session for its subscribers and move them over (module doc)."""
+        now = trio.current_time()
+        recent = [t for t in self._revivals.get(crashed.id, ()) if now - t < 60]
+        if len(recent) >= REVIVE_MAX:
+            log.error("session.revive_gave_up", session=crashed.id, revivals=len(recent),
+                      hint="it crashes again on open; see the session.crashed lines")
+            return
+        self._revivals[crashed.id] = [*recent, now]
+        for key in [k for k, times in self._revivals.items() if now - times[-1] >= 60]:
+            del self._revivals[key]  # bounded: only the last minute's revivals are kept
+        try:
+            session = await self.get(crashed.id)
+        except Exception as exc:
+            log.error("session.revive_failed", session=crashed.id, error=str(exc))
+            return
+        for sub in list(crashed.publisher.subscriptions.values()):
+            live = getattr(sub.sink, "subscriptions", {}).get(sub.id) is sub
+            if not sub.closed and live:
+                session.subscribe(sub, answerer=sub.id in crashed.approvals.answerers)
 
     async def _make_room(self) -> None:
         """At ``max_sessions``, close the least recently used idle session, or refuse."""

@@ -74,11 +74,19 @@ async def test_a_crashed_session_settles_its_calls_and_reopens(root, workdir, mo
             sleeper = await c.run_tool(a, f"sleep 60; : {marker}")
             await wait_running(c, a, sleeper)
             bystander = await c.run_tool(b, "sleep 1; echo bystander")
+            follower = await c.subscribe(a)  # follows the lane across the crash
             # The call that trips the fault: the publisher (or its own task) raises.
             tripper = await c.run_tool(a, f"echo {token}")
             with trio.fail_after(30):
                 long = await c.wait(a, sleeper)
                 trip = await c.wait(a, tripper)
+                # The follower gets the reopened lane: both calls left `tools` for `recent`.
+                async for view in follower:
+                    recent = {r["callId"]: r for r in view["recent"]}
+                    if not view["tools"] and sleeper in recent and tripper in recent:
+                        break
+            assert recent[sleeper]["errorCode"] == "TOOL_CANCELLED"
+            await follower.aclose()
             assert long["errorCode"] == "TOOL_CANCELLED" and long["isError"] is True
             assert CRASH_WORDS in long["message"] and "process group was killed" in long["message"]
             if kind == "publish-crash":
