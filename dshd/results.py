@@ -50,6 +50,7 @@ SENTENCES: dict[str, dict[str, str]] = {
     "ABORTED_BEFORE_DISPATCH": {
         "": "cancelled before it started; {what} did not run",
         "stopping": "the daemon stopped before the call started; nothing ran",
+        "crashed-before": "the session crashed ({error}) before the call started; nothing ran",
         "turn": "the turn was cancelled before this call started; the command did not run",
     },
     "STORAGE_FAILURE": {
@@ -79,6 +80,8 @@ SENTENCES: dict[str, dict[str, str]] = {
         "": "cancelled; the process group was killed",
         "shutdown": "dshd is shutting down: the call was cancelled and its process group killed",
         "stopped": "the daemon stopped while the call ran; its process group was killed",
+        "crashed": "the session crashed ({error}) while the call ran; its process group was "
+        "killed",
     },
     "TOOL_FAILED": {
         "": "{error}",

@@ -7,10 +7,22 @@ counts the running calls over all open sessions for ``max_calls`` (``running_cal
 Sessions that are not open are listed from their logs read-only, so a damaged log is listed as
 damaged without breaking the list. Opening is serialised per session id so two concurrent requests never race
 to open the same log.
+
+A session that crashed (``Session.crash``; see ``Session`` on supervision) or is closing stays
+in ``open`` until it has finished winding down; a request that names it meanwhile waits for that
+(bounded), then reopens the session from its log: a crash never wedges a session, and the
+in-process claim is released before the reopen asks for it. A crashed session that had
+subscribers is reopened at once (`_revive`, at most ``REVIVE_MAX`` times a minute) and its
+subscriptions move over: each gets a base batch of the reopened lane, so a client that follows
+the lane sees its calls settle instead of a stream that went silent.
+
+``DSH_TEST_FAULT`` (a test hook, ``session.TestFault``) is read here, once, when the registry
+is built at daemon start, and handed to every session; unset, it does nothing.
 """
 
 from __future__ import annotations
 
+import os
 import secrets
 import string
 import time
@@ -25,7 +37,7 @@ from ..storage.errors import LockHeld, StorageError
 from ..storage.format import Header
 from ..storage.reader import find_log, list_session_dirs, read_log
 from ..storage.writer import SessionLog
-from .session import Session
+from .session import Session, TestFault
 
 log = structlog.get_logger("dshd.registry")
 
@@ -44,6 +56,13 @@ def mint_session_id() -> str:
     """Time-ordered, short, opaque: 8 base36 chars of ms + 4 random."""
     rand = "".join(secrets.choice(_ALPHABET) for _ in range(4))
     return _base36(time.time_ns() // 1_000_000) + rand
+
+
+#: Bound on waiting for a crashed or closing session to release its log before reopening it,
+#: seconds (its calls get kill_grace + eof_grace to settle; its final flush is bounded too).
+REOPEN_WAIT_SECONDS = 30.0
+#: Crashed sessions reopened for their subscribers, at most this many times per session a minute.
+REVIVE_MAX = 3
 
 
 class SessionNotFound(LookupError):
@@ -69,7 +88,13 @@ class SessionRegistry:
         self._last_used: dict[str, float] = {}
         #: session.list cache of closed sessions: id -> ((size, mtime_ns, ino), info).
         self._disk_infos: dict[str, tuple[tuple[int, int, int], dict | None]] = {}
+        #: session id -> trio times it was revived after a crash (the last minute's only).
+        self._revivals: dict[str, list[float]] = {}
         self._nursery: trio.Nursery | None = None
+        self._fault = TestFault.parse(os.environ.get("DSH_TEST_FAULT"))
+        if self._fault is not None:
+            log.warning("test_fault.enabled", kind=self._fault.kind,
+                        hint="DSH_TEST_FAULT is a test hook; unset it outside tests")
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -87,9 +112,10 @@ class SessionRegistry:
                         await self._close(session)
 
     async def _close(self, session: Session) -> None:
-        self.open.pop(session.id, None)
         session.close()
         await session.finished.wait()
+        if self.open.get(session.id) is session:
+            del self.open[session.id]
         self._last_used.pop(session.id, None)
 
     async def aclose(self) -> None:
@@ -102,7 +128,8 @@ class SessionRegistry:
 
     async def _start(self, log_: SessionLog) -> Session:
         session = Session(log_, self.sessions_dir / log_.header.id, self.config, self.sandbox,
-                          running_calls=self.running_calls)
+                          running_calls=self.running_calls,
+                          fault=self._fault)
         assert self._nursery is not None
         await self._nursery.start(self._own, session)
         self.open[session.id] = session
@@ -118,19 +145,44 @@ class SessionRegistry:
         try:
             await session.run(task_status=task_status)
         except Exception:
-            # One session's failure must not stop the daemon or the other sessions.
-            log.exception("session.crashed", session=session.id)
+            # Session.run supervises itself and logs its crash; this is the last resort, so
+            # that one session's failure never stops the daemon or the other sessions.
+            if session.crash is None:
+                log.exception("session.crashed", session=session.id)
         finally:
             if self.open.get(session.id) is session:
                 del self.open[session.id]
             if self.live.get(session.id) is session:
                 del self.live[session.id]
+            if session.crash is not None and session.publisher.subscriptions and self._nursery:
+                self._nursery.start_soon(self._revive, session)
+
+    async def _revive(self, crashed: Session) -> None:
+        """Reopen a crashed session for its subscribers and move them over (module doc)."""
+        now = trio.current_time()
+        recent = [t for t in self._revivals.get(crashed.id, ()) if now - t < 60]
+        if len(recent) >= REVIVE_MAX:
+            log.error("session.revive_gave_up", session=crashed.id, revivals=len(recent),
+                      hint="it crashes again on open; see the session.crashed lines")
+            return
+        self._revivals[crashed.id] = [*recent, now]
+        for key in [k for k, times in self._revivals.items() if now - times[-1] >= 60]:
+            del self._revivals[key]  # bounded: only the last minute's revivals are kept
+        try:
+            session = await self.get(crashed.id)
+        except Exception as exc:
+            log.error("session.revive_failed", session=crashed.id, error=str(exc))
+            return
+        for sub in list(crashed.publisher.subscriptions.values()):
+            live = getattr(sub.sink, "subscriptions", {}).get(sub.id) is sub
+            if not sub.closed and live:
+                session.subscribe(sub, answerer=sub.id in crashed.approvals.answerers)
 
     async def _make_room(self) -> None:
         """At ``max_sessions``, close the least recently used idle session, or refuse."""
         if len(self.open) < self.config.max_sessions:
             return
-        idle = [s for s in self.open.values() if s.idle()]
+        idle = [s for s in self.open.values() if s.idle() or not s.usable()]
         if idle:
             await self._close(min(idle, key=lambda s: self._last_used.get(s.id, 0)))
             return
@@ -189,14 +241,20 @@ class SessionRegistry:
         if not is_valid_id(session_id):
             raise SessionNotFound(session_id)
         session = self.open.get(session_id)
-        if session is not None:
+        if session is not None and session.usable():
             self._last_used[session_id] = trio.current_time()
             return session
         lock = self._opening.setdefault(session_id, trio.Lock())
         async with lock:
             session = self.open.get(session_id)
             if session is not None:
-                return session
+                if session.usable():
+                    return session
+                # Crashed or closing: let it settle its calls and release its log first.
+                with trio.move_on_after(REOPEN_WAIT_SECONDS):
+                    await session.finished.wait()
+                if self.open.get(session_id) is session and session.finished.is_set():
+                    del self.open[session_id]
             if not (self.sessions_dir / session_id).is_dir():
                 raise SessionNotFound(session_id)
             await self._make_room()

@@ -24,6 +24,27 @@ Theory of operation:
   ``tool/call`` keeps them whole. A call refused before its ``tool/call`` (a model's unknown
   tool or invalid arguments) is settled by :meth:`Session.refuse_call`: waitable at once, in
   ``recent``.
+* Settings (approval policy, sandbox mode, env, owner) change in memory and on the lane only
+  after their event is durable. When it cannot be made durable the change is taken back in the
+  log (`SessionLog.retract` while it is the unwritten tail, else an event restoring the old
+  value goes into the same buffered batch) and the caller gets the storage error: a failed
+  durable change changes nothing.
+* **Supervision.** Every task of the session (log writer, publisher, tool calls, turns,
+  checkpoints) runs under :meth:`_guard`. The first exception that escapes one of them is a
+  *crash*: it is logged once (``session.crashed``), the session's nursery is cancelled, and the
+  session winds down honestly instead of wedging: a call whose command was running had its
+  process group killed by the cancellation and settles ``TOOL_CANCELLED``, a call that had not
+  started settles ``ABORTED_BEFORE_DISPATCH`` (each with a sentence saying the session
+  crashed); a call no task could settle gets ``TOOL_OUTCOME_UNKNOWN`` (when it may have run)
+  or ``ABORTED_BEFORE_DISPATCH``. Results are appended and flushed, the log is closed, which
+  releases its lock and the registry's claim, and every waiter is woken (``tool.wait`` returns
+  the result, or a storage error when it could not be made durable). The lane of a crashed
+  session is not published again (its tracker may hold what broke it); the registry reopens
+  the session from its log on the next request that names it.
+* **Test hook.** ``DSH_TEST_FAULT`` (read once, by the registry, at daemon start; inert when
+  unset) injects a crash for the supervision tests: ``publish-crash:TOKEN`` raises in the
+  publisher task while a running call's command contains TOKEN, ``settle-crash:TOKEN`` in the
+  task of such a call while it moves its settled result onto the lane (`TestFault`).
 """
 
 from __future__ import annotations
@@ -50,6 +71,7 @@ from ..execution.process import bash_argv, run_command
 from ..execution.sandbox import SandboxUnavailable
 from ..paths import is_within
 from ..storage.errors import StorageError
+from ..storage import threads
 from ..storage.sidecar import PendingOutput
 from ..storage.writer import SessionLog
 from .streams import Publisher, Subscription
@@ -98,6 +120,37 @@ def lane_args(encoded: str) -> tuple[object, bool]:
     return data[:LANE_ARGS_BYTES].decode("utf-8", "ignore"), True
 
 
+class InjectedFault(RuntimeError):
+    """The exception ``DSH_TEST_FAULT`` injects (a test hook, see the module doc)."""
+
+
+@dataclass(frozen=True)
+class TestFault:
+    """A crash to inject for tests (``DSH_TEST_FAULT=KIND:TOKEN``); see the module doc."""
+
+    __test__ = False  # not a pytest class
+    KINDS = ("publish-crash", "settle-crash")
+    kind: str
+    token: str
+
+    @classmethod
+    def parse(cls, value: str | None) -> TestFault | None:
+        """None for unset/empty; ValueError naming the format otherwise."""
+        if not value:
+            return None
+        kind, sep, token = value.partition(":")
+        if kind not in cls.KINDS or not sep or not token:
+            raise ValueError(
+                f"DSH_TEST_FAULT={value!r}: expected KIND:TOKEN with KIND one of {cls.KINDS}"
+            )
+        return cls(kind, token)
+
+    def hits(self, kind: str, calls) -> bool:
+        return self.kind == kind and any(
+            self.token in str(call.arguments.get("command", "")) for call in calls
+        )
+
+
 class CallFailed(Exception):
     """A call ended before or instead of running; ``code`` is its symbolic errorCode."""
 
@@ -127,8 +180,10 @@ class Call:
 class Session:
     """An open, writable session. Create through ``SessionRegistry``, never directly."""
 
-    def __init__(self, log_: SessionLog, session_dir: Path, config: Config, sandbox,
-                 running_calls: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self, log_: SessionLog, session_dir: Path, config: Config, sandbox,
+        running_calls: Callable[[], int] | None = None, fault: TestFault | None = None,
+    ) -> None:
         self.log = log_
         self.id = log_.header.id
         self.dir = session_dir
@@ -140,7 +195,7 @@ class Session:
         self.call_ids: set[str] = set()
         self.call_names: dict[str, str] = {}
         self.results: dict[str, dict] = {}
-        self._undurable: dict[str, int] = {}  # callId -> seq of a result not yet durable
+        self._result_seqs: dict[str, int] = {}  # callId -> seq of its tool/result (this run)
         self._settled: dict[str, trio.Event] = {}
         self.policy = config.approval_policy
         self.mode = config.sandbox
@@ -151,8 +206,11 @@ class Session:
         #: The agent loop (``dshd.agent.TurnDriver``), made on the first ``turn.*`` request.
         self.agent = None
         recent: list[dict] = []
+        self._policy_seq = -1  # seq of the approval/policy event in force
         for ev in log_.events:
             self._absorb(ev.type, ev.data, recent)
+            if ev.type == "approval/policy":
+                self._policy_seq = ev.seq
         recent.reverse()
         h = log_.header
         self.tracker = Tracker(
@@ -177,6 +235,11 @@ class Session:
             rate=config.publish_rate_bytes,
         )
         self._calls_nursery: trio.Nursery | None = None
+        self._scope: trio.CancelScope | None = None
+        self._publisher_task = None
+        self._fault = fault
+        #: The exception that crashed this session (None while it is healthy).
+        self.crash: BaseException | None = None
         self._closed = trio.Event()
         self.finished = trio.Event()
 
@@ -238,11 +301,13 @@ class Session:
 
     # ----------------------------------------------------------------- lifetime
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Own the log writer, the publisher and the calls until the registry closes us."""
+        """Own the log writer, the publisher and the calls until the registry closes us or
+        the session crashes (module doc: supervision). Never raises an ``Exception``."""
         try:
             async with trio.open_nursery() as nursery:
-                await nursery.start(self.log.run)
-                await nursery.start(self.publisher.run)
+                self._scope = nursery.cancel_scope
+                await nursery.start(self._guard, self.log.run)
+                await nursery.start(self._guard, self._publish)
                 async with trio.open_nursery() as calls:
                     self._calls_nursery = calls
                     task_status.started()
@@ -254,17 +319,92 @@ class Session:
                         call.cancel.set()
                 self._calls_nursery = None
                 nursery.cancel_scope.cancel()
+        except Exception as exc:  # escaped the guards: the session's own code failed
+            self._crashed(exc)
         finally:
+            self._calls_nursery = None
             with trio.CancelScope(shield=True), trio.move_on_after(10):
-                self.publisher.publish_now()
-                try:
-                    await self.log.aclose()
-                except StorageError as exc:
-                    log.error("session.close_failed", session=self.id, error=str(exc))
+                await self._wind_down()
+            for event in self._settled.values():
+                event.set()  # nobody waits forever: wait_result says what is missing
             self.finished.set()
+
+    async def _wind_down(self) -> None:
+        """Settle what no task settled, publish the final state (healthy only), close the log."""
+        for call in list(self.calls.values()):
+            # Its task is gone without settling it (a crash, or it never got one).
+            if call.started:
+                code, sentence = "TOOL_OUTCOME_UNKNOWN", (
+                    f"the session crashed ({self._crash_text()}) while the call ran and dshd "
+                    "could not follow it; it may or may not have run; retry only if read-only "
+                    "or idempotent, otherwise check the outside world first")
+            else:
+                code, sentence = "ABORTED_BEFORE_DISPATCH", (
+                    f"the session crashed ({self._crash_text()}) before the call started; "
+                    "nothing ran")
+            try:
+                await self._settle(call, self._failed_result(call, code, sentence),
+                                   log.bind(session=self.id, call=call.call_id))
+            except Exception as exc:
+                log.error("session.settle_failed", session=self.id, call=call.call_id,
+                          error=repr(exc))
+        if self.crash is None:
+            try:
+                self.publisher.publish_now()
+            except Exception as exc:
+                self._crashed(exc)
+        try:
+            await self.log.aclose()
+        except StorageError as exc:
+            log.error("session.close_failed", session=self.id, error=str(exc))
+        except Exception as exc:
+            log.error("session.close_failed", session=self.id, error=repr(exc))
+
+    async def _guard(self, fn, *args, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Run one of the session's tasks; an exception that escapes it crashes the session
+        (module doc) instead of the registry's nursery. Cancellation passes through."""
+        try:
+            if task_status is trio.TASK_STATUS_IGNORED:
+                await fn(*args)
+            else:
+                await fn(*args, task_status=task_status)
+        except Exception as exc:
+            self._crashed(exc)
+        except BaseExceptionGroup as group:  # errors mixed with Cancelled
+            errors, rest = group.split(Exception)
+            if errors is None:
+                raise
+            self._crashed(errors)
+            if rest is not None:
+                raise rest from None
+
+    def _crashed(self, exc: BaseException) -> None:
+        """The first crash is logged (once) and cancels the session; later ones are noted."""
+        while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+            exc = exc.exceptions[0]
+        if self.crash is None:
+            self.crash = exc
+            log.error("session.crashed", session=self.id, error=f"{type(exc).__name__}: {exc}",
+                      running=len(self.calls), exc_info=exc)
+        else:
+            log.warning("session.crash_followup", session=self.id, error=repr(exc))
+        if self._scope is not None:
+            self._scope.cancel()
+
+    def _crash_text(self) -> str:
+        exc = self.crash
+        return "unknown error" if exc is None else f"{type(exc).__name__}: {exc}"
+
+    async def _publish(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        self._publisher_task = trio.lowlevel.current_task()
+        await self.publisher.run(task_status=task_status)
 
     def close(self) -> None:
         self._closed.set()
+
+    def usable(self) -> bool:
+        """Neither crashed nor closing: requests may use it (else the registry reopens it)."""
+        return self.crash is None and not self._closed.is_set() and not self.finished.is_set()
 
     def idle(self) -> bool:
         """No running call or turn, no subscriber, no pending approval: safe to close."""
@@ -275,28 +415,69 @@ class Session:
     async def record_settings(
         self, *, policy: str, mode: str, env: dict, source: str, owner: int | None = None
     ) -> None:
-        """Record a new session's owner, policy, sandbox mode and env, durably; show them."""
+        """Record a new session's owner, policy, sandbox mode and env durably, then apply and
+        show them. Raises StorageError, changing nothing (see `_record_durably`)."""
+        change: list[tuple[str, dict, bool]] = []
+        undo: list[tuple[str, dict, bool]] = []
+        if owner is not None:
+            change.append(("session/owner", {"uid": owner}, True))
+            undo.append(("session/owner", {"uid": self.owner}, True))
+        change.append(("approval/policy", {"policy": policy, "source": source}, False))
+        undo.append(("approval/policy", {"policy": self.policy, "source": "rollback"}, False))
+        change.append(("sandbox/mode", {"mode": mode, "source": source}, False))
+        undo.append(("sandbox/mode", {"mode": self.mode, "source": "rollback"}, False))
+        if env:
+            change.append(("session/env", {"env": dict(env)}, True))
+            undo.append(("session/env", {"env": dict(self.env)}, True))
+        await self._record_durably(change, undo)
         if owner is not None:
             self.owner = owner
-            self.log.append("session/owner", {"uid": owner}, ignorable=True)
+        if env:
+            self.env = dict(env)
         self.policy = policy
         self.mode = mode
         self.tracker.set(["session", "approvalPolicy"], policy)
         self.tracker.set(["session", "sandbox"], mode)
         self.publisher.mark_dirty()
-        self.log.append("approval/policy", {"policy": policy, "source": source})
-        self.log.append("sandbox/mode", {"mode": mode, "source": source})
-        if env:
-            self.env = dict(env)
-            self.log.append("session/env", {"env": dict(env)}, ignorable=True)
-        await self.log.flush()
 
     async def set_policy(self, policy: str, source: str) -> None:
+        """Change the approval policy once the change is durable; StorageError changes
+        nothing (PROTOCOL.md: -32014 and the old policy stays)."""
+        seq = await self._record_durably(
+            [("approval/policy", {"policy": policy, "source": source}, False)],
+            [("approval/policy", {"policy": self.policy, "source": "rollback"}, False)],
+        )
+        if seq < self._policy_seq:
+            return  # a later change became durable with us and already applied
+        self._policy_seq = seq
         self.policy = policy
-        ev = self.log.append("approval/policy", {"policy": policy, "source": source})
         self.tracker.set(["session", "approvalPolicy"], policy)
         self.publisher.mark_dirty()
-        await self.log.wait_durable(ev.seq)
+
+    async def _record_durably(
+        self, change: list[tuple[str, dict, bool]], undo: list[tuple[str, dict, bool]]
+    ) -> int:
+        """Append the ``change`` events and wait (shielded: a disconnect must not leave memory
+        and log apart) until they are durable; return the last seq.
+
+        When that fails the change is taken back before StorageError reaches the caller: the
+        events are retracted while they are still the unwritten tail of the log, else the
+        ``undo`` events (the old values) are appended to the same buffered batch, so the retry
+        that finally writes it leaves the settings as they were.
+        """
+        first = last = -1
+        for type_, data, ignorable in change:
+            last = self.log.append(type_, data, ignorable=ignorable).seq
+            first = last if first < 0 else first
+        try:
+            with trio.CancelScope(shield=True):
+                await self.log.wait_durable(last)
+        except StorageError:
+            if not self.log.retract(first, last):
+                for type_, data, ignorable in undo:
+                    self.log.append(type_, data, ignorable=ignorable)
+            raise
+        return last
 
     # ----------------------------------------------------------------- subscriptions
     def subscribe(self, sub: Subscription, *, answerer: bool = False) -> None:
@@ -343,6 +524,28 @@ class Session:
         self._settled.setdefault(call_id, trio.Event())
         call = Call(call_id, name, arguments, approved, ev.seq)
         self.calls[call_id] = call
+        try:
+            self._begin_call(call)
+        except Exception as exc:
+            # The tool/call is in the log: it gets its result now, never a phantom running
+            # call. A lane that cannot be cleaned up crashes the session (rebuilt on reopen).
+            self.calls.pop(call_id, None)
+            try:
+                if call_id in self.tracker.value["tools"]:
+                    self.tracker.delete(["tools", call_id])
+            except Exception as lane_exc:
+                self._crashed(lane_exc)
+            result = self._failed_result(
+                call, "ABORTED_BEFORE_DISPATCH",
+                f"dshd could not start this call ({type(exc).__name__}: {exc}); nothing ran",
+            )
+            self.log.append("tool/result", result)
+            self.results[call_id] = result
+            self._settled[call_id].set()
+            raise
+
+    def _begin_call(self, call: Call) -> None:
+        call_id, name, arguments = call.call_id, call.name, call.arguments
         limits = ShellOutputLimits(
             max_bytes=self.config.output_max_bytes, max_lines=self.config.output_max_lines
         )
@@ -362,7 +565,8 @@ class Session:
         self.tracker.set(["tools", call_id], entry)
         call.synced_version = call.capture.version
         self.publisher.mark_dirty()
-        self._calls_nursery.start_soon(self._run_call, call)
+        assert self._calls_nursery is not None
+        self._calls_nursery.start_soon(self._guard, self._run_call, call)
 
     def admit_call(self) -> None:
         """Raise ``CallLimit`` when one more running call would pass a limit (module doc)."""
@@ -420,10 +624,16 @@ class Session:
                 result = self._failed_result(call, "TOOL_FAILED", results.sentence(
                     "TOOL_FAILED", "internal", error=f"{type(exc).__name__}: {exc}"))
         except BaseException:
-            # Shutdown cancelled us mid-call: settle as cancelled, shielded and bounded.
-            with trio.CancelScope(shield=True), trio.move_on_after(5):
-                code = "TOOL_CANCELLED" if call.started else "ABORTED_BEFORE_DISPATCH"
+            # Shutdown or a crash of the session cancelled us mid-call (run_command killed the
+            # process group on the way out): settle as cancelled, shielded and bounded.
+            code = "TOOL_CANCELLED" if call.started else "ABORTED_BEFORE_DISPATCH"
+            if self.crash is not None:
+                sentence = results.sentence(
+                    code, "crashed" if call.started else "crashed-before",
+                    error=f"{self._crash_text()}; see the daemon log")
+            else:
                 sentence = results.sentence(code, "stopped" if call.started else "stopping")
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
                 await self._settle(call, self._failed_result(call, code, sentence), slog)
             raise
         await self._settle(call, result, slog)
@@ -515,25 +725,28 @@ class Session:
 
     async def _settle(self, call: Call, result: dict, slog) -> None:
         """Append ``tool/result``, make it durable, move the call from tools to recent."""
+        if call.call_id in self.results:
+            return  # settled already (a crash winding down after the call's own settle)
         ev = self.log.append("tool/result", result)
         self.results[call.call_id] = result
-        # The final output state is always published before the call leaves the lane.
-        self.publisher.publish_now()
+        self._result_seqs[call.call_id] = ev.seq
         self.calls.pop(call.call_id, None)
-        self.tracker.delete(["tools", call.call_id])
-        for approval_id, entry in list(self.tracker.value["approvals"].items()):
-            if entry.get("callId") == call.call_id:
-                self.tracker.delete(["approvals", approval_id])
-        self._enter_recent(call.call_id, result)
+        if self.crash is None:
+            try:
+                self._lane_settle(call, result)
+            except Exception as exc:  # the lane broke: the result still settles below
+                self._crashed(exc)
         durable = True
         try:
             await self.log.wait_durable(ev.seq)
         except StorageError as exc:
             durable = False
-            self._undurable[call.call_id] = ev.seq
             slog.error("tool.result_not_durable", error=str(exc))
         if durable and call.pending is not None:
-            await trio.to_thread.run_sync(call.pending.retire)
+            try:
+                await threads.run_sync(call.pending.retire)
+            except OSError as exc:  # retried when the session is next opened
+                slog.warning("sidecar.retire_failed", error=str(exc))
         self._settled[call.call_id].set()
         slog.info(
             "tool.settled",
@@ -543,6 +756,18 @@ class Session:
             total_bytes=(result.get("details") or {}).get("truncation", {}).get("totalBytes"),
         )
 
+    def _lane_settle(self, call: Call, result: dict) -> None:
+        """Move a settled call from ``tools`` to ``recent`` on the lane."""
+        if self._fault is not None and self._fault.hits("settle-crash", [call]):
+            raise InjectedFault("injected test fault (DSH_TEST_FAULT=settle-crash)")
+        # The final output state is always published before the call leaves the lane.
+        self.publisher.publish_now()
+        self.tracker.delete(["tools", call.call_id])
+        for approval_id, entry in list(self.tracker.value["approvals"].items()):
+            if entry.get("callId") == call.call_id:
+                self.tracker.delete(["approvals", approval_id])
+        self._enter_recent(call.call_id, result)
+
     async def wait_result(self, call_id: str, timeout: float | None) -> dict | None:
         """The call's result once durable; None on timeout. KeyError for an unknown call."""
         if call_id not in self.call_ids:
@@ -550,12 +775,23 @@ class Session:
         ev = self._settled.setdefault(call_id, trio.Event())
         with trio.move_on_after(math.inf if timeout is None else timeout):
             await ev.wait()
-            seq = self._undurable.get(call_id)
-            if seq is not None:
+            if call_id not in self.results:  # woken by the end of a crashed session
+                raise StorageError(
+                    f"session {self.id} stopped ({self._crash_text()}) before the result of "
+                    f"call {call_id} was recorded; ask again: the session reopens from its log, "
+                    "which says what happened"
+                )
+            seq = self._result_seqs.get(call_id, -1)
+            if seq > self.log.durable_seq:
                 # Never claim a result that is not durable: retry the flush (StorageError
                 # reaches the client as -32014) before answering.
+                if self.finished.is_set():
+                    raise StorageError(
+                        f"session {self.id} stopped before the result of call {call_id} was "
+                        "made durable; ask again: the session reopens from its log, which says "
+                        "what happened"
+                    )
                 await self.log.wait_durable(seq)
-                self._undurable.pop(call_id, None)
             return self.results[call_id]
         return None
 
@@ -604,6 +840,10 @@ class Session:
     # ----------------------------------------------------------------- lane sync
     def _sync_captures(self) -> None:
         """Pull changed capture state into the lane tracker (called by the publisher)."""
+        if (self._fault is not None and self._publisher_task is not None
+                and trio.lowlevel.current_task() is self._publisher_task
+                and self._fault.hits("publish-crash", self.calls.values())):
+            raise InjectedFault("injected test fault (DSH_TEST_FAULT=publish-crash)")
         for call in self.calls.values():
             cap = call.capture
             if cap is None or cap.version == call.synced_version:

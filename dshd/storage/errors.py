@@ -9,7 +9,9 @@ StorageError
  ├── StorageWriteError   a write/fsync failed; the batch stays buffered, retry with flush()
  ├── LogCorrupt          a complete frame is damaged; refuse to write, report it (fsck)
  ├── LogTooNew           written by a newer dshd; upgrade
- └── LockHeld            another writer (process or handle) owns the lock
+ ├── LockHeld            another writer (process or handle) owns the lock
+ └── LockLost            the lock we hold no longer guards the path (file/dir removed or
+                         replaced): writes stop until the session is reopened
 ```
 Plain `OSError`s that are not about the log's integrity (a missing session directory:
 `FileNotFoundError`) pass through unchanged; invalid ids are `ValueError`.
@@ -86,3 +88,21 @@ class LockHeld(StorageError):
         else:
             who = "another process"
         super().__init__(f"{self.path} is locked by {who}")
+
+
+class LockLost(StorageError):
+    """A lock we hold no longer guards its path (STORAGE.md §4): the lock file or its directory
+    was removed or replaced while we held it, so another process could lock the new one.
+
+    The write it was checked for did not happen. Attributes: ``path`` (the lock file),
+    ``reason`` (str).
+    """
+
+    def __init__(self, path: Path, reason: str) -> None:
+        self.path = Path(path)
+        self.reason = reason
+        super().__init__(
+            f"the lock {self.path} no longer guards this session: {reason} while dshd held "
+            "it, so writes are stopped (another process could take the new lock); stop whoever "
+            "removed it, then restart dshd"
+        )

@@ -1,27 +1,43 @@
-"""Exclusive, non-blocking file locks: one daemon per state dir, one writer per session (STORAGE.md §4).
+"""Exclusive, non-blocking locks: one daemon per state dir, one writer per session (STORAGE.md §4).
 
-Theory of operation: a lock is an ``flock`` (through portalocker, exclusive and non-blocking)
-on a file that is never unlinked: ``<state>/dshd.lock`` for the daemon, ``session.lock`` in a
-session directory for its writer. After locking we check that the file we locked is still the
-one at the path (same device and inode); if someone replaced it we let go and try again, so
-two processes can never each hold "the" lock on different inodes. The holder writes its pid
-into the file, so a refused process can say who holds it (`LockHeld.holder`).
+Theory of operation: a lock (`HeldLock`) is two ``flock``s, both exclusive and non-blocking:
 
-``flock`` locks belong to the open file description, so a second open of the same lock file in
-the *same* process is refused too; `SessionLog` additionally keeps an in-process claim set so
-that refusal happens before any file is touched and says so. Everything here is blocking
-but never waits (non-blocking lock, small local files); callers in trio run it in a thread
-when it sits next to other file work.
+1. on the **directory itself** (``<state>`` for the daemon, ``sessions/<id>`` for a session's
+   writer), opened ``O_RDONLY | O_DIRECTORY``. A directory cannot be deleted from under a
+   running daemon while it holds anything (and a replaced directory is noticed, below), so
+   removing files cannot let a second writer in. This lock is the one that counts.
+2. on a lock **file** in it (``dshd.lock``, ``session.lock``), never unlinked by dshd: the
+   holder writes its pid there (so a refused process can say who holds it), and dshd versions
+   that lock only the file still exclude us and we them.
+
+A refused lock names the holder: the pid from ``/proc/locks`` for the directory's inode (true
+even when the lock file was deleted), else the pid written in the lock file. After locking we
+check that what we locked is still what the path names (same device and inode); if someone
+replaced it we let go and try again, so two processes can never each hold "the" lock on
+different inodes. While held, `HeldLock.verify` re-checks both identities; the session writer
+calls it before every write (STORAGE.md §4): a lock file or directory that was removed or
+replaced raises `LockLost` and the write does not happen.
+
+A file system that refuses ``flock`` on a directory (some network file systems) falls back to
+the lock file alone (``HeldLock.directory_locked`` is False); the identity checks still apply.
+
+``flock`` locks belong to the open file description, so a second open in the *same* process is
+refused too; `SessionLog` additionally keeps an in-process claim set so that refusal happens
+before any file is touched and says so. Everything here is blocking but never waits
+(non-blocking locks, small local files); callers in trio run it in a thread when it sits next
+to other file work.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 from pathlib import Path
 
 import portalocker
 
-from .errors import LockHeld, StorageError
+from .errors import LockHeld, LockLost, StorageError
 
 _ATTEMPTS = 5
 
@@ -33,6 +49,22 @@ def _read_holder(fd: int) -> int | None:
         return None
     text = raw.decode("ascii", "replace").strip()
     return int(text) if text.isdigit() else None
+
+
+def _flock_holder(st: os.stat_result) -> int | None:
+    """The pid that holds a ``flock`` on the inode of ``st``, from ``/proc/locks`` (Linux)."""
+    want = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as f:
+            for line in f:
+                parts = line.split()
+                # "1: FLOCK  ADVISORY  WRITE 1234 fe:00:5678 0 EOF" (blocked waiters: "->")
+                if len(parts) >= 6 and parts[1] == "FLOCK" and parts[5] == want:
+                    if parts[4].isdigit():
+                        return int(parts[4])
+    except OSError:
+        pass
+    return None
 
 
 def lock_file(path: Path) -> int:
@@ -58,11 +90,7 @@ def lock_file(path: Path) -> int:
             os.close(fd)
             raise
         try:
-            st = os.stat(path)
-            fst = os.fstat(fd)
-            same = (st.st_dev, st.st_ino) == (fst.st_dev, fst.st_ino)
-        except FileNotFoundError:
-            same = False
+            same = _same_file(path, fd)
         except BaseException:
             os.close(fd)
             raise
@@ -86,34 +114,142 @@ def unlock_file(fd: int) -> None:
         os.close(fd)
 
 
+def _same_file(path: Path, fd: int) -> bool:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    fst = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (fst.st_dev, fst.st_ino)
+
+
+def lock_directory(directory: Path, lock_name: str) -> int | None:
+    """Exclusively ``flock`` ``directory`` itself; return the fd that holds it.
+
+    None when the file system does not support ``flock`` on a directory (the caller relies on
+    the lock file alone). Raises `LockHeld` naming the holder (``/proc/locks``, else the pid in
+    ``directory/lock_name``), `OSError` when the directory cannot be opened.
+    """
+    directory = Path(directory)
+    for _ in range(_ATTEMPTS):
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _flock_holder(os.fstat(fd)) or _pid_in(directory / lock_name)
+            os.close(fd)
+            raise LockHeld(directory / lock_name, holder) from None
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (errno.EBADF, errno.EINVAL, errno.ENOLCK, errno.EOPNOTSUPP):
+                return None
+            raise
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            same = _same_file(directory, fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        if same:
+            return fd
+        os.close(fd)  # the directory was renamed away meanwhile: lock what the path names now
+    raise LockHeld(directory / lock_name, "nobody stable: the directory keeps being replaced")
+
+
+def _pid_in(path: Path) -> int | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return _read_holder(fd)
+    finally:
+        os.close(fd)
+
+
+class HeldLock:
+    """A held lock on ``directory`` and its lock file ``directory/name`` (module doc).
+
+    Build with `acquire`; `verify` before each write; `release` once (idempotent).
+    """
+
+    def __init__(self, directory: Path, name: str, dir_fd: int | None, file_fd: int) -> None:
+        self.directory = Path(directory)
+        self.path = self.directory / name
+        self._dir_fd = dir_fd
+        self._file_fd: int | None = file_fd
+
+    @classmethod
+    def acquire(cls, directory: Path, name: str) -> HeldLock:
+        """Lock the directory, then the lock file. Raises `LockHeld`, `OSError`."""
+        dir_fd = lock_directory(directory, name)
+        try:
+            file_fd = lock_file(Path(directory) / name)
+        except BaseException:
+            if dir_fd is not None:
+                os.close(dir_fd)  # closing the last fd of the description releases its flock
+            raise
+        return cls(directory, name, dir_fd, file_fd)
+
+    @property
+    def directory_locked(self) -> bool:
+        return self._dir_fd is not None
+
+    @property
+    def held(self) -> bool:
+        return self._file_fd is not None
+
+    def verify(self) -> None:
+        """Raise `LockLost` unless the paths still name the directory and file we locked."""
+        if self._file_fd is None:
+            raise LockLost(self.path, "it was released")
+        if self._dir_fd is not None and not _same_file(self.directory, self._dir_fd):
+            raise LockLost(self.path, f"its directory {self.directory} was removed or replaced")
+        if not _same_file(self.path, self._file_fd):
+            raise LockLost(self.path, "the lock file was removed or replaced")
+
+    def release(self) -> None:
+        file_fd, self._file_fd = self._file_fd, None
+        dir_fd, self._dir_fd = self._dir_fd, None
+        try:
+            if file_fd is not None:
+                unlock_file(file_fd)
+        finally:
+            if dir_fd is not None:
+                os.close(dir_fd)
+
+
 class DaemonLock:
-    """One dshd per state directory: an exclusive lock on ``<state>/dshd.lock`` (STORAGE.md §1, §4).
+    """One dshd per state directory: an exclusive lock on ``<state>`` itself and on
+    ``<state>/dshd.lock`` (STORAGE.md §1, §4; `HeldLock`).
 
     ``acquire()`` creates the state directory (0700) if needed, locks, and records the pid;
     it raises `LockHeld` naming the holder's pid when another process (or another
-    `DaemonLock` in this one) holds it. ``release()`` is idempotent. Usable as a context
-    manager.
+    `DaemonLock` in this one) holds it, even when its ``dshd.lock`` was deleted.
+    ``release()`` is idempotent. Usable as a context manager.
     """
 
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = Path(state_dir)
         self.path = self.state_dir / "dshd.lock"
-        self._fd: int | None = None
+        self._lock: HeldLock | None = None
 
     @property
     def held(self) -> bool:
-        return self._fd is not None
+        return self._lock is not None
 
     def acquire(self) -> None:
-        if self._fd is not None:
+        if self._lock is not None:
             raise RuntimeError("DaemonLock already acquired")
         self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self._fd = lock_file(self.path)
+        self._lock = HeldLock.acquire(self.state_dir, self.path.name)
 
     def release(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            unlock_file(fd)
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.release()
 
     def __enter__(self) -> DaemonLock:
         self.acquire()

@@ -8,13 +8,26 @@ Theory of operation: the whole file is read into memory and parsed in one pass.
   checksum at the end of the frame. Any failure there (checksum, decompression, a line that
   does not parse, a seq gap) is damage: `LogCorrupt` naming the session, the file and the
   frame's byte offset.
-- **Torn tail**: the file ends inside the last frame (or, plain, the last line has no ``\\n``).
-  The complete blocks of the torn frame are decompressed one by one and every complete line
-  that parses and carries the next seq is kept (``recovered``). A bit flip that stretches a
-  block header would also look like "the file ends inside this frame", so a torn verdict is
-  only accepted when no complete, checksum-valid frame starts anywhere after it; otherwise the
-  log is damaged. A tail of zero bytes (the size of a never-fsynced write reached the disk, its
-  data did not) counts as torn with nothing to recover.
+- **Torn tail**: the file ends inside the last frame (or, plain, the last line has no ``\\n``)
+  *and* the bytes there are a prefix of a valid frame (record); anything else is damage, so a
+  flipped bit in a durable last frame is refused instead of being dropped as "torn". For zstd,
+  "a prefix of a valid frame" (`_torn_frame_problem`) means, for the frames this writer writes:
+  the magic; a frame header descriptor with the reserved bit clear, the content checksum flag
+  set and no dictionary id; every *complete* block of a valid type, no larger than the block
+  maximum (the window, at most 128 KiB), decompressing, and the output never beyond the
+  header's content size (equal to it once the last block is complete, and then the checksum
+  bytes present must be the start of the content's checksum); the block the file ends in no
+  larger than what the content size leaves (RFC 8878: a compressed block is smaller than its
+  output, a raw or RLE block's size *is* its output). Two more checks catch what those cannot:
+  no complete, checksum-valid frame may start after it, and no single flipped bit in its frame
+  header or one of its block headers may turn it into a complete, checksum-valid frame ending
+  at EOF (a stretched block size otherwise reads as "the file ends inside this block"). A run of
+  zero bytes at EOF (power loss: the size reached the disk, the data did not) is allowed: the
+  bytes before it are judged. For plain logs the last line without ``\\n`` is torn only when the
+  JSON parser stops *at its end* (input truncated, or a number cut short); a complete value
+  followed by anything else is damage. Plain logs carry no checksum: a flip inside a value is
+  not detectable there. Of a torn frame the complete blocks' complete lines that parse and
+  carry the next seq are kept (``recovered``).
 - The first frame (line) is the header: exactly one line, ``version`` 1 (a newer version is
   `LogTooNew`), ``id`` equal to the session id. Event seq is dense from 0; an unknown event type
   without ``ignorable`` is `LogTooNew`.
@@ -203,6 +216,24 @@ class _LineChecker:
         return True
 
 
+def _plain_prefix_problem(tail: bytes) -> str | None:
+    """Why ``tail`` (a last line without ``\\n``, trailing NULs removed) cannot be the start of
+    a record line, or None when it can (or is a whole record)."""
+    try:
+        decode_event(tail)
+        return None
+    except msgspec.DecodeError as exc:
+        text = str(exc)
+    except msgspec.ValidationError:
+        return None  # complete JSON: judged as a record by the caller
+    if text == "Input data was truncated":
+        return None
+    m = re.fullmatch(r"JSON is malformed: invalid number \(byte (\d+)\)", text)
+    if m and int(m.group(1)) >= len(tail) - 1:
+        return None  # a number cut short by the end of the file
+    return f"the last line has no newline and is not the start of a record ({text})"
+
+
 def _parse_plain(data: bytes, lines: _LineChecker) -> tuple[bool, int]:
     pos, n = 0, len(data)
     while pos < n:
@@ -210,8 +241,13 @@ def _parse_plain(data: bytes, lines: _LineChecker) -> tuple[bool, int]:
         if nl == -1:
             if lines.header is None:
                 raise lines.corrupt(pos, "the header line is incomplete")
-            # A torn last line: keep it only if it happens to be a whole record.
-            lines.tentative(data[pos:])
+            tail = data[pos:].rstrip(b"\0")
+            if tail:
+                problem = _plain_prefix_problem(tail)
+                if problem is not None:
+                    raise lines.corrupt(pos, problem)
+                # A torn last line: keep it only if it happens to be a whole record.
+                lines.tentative(tail)
             return True, pos
         lines.complete(data[pos:nl], pos)
         pos = nl + 1
@@ -259,7 +295,18 @@ def _parse_zstd(data: bytes, lines: _LineChecker) -> tuple[bool, int]:
                 raise lines.corrupt(pos, "a frame is cut short but complete frames follow it")
             if lines.header is None:
                 raise lines.corrupt(pos, "the header frame is incomplete")
-            _recover_torn_frame(view, scan.start, scan.pieces, lines)
+            flipped = _flip_completes_frame(data, pos)
+            if flipped is not None:
+                raise lines.corrupt(
+                    pos, f"the last frame is complete but its header is damaged (byte {flipped})"
+                )
+            content, problem = _torn_frame_problem(view, pos, n)
+            if problem is not None and data.endswith(b"\0"):
+                # Zeros at EOF (power loss): judge the bytes before them.
+                content, problem = _torn_frame_problem(view, pos, len(data.rstrip(b"\0")))
+            if problem is not None:
+                raise lines.corrupt(pos, f"the last frame is not a torn tail: {problem}")
+            _keep_torn_lines(content, lines)
             return True, pos
         if scan.kind == "skippable":
             pos = scan.end
@@ -269,6 +316,8 @@ def _parse_zstd(data: bytes, lines: _LineChecker) -> tuple[bool, int]:
         try:
             content = _decompress_frame(view[pos : scan.end])
         except zstandard.ZstdError as e:
+            if lines.header is not None and _zero_filled_cut(data, pos, scan.end, lines):
+                return True, pos
             raise lines.corrupt(pos, f"frame does not decompress ({e})") from None
         if not content.endswith(b"\n"):
             raise lines.corrupt(pos, "frame does not end with a complete line")
@@ -283,19 +332,139 @@ def _parse_zstd(data: bytes, lines: _LineChecker) -> tuple[bool, int]:
     return False, n
 
 
-def _recover_torn_frame(
-    view: memoryview, start: int, pieces: tuple[int, ...], lines: _LineChecker
-) -> None:
-    """Decompress the complete blocks of a torn frame and keep its complete, valid lines."""
+_RAW, _RLE, _COMPRESSED = 0, 1, 2
+
+
+def _zstd_header(view: memoryview, start: int, n: int):
+    """(header_end, content_size | None, block_max, problem) of the frame at ``start``; a header
+    cut by ``n`` gives header_end None (nothing more to judge). Only the frames this writer
+    writes are valid: checksum flag set, no dictionary id, reserved bit clear."""
+    if start + 4 >= n:
+        return None, None, 0, None  # (part of) the magic, checked by the scan
+    descriptor = view[start + 4]
+    if descriptor & 0x08:
+        return None, None, 0, "reserved bit set in the frame header"
+    if not descriptor & 0x04:
+        return None, None, 0, "frame header without the content checksum flag"
+    if descriptor & 0x03:
+        return None, None, 0, "frame header names a dictionary"
+    fcs_flag, single = descriptor >> 6, bool(descriptor & 0x20)
+    fcs_size = (1 if single else 0) if fcs_flag == 0 else (2, 4, 8)[fcs_flag - 1]
+    pos = start + 5
+    window = None
+    if not single:
+        if pos >= n:
+            return None, None, 0, None
+        w = view[pos]
+        base = 1 << (10 + (w >> 3))
+        window = base + (base // 8) * (w & 7)
+        pos += 1
+    if pos + fcs_size > n:
+        return None, None, 0, None
+    content_size = None
+    if fcs_size:
+        content_size = int.from_bytes(view[pos : pos + fcs_size], "little")
+        content_size += 256 if fcs_size == 2 else 0
+    pos += fcs_size
+    if single:
+        window = content_size
+    block_max = min(window if window is not None else 1 << 17, 1 << 17)
+    return pos, content_size, block_max, None
+
+
+def _torn_frame_problem(view: memoryview, start: int, n: int) -> tuple[bytes, str | None]:
+    """Judge ``view[start:n]``, which ends inside a frame: (decoded content of its complete
+    blocks, None) when it is a prefix of a valid frame (module doc), else (b"", why not)."""
+    pos, content_size, block_max, problem = _zstd_header(view, start, n)
+    if problem is not None or pos is None:
+        return b"", problem
     d = zstandard.ZstdDecompressor().decompressobj()
+    try:
+        d.decompress(view[start:pos])
+    except zstandard.ZstdError as e:
+        return b"", f"the frame header does not decode ({e})"
     out = bytearray()
-    prev = start
-    for end in pieces:
-        try:
-            out += d.decompress(view[prev:end])
-        except zstandard.ZstdError:
+    while pos + 3 <= n:
+        header = int.from_bytes(view[pos : pos + 3], "little")
+        last, kind, size = header & 1, (header >> 1) & 3, header >> 3
+        if kind == 3:
+            return b"", f"reserved block type at byte {pos}"
+        if size > block_max:
+            return b"", f"block at byte {pos} is larger than the frame allows"
+        end = pos + 3 + (1 if kind == _RLE else size)
+        left = None if content_size is None else content_size - len(out)
+        if end > n:  # the file ends inside this block: does it fit what is left?
+            if left is not None and (
+                (kind == _COMPRESSED and size >= left)
+                or (kind != _COMPRESSED and (size > left or (last and size != left)))
+            ):
+                return b"", f"block at byte {pos} is larger than the content left in its frame"
             break
-        prev = end
-    for line in bytes(out).split(b"\n")[:-1]:
+        try:
+            out += d.decompress(view[pos:end])
+        except zstandard.ZstdError as e:
+            return b"", f"the complete block at byte {pos} does not decompress ({e})"
+        if left is not None and len(out) > content_size:
+            return b"", "the blocks decode to more than the frame's content size"
+        pos = end
+        if last:
+            if content_size is not None and len(out) != content_size:
+                return b"", "the blocks decode to less than the frame's content size"
+            present = bytes(view[pos:n])
+            if present != _content_checksum(bytes(out))[: len(present)]:
+                return b"", "the checksum bytes present do not match the content"
+            break
+    return bytes(out), None
+
+
+def _content_checksum(content: bytes) -> bytes:
+    """The 4 checksum bytes a zstd frame of ``content`` ends with (XXH64, low 32 bits)."""
+    frame = zstandard.ZstdCompressor(level=1, write_checksum=True).compress(content)
+    return frame[-4:]
+
+
+def _flip_completes_frame(data: bytes, start: int) -> int | None:
+    """The byte offset of a single bit in the frame or block headers of the frame at ``start``
+    whose flip makes ``data[start:]`` a complete, checksum-valid frame; None when none does."""
+    buf = bytearray(data[start:])
+    n = len(buf)
+    candidates = list(range(4, min(18, n)))  # descriptor, window, dictionary id, content size
+    scan = scan_zstd_frame(buf, 0)
+    candidates += [i for p in scan.pieces for i in range(p, min(p + 3, n))]  # block headers
+    for i in candidates:
+        for bit in range(8):
+            buf[i] ^= 1 << bit
+            try:
+                again = scan_zstd_frame(buf, 0)
+                if again.kind == "frame" and again.end == n and again.checksum:
+                    try:
+                        _decompress_frame(buf)
+                        return start + i
+                    except zstandard.ZstdError:
+                        pass
+            finally:
+                buf[i] ^= 1 << bit
+    return None
+
+
+def _zero_filled_cut(data: bytes, start: int, end: int, lines: _LineChecker) -> bool:
+    """A frame that only looks complete because zeros at EOF (power loss) run through its end
+    and beyond: when the bytes before the zeros are a torn prefix, keep its lines (True)."""
+    if end >= len(data) or data[end:].strip(b"\0"):
+        return False  # the file does not go on in zeros past this frame
+    cut = len(data.rstrip(b"\0"))
+    view = memoryview(data)[:cut]
+    if cut <= start or scan_zstd_frame(view, start).kind != "torn":
+        return False
+    content, problem = _torn_frame_problem(view, start, cut)
+    if problem is not None:
+        return False
+    _keep_torn_lines(content, lines)
+    return True
+
+
+def _keep_torn_lines(content: bytes, lines: _LineChecker) -> None:
+    """Keep the complete, valid lines decoded from a torn frame's complete blocks."""
+    for line in content.split(b"\n")[:-1]:
         if not lines.tentative(line):
             break

@@ -15,7 +15,9 @@ and puts it in the buffer. Nothing is durable until a write has fsynced it:
 - **Failure**: before a write the file size is noted; if the write or its fsync fails the file
   is truncated back (and fsynced; if even that fails, the truncation is retried first thing on
   the next write), the batch stays buffered, timed writes pause, and every ``flush()`` retries
-  and raises `StorageWriteError` until one succeeds. Callers fail closed.
+  and raises `StorageWriteError` until one succeeds. Callers fail closed. A caller whose change
+  must not happen after all (a settings change answered "storage failure") takes its events
+  back with `retract` while they are still the unwritten tail.
 - **Publishing** (a log made by `create`): the first write makes the directories (fsyncing each
   parent), takes the session lock, writes header frame + first batch to a temp file opened
   ``O_EXCL``, fsyncs it, ``link()``s it to the log's name (never overwriting), fsyncs the
@@ -31,12 +33,18 @@ Progress report: ``write_started`` is the trio time the write in flight (pwrite 
 publish) began, None when none is in flight. The service watchdog reads it to tell a writer
 that makes progress from one stuck in fsync (``dshd.service``).
 
-Blocking file work runs in ``trio.to_thread.run_sync`` (never abandoned on cancel, so a write
-in flight always finishes and the in-memory state matches the file).
+Blocking file work runs in a worker thread (`threads.run_sync`: never abandoned on cancel, so a
+write in flight always finishes and the in-memory state matches the file). A worker thread that
+cannot be started (the user's process limit: a fork bomb elsewhere) is a failed write like any
+other: `StorageWriteError` naming the limit, the batch kept, the next flush retries.
 
-One writer per session: across processes the ``session.lock`` flock; inside one process the
-flock refuses a second handle too, and the optional ``claims`` set (one per daemon, owned by
-whoever owns the sessions; no module-level registry) refuses it before any file is touched.
+One writer per session: across processes a `lock.HeldLock`, ``flock`` on the session directory
+itself and on its ``session.lock``; inside one process the flocks refuse a second handle too,
+and the optional ``claims`` set (one per daemon, owned by whoever owns the sessions; no
+module-level registry) refuses it before any file is touched. Before every write the lock's
+identity is re-checked (`HeldLock.verify`): when ``session.lock`` or the session directory was
+removed or replaced, the write does not happen, `StorageWriteError` (cause `LockLost`) says so,
+and the log says so once (``storage.lock_lost``).
 """
 
 from __future__ import annotations
@@ -50,8 +58,10 @@ from typing import Any
 import trio
 import zstandard
 
-from . import sidecar
-from .errors import LockHeld, StorageError, StorageWriteError
+import structlog
+
+from . import sidecar, threads
+from .errors import LockHeld, LockLost, StorageError, StorageWriteError
 from .format import (
     COMPRESSIONS,
     KNOWN_TYPES,
@@ -62,9 +72,11 @@ from .format import (
     Header,
     encode_line,
 )
-from .lock import lock_file, unlock_file
+from .lock import HeldLock
 from .reader import LogRead, find_log, parse_log, session_dir_for
 from .repair import repair_closers, unresolved_calls
+
+log = structlog.get_logger("dshd.storage")
 
 DEFAULT_COALESCE = 0.200
 ZSTD_LEVEL = 3
@@ -123,7 +135,7 @@ class SessionLog:
         claims: set[str] | None,
         read: LogRead | None = None,
         fd: int | None = None,
-        lock_fd: int | None = None,
+        lock: HeldLock | None = None,
     ) -> None:
         if compression not in COMPRESSIONS:
             raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
@@ -138,7 +150,8 @@ class SessionLog:
         self.header = header
         self._claims = claims
         self._fd = fd
-        self._lock_fd = lock_fd
+        self._lock = lock
+        self._lock_lost = False  # a lost lock was logged (once per episode)
         self._compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_checksum=True)
 
         self.events: list[Event] = []
@@ -250,7 +263,7 @@ class SessionLog:
         session_dir = session_dir_for(state_dir, session_id)
         cls._claim(claims, session_dir, session_id)
         try:
-            read, fd, lock_fd = await trio.to_thread.run_sync(cls._open_sync, session_dir, session_id)
+            read, fd, lock = await threads.run_sync(cls._open_sync, session_dir, session_id)
         except BaseException:
             if claims is not None:
                 claims.discard(session_id)
@@ -264,7 +277,7 @@ class SessionLog:
             claims=claims,
             read=read,
             fd=fd,
-            lock_fd=lock_fd,
+            lock=lock,
         )
         try:
             if repair:
@@ -277,10 +290,10 @@ class SessionLog:
         return log
 
     @staticmethod
-    def _open_sync(session_dir: Path, session_id: str) -> tuple[LogRead, int, int]:
+    def _open_sync(session_dir: Path, session_id: str) -> tuple[LogRead, int, HeldLock]:
         if not session_dir.is_dir():
             raise FileNotFoundError(2, "no such session directory", str(session_dir))
-        lock_fd = lock_file(session_dir / LOCK_NAME)
+        lock = HeldLock.acquire(session_dir, LOCK_NAME)
         try:
             path, compression = find_log(session_dir, session_id)
             fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
@@ -292,14 +305,14 @@ class SessionLog:
                 os.close(fd)
                 raise
         except BaseException:
-            unlock_file(lock_fd)
+            lock.release()
             raise
-        return read, fd, lock_fd
+        return read, fd, lock
 
     async def _repair(self) -> None:
         windows: dict[str, Any] = {}
         for call_id in unresolved_calls(self.events):
-            window = await trio.to_thread.run_sync(
+            window = await threads.run_sync(
                 sidecar.read_pending_window, self.session_dir, call_id
             )
             if window is not None:
@@ -319,7 +332,7 @@ class SessionLog:
             and isinstance(ev.data.get("callId"), str)
         ]
         if settled:
-            await trio.to_thread.run_sync(sidecar.retire_settled, self.session_dir, settled)
+            await threads.run_sync(sidecar.retire_settled, self.session_dir, settled)
 
     # --- appending and flushing -----------------------------------------------------------
 
@@ -370,6 +383,31 @@ class SessionLog:
             self._pending_since = now
             self._notify()
         return event
+
+    def retract(self, first: int, last: int) -> bool:
+        """Take back the events ``first..last`` if nobody can have seen them durable.
+
+        Only the unwritten tail can be taken back: ``last`` must be the last seq appended, every
+        event from ``first`` must still be buffered (never written), and no write may be in
+        flight. Then they are removed (their seqs are free again) and True is returned; else
+        nothing changes and False is returned (the caller appends a compensating event). Used
+        when a durable change failed and must change nothing (STORAGE.md §4).
+        """
+        if last != self.last_seq or first > last or first <= self.durable_seq:
+            return False
+        if self._write_lock.locked() or self._fix and self._fix[-1][0] >= first:
+            return False
+        count = last - first + 1
+        if len(self._pending) < count or self._pending[-count][0] != first:
+            return False
+        del self._pending[-count:]
+        del self.events[-count:]
+        self.last_seq = first - 1
+        self._pending_since = self._pending[0][2] if self._pending else None
+        if not self._pending and not self._fix:
+            self._failed = None  # nothing is left to retry: timed writes may resume
+        self._notify()
+        return True
 
     async def flush(self) -> int:
         """Make every event appended so far durable; return the durable seq (STORAGE.md §4).
@@ -456,13 +494,17 @@ class SessionLog:
         self.write_started = trio.current_time()
         try:
             if self._published:
-                await trio.to_thread.run_sync(self._append_sync, payloads)
+                await threads.run_sync(self._append_sync, payloads)
             else:
-                await trio.to_thread.run_sync(self._publish_sync, payloads)
-        except (OSError, LockHeld, zstandard.ZstdError) as e:
+                await threads.run_sync(self._publish_sync, payloads)
+        except (OSError, LockHeld, LockLost, zstandard.ZstdError) as e:
             self._failed = e
             self._write_errors += 1
             self._notify()
+            if isinstance(e, LockLost) and not self._lock_lost:
+                self._lock_lost = True
+                log.error("storage.lock_lost", session=self.session_id, path=str(e.path),
+                          reason=e.reason, buffered=len(self._pending) + len(self._fix))
             raise StorageWriteError(
                 f"session {self.session_id}: writing {self.path} failed ({e}); "
                 f"{len(self._pending) + len(self._fix)} events stay buffered and the next "
@@ -479,6 +521,7 @@ class SessionLog:
             self.durable_seq = fix[-1][0]
         self._pending_since = self._pending[0][2] if self._pending else None
         self._failed = None
+        self._lock_lost = False
         self._notify()
 
     # --- blocking file work (runs in a worker thread) -------------------------------------
@@ -503,6 +546,8 @@ class SessionLog:
     def _append_sync(self, payloads: list[bytes]) -> None:
         fd = self._fd
         assert fd is not None
+        if self._lock is not None:
+            self._lock.verify()  # raises LockLost: nothing is written under a lost lock
         if self._truncate_to is not None:
             os.ftruncate(fd, self._truncate_to)
             self._fsync(fd)
@@ -550,8 +595,10 @@ class SessionLog:
 
     def _publish_sync(self, payloads: list[bytes]) -> None:
         self._makedirs_durable(self.session_dir)
-        if self._lock_fd is None:
-            self._lock_fd = lock_file(self.session_dir / LOCK_NAME)
+        if self._lock is None:
+            self._lock = HeldLock.acquire(self.session_dir, LOCK_NAME)
+        else:
+            self._lock.verify()
         other = self.session_dir / (LOG_NAME_PLAIN if self.compression == "zstd" else LOG_NAME_ZSTD)
         if os.path.lexists(other):
             raise FileExistsError(17, "a log of the other format already exists", str(other))
@@ -581,15 +628,15 @@ class SessionLog:
     async def _close_files(self) -> None:
         async with self._write_lock:  # a write in flight finishes before its fd closes
             fd, self._fd = self._fd, None
-            lock_fd, self._lock_fd = self._lock_fd, None
+            lock, self._lock = self._lock, None
             try:
                 if fd is not None:
                     os.close(fd)
                 if self._discarded and self.session_dir in self._made_dirs:
                     self._remove_unpublished_dir()  # still under the lock
             finally:
-                if lock_fd is not None:
-                    unlock_file(lock_fd)
+                if lock is not None:
+                    lock.release()
                 if self._claims is not None:
                     self._claims.discard(self.session_id)
                 self._closed = True

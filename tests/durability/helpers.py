@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import msgspec
+import trio._threads
 
 from dshd.storage import Event
 from dshd.storage.format import LOG_NAME_ZSTD, scan_zstd_frame
@@ -54,3 +55,23 @@ def assert_paired(events: list[dict]) -> None:
     results = [e["data"]["callId"] for e in events if e["type"] == "tool/result"]
     assert len(calls) == len(set(calls))
     assert sorted(calls) == sorted(set(results) & set(calls)) and len(results) == len(set(results))
+
+
+class ThreadSpawnSwitch:
+    """Makes trio's worker-thread spawn fail, as ``RLIMIT_NPROC`` does, for the storage
+    room's blocking work only (its functions: ``_append_sync``, ``_publish_sync``, ...)."""
+
+    NAMES = ("_append_sync", "_publish_sync", "_open_sync", "_write_sync", "retire")
+
+    def __init__(self, monkeypatch) -> None:
+        self.failing = False
+        self.refused = 0
+        real = trio._threads.start_thread_soon
+
+        def start_thread_soon(fn, deliver, name=None):
+            if self.failing and any(n in (name or "") for n in self.NAMES):
+                self.refused += 1
+                raise RuntimeError("can't start new thread")
+            return real(fn, deliver, name)
+
+        monkeypatch.setattr(trio._threads, "start_thread_soon", start_thread_soon)

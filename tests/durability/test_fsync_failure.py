@@ -159,3 +159,51 @@ async def test_result_that_cannot_be_made_durable_is_not_claimed(root, workdir, 
             read = read_log(root / "state" / "sessions" / sid, sid)
             assert read.events[-1].type == "tool/result" and read.events[-1].data == result
         nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("taken_back", ["retracted", "compensated"])
+async def test_failed_policy_change_changes_nothing(root, workdir, monkeypatch, taken_back):
+    """-32014 for session.setApprovalPolicy means the policy did not change: not in
+    session.get, not on the lane, not after the fault clears, not after a restart."""
+    from dshd.storage.writer import SessionLog
+
+    if taken_back == "compensated":  # as if another event had been appended after it
+        monkeypatch.setattr(SessionLog, "retract", lambda self, first, last: False)
+    switch = FsyncSwitch(monkeypatch)
+    sock = root / "run" / "dshd.sock"
+    async with trio.open_nursery() as nursery:
+        await _start(nursery, root)
+        async with connect(sock) as c:
+            sid = await c.create_session(str(workdir), approval_policy="never")
+            switch.failing = True
+            with pytest.raises(RpcError) as err:
+                await c.set_policy(sid, "ask")
+            assert err.value.code == STORAGE_FAILURE
+            assert (await c.get_session(sid))["approvalPolicy"] == "never"
+            async with await c.subscribe(sid) as sub:
+                view = await sub.next_view()
+            assert view["session"]["approvalPolicy"] == "never"
+            switch.failing = False
+            # The fault cleared: the buffered batch is written by the next flush, and still
+            # the policy is the old one.
+            cid = await c.run_tool(sid, "echo ok", approved=True)
+            assert (await c.wait(sid, cid))["content"] == "ok\n"
+            assert (await c.get_session(sid))["approvalPolicy"] == "never"
+        nursery.cancel_scope.cancel()
+    async with trio.open_nursery() as nursery:
+        await _start(nursery, root)
+        async with connect(sock) as c:
+            assert (await c.get_session(sid))["approvalPolicy"] == "never"
+            await c.set_policy(sid, "ask")  # the retry works
+            assert (await c.get_session(sid))["approvalPolicy"] == "ask"
+        nursery.cancel_scope.cancel()
+    async with trio.open_nursery() as nursery:
+        await _start(nursery, root)
+        async with connect(sock) as c:
+            assert (await c.get_session(sid))["approvalPolicy"] == "ask"
+        nursery.cancel_scope.cancel()
+    policies = [e.data["policy"] for e in read_log(root / "state" / "sessions" / sid, sid).events
+                if e.type == "approval/policy"]
+    assert policies[-1] == "ask"
+    assert policies == (["never", "ask"] if taken_back == "retracted"
+                        else ["never", "ask", "never", "ask"])
