@@ -50,6 +50,7 @@ SENTENCES: dict[str, dict[str, str]] = {
     "ABORTED_BEFORE_DISPATCH": {
         "": "cancelled before it started; {what} did not run",
         "stopping": "the daemon stopped before the call started; nothing ran",
+        "could-not-start": "dshd could not start this call ({error}); nothing ran",
         "crashed-before": "the session crashed ({error}) before the call started; nothing ran",
         "turn": "the turn was cancelled before this call started; the command did not run",
     },

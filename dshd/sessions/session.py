@@ -525,7 +525,7 @@ class Session:
         call = Call(call_id, name, arguments, approved, ev.seq)
         self.calls[call_id] = call
         try:
-            self._begin_call(call)
+            self._begin_call(call, encoded)
         except Exception as exc:
             # The tool/call is in the log: it gets its result now, never a phantom running
             # call. A lane that cannot be cleaned up crashes the session (rebuilt on reopen).
@@ -535,17 +535,16 @@ class Session:
                     self.tracker.delete(["tools", call_id])
             except Exception as lane_exc:
                 self._crashed(lane_exc)
-            result = self._failed_result(
-                call, "ABORTED_BEFORE_DISPATCH",
-                f"dshd could not start this call ({type(exc).__name__}: {exc}); nothing ran",
-            )
+            result = self._failed_result(call, "ABORTED_BEFORE_DISPATCH", results.sentence(
+                "ABORTED_BEFORE_DISPATCH", "could-not-start", error=f"{type(exc).__name__}: {exc}"))
             self.log.append("tool/result", result)
             self.results[call_id] = result
             self._settled[call_id].set()
             raise
 
-    def _begin_call(self, call: Call) -> None:
-        call_id, name, arguments = call.call_id, call.name, call.arguments
+    def _begin_call(self, call: Call, encoded: str) -> None:
+        """The call's lane entry and its task (``encoded``: the arguments' JSON, as logged)."""
+        call_id, name, arguments, approved = call.call_id, call.name, call.arguments, call.approved
         limits = ShellOutputLimits(
             max_bytes=self.config.output_max_bytes, max_lines=self.config.output_max_lines
         )
