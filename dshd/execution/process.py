@@ -520,13 +520,35 @@ class _Run:
                 cleanup.shield = True
                 await self._cleanup()
         outcome.exit_code = _exit_code(self.proc.returncode)
-        outcome.error = self.error
+        outcome.error = self.error or self._wrapper_resource_failure(outcome.exit_code)
         if outcome.exit_code is None and outcome.error is None:
             outcome.error = (
                 f"The command (pid {self.proc.pid}) did not exit after SIGKILL within "
                 f"{KILL_REAP_TIMEOUT:g} s; it may be stuck in the kernel. Check it with ps."
             )
         return outcome
+
+    def _wrapper_resource_failure(self, exit_code: int | None) -> str | None:
+        """The sentence for a sandbox wrapper that could not fork the command (bwrap exits 1
+        with one line ``bwrap: ...: Resource temporarily unavailable`` at a pids limit), else
+        None. Only the call's own output can trigger it, so a command faking it only marks
+        its own result as failed."""
+        if self.spare_wrapper is None or exit_code != 1:
+            return None
+        text = self.capture.text
+        lines = text.splitlines()
+        reasons = {os.strerror(e): errno.errorcode[e] for e in RESOURCE_ERRNOS}
+        if len(lines) != 1 or not lines[0].startswith(f"{self.spare_wrapper}: "):
+            return None
+        for reason, name in reasons.items():
+            if lines[0].endswith(reason):
+                return (
+                    f"Could not start the command: could not start a thread/process: resource "
+                    f"limit ({name}; the sandbox said: {lines[0]}); too many processes or "
+                    "threads run as this user (RLIMIT_NPROC, a cgroup's pids.max) or memory is "
+                    "short. Stop some, then run it again."
+                )
+        return None
 
     async def _read(self) -> None:
         capture, spill = self.capture, self.capture.spill

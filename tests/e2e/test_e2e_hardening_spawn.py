@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import live_processes_matching, wait_until_gone
+from .test_e2e_system_mode import system_daemon  # noqa: F401 (fixture)
 from .spawn_rpc import Daemon
 
 PROVIDERS = ["bwrap", "landlock"]
@@ -217,3 +218,41 @@ def test_pass_env_refuses_dshs_own_variables(workdir):
             d.start()
     finally:
         d.stop()
+
+
+def _as_big(user, socket_path: Path, requests: list, scratch: Path) -> list:
+    """``test_e2e_system_mode._as`` with the requests in a file (1 MiB does not fit in argv)."""
+    import json
+    import subprocess
+    import sys
+
+    from .test_e2e_system_mode import CLIENT
+
+    req = scratch / "requests.json"
+    req.write_text(json.dumps(requests))
+    req.chmod(0o644)
+    loader = ("import sys; sys.argv[2] = open(sys.argv[2]).read(); "
+              f"exec(compile({CLIENT!r}, 'client', 'exec'))")
+    r = subprocess.run(
+        ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--init-groups",
+         sys.executable, "-c", loader, str(socket_path), str(req)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_a_one_mib_heredoc_runs_as_another_uid_in_system_mode(system_daemon):
+    d, member, stranger, mine, secret = system_daemon
+    command, body = _heredoc(mine / "big.txt", 1 << 20)
+    out = _as_big(member, d.socket, [
+        ["session.create", {"cwd": str(mine)}],
+        ["tool.run", {"sessionId": "$SID", "name": "bash", "approved": True,
+                      "arguments": {"command": command + "; id -u; echo HOME=$HOME"}}],
+        ["tool.wait", {"sessionId": "$SID", "callId": "$CID"}],
+    ], d.root)
+    result = out[3]["result"]
+    assert result["exitCode"] == 0, result
+    assert result["content"].splitlines() == ["wrote", str(member.pw_uid), f"HOME={member.pw_dir}"]
+    assert (mine / "big.txt").read_text() == body
+    assert (mine / "big.txt").stat().st_uid == member.pw_uid

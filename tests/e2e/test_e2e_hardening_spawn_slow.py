@@ -101,9 +101,10 @@ def _limited_daemon(user: pwd.struct_passwd, provider: str) -> tuple[Daemon, Pat
 RESOURCE_WORDS = ("resource limit", "EAGAIN")
 
 
-@pytest.mark.parametrize("provider", ["bwrap", "landlock"])
-def test_a_fork_bomb_in_one_session_fails_others_closed_never_crashes(bomb_user, provider):
-    d, root = _limited_daemon(bomb_user, provider)
+def test_a_fork_bomb_in_one_session_fails_others_closed_never_crashes(bomb_user):
+    # bwrap only: as a throw-away user the Landlock launcher needs an interpreter that user can
+    # run, and the test venv's may live under /root (see tests/sandbox/test_unprivileged.py).
+    d, root = _limited_daemon(bomb_user, "bwrap")
     with d:
         rpc = d.rpc()
         a = rpc.session(root / "a")
@@ -117,7 +118,7 @@ def test_a_fork_bomb_in_one_session_fails_others_closed_never_crashes(bomb_user,
             if result.get("exitCode") == 0 and result["content"] == "hi\n":
                 successes += 1
                 continue
-            assert result["isError"] and result["errorCode"] == "TOOL_FAILED", result
+            assert result["isError"] and result.get("errorCode") == "TOOL_FAILED", result
             sentence = result.get("message") or result["content"]
             assert any(w in sentence for w in RESOURCE_WORDS), result
             failures.append(sentence)
