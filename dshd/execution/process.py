@@ -59,7 +59,8 @@ has already wrapped it — and runs it to a settled :class:`ExecOutcome`:
 Always, at the end: ``capture.finish()``, a last spill flush, ``capture.spill.close()`` and a
 last ``on_output()``. The exit code is the process's, or 128+signal when a signal killed it.
 After a normal exit with end of file, processes left in the group that closed the pipe (a
-``nohup x >log &``) are left alone; under bwrap ``--die-with-parent`` takes care of them.
+``nohup x >log &``) are left alone under Landlock and ``danger-full-access``; under bwrap the
+pid namespace ends with the command (its pid 1 exits), taking them along.
 """
 
 from __future__ import annotations
@@ -314,6 +315,10 @@ class _Child:
                 self._close_pidfd()
         return self.popen.returncode
 
+    def close(self) -> None:
+        """Give up waiting (the pidfd is closed; a process never reaped stays with Popen)."""
+        self._close_pidfd()
+
     def _close_pidfd(self) -> None:
         if self._pidfd is not None:
             fd, self._pidfd = self._pidfd, None
@@ -519,6 +524,7 @@ class _Run:
             with trio.move_on_after(self.kill_grace + KILL_REAP_TIMEOUT + 5.0) as cleanup:
                 cleanup.shield = True
                 await self._cleanup()
+            self.proc.close()
         outcome.exit_code = _exit_code(self.proc.returncode)
         outcome.error = self.error or self._wrapper_resource_failure(outcome.exit_code)
         if outcome.exit_code is None and outcome.error is None:
