@@ -13,8 +13,8 @@ import json
 import os
 import shutil
 import socket
+import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 from dshd.testing import DshdProcess
@@ -70,18 +70,6 @@ class Rpc:
     def events(self, sid: str) -> list[dict]:
         return self.result("session.events", {"sessionId": sid})["events"]
 
-    def wait_output(self, sid: str, cid: str, needle: str, bound: float = 30.0) -> str:
-        """Poll the session (bounded) until the running call's output contains ``needle``."""
-        deadline = time.monotonic() + bound
-        text = ""
-        while time.monotonic() < deadline:
-            view = self.result("session.get", {"sessionId": sid})
-            text = json.dumps(view)
-            if needle in text:
-                return text
-            time.sleep(0.05)
-        raise AssertionError(f"{needle!r} never showed up in {cid}'s output: {text[-2000:]}")
-
     def close(self) -> None:
         self.file.close()
         self.sock.close()
@@ -106,9 +94,7 @@ class Daemon(DshdProcess):
     def command(self) -> list[str]:
         return [*self.prefix, *super().command()]
 
-    def spawn(self):
-        import subprocess
-
+    def spawn(self) -> subprocess.Popen:
         with open(self.log_path, "ab") as log:
             return subprocess.Popen(self.command(), stdout=log, stderr=log,
                                     stdin=subprocess.DEVNULL, env=self.env)
