@@ -76,11 +76,13 @@ class Rpc:
 
 
 class Daemon(DshdProcess):
-    """A real dshd with ``config`` (TOML text) and exactly ``env`` as its environment (plus
-    what it needs to run Python); ``prefix``: argv put in front (``prlimit``, ``setpriv``…)."""
+    """A real dshd with ``config`` (TOML text) and exactly ``env`` as its environment (plus its
+    socket variables); ``prefix``: argv put in front (``prlimit``, ``setpriv``…); ``python``:
+    the interpreter, default this one."""
 
     def __init__(self, config: str = "", *, env: dict[str, str] | None = None,
-                 prefix: list[str] | None = None, root: Path | None = None) -> None:
+                 prefix: list[str] | None = None, root: Path | None = None,
+                 python: str | None = None) -> None:
         root = root or Path(tempfile.mkdtemp(prefix="dsh-spawn-"))
         cfg = root / "dshd.toml"
         cfg.write_text(config)
@@ -90,9 +92,13 @@ class Daemon(DshdProcess):
         self.env = dict(env if env is not None else os.environ, DSH_SOCKET=str(self.socket),
                         DSH_STATE_DIR=str(self.state_dir))
         self.prefix = list(prefix or [])
+        self.python = python
 
     def command(self) -> list[str]:
-        return [*self.prefix, *super().command()]
+        argv = super().command()
+        if self.python is not None:
+            argv[0] = self.python
+        return [*self.prefix, *argv]
 
     def spawn(self) -> subprocess.Popen:
         with open(self.log_path, "ab") as log:

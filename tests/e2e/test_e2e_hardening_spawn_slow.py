@@ -82,6 +82,28 @@ def bomb_user():
         subprocess.run(["userdel", BOMB_USER], check=False, capture_output=True)
 
 
+def _interpreter_for(user: pwd.struct_passwd) -> tuple[str, dict[str, str]]:
+    """A Python the throw-away user can exec (its children too: the Landlock launcher runs on
+    the daemon's interpreter), with this run's packages on ``PYTHONPATH``."""
+    import site
+    import sys
+
+    probe = subprocess.run(["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}",
+                            "--clear-groups", "env", sys.executable, "-c", "pass"],
+                           capture_output=True)
+    if probe.returncode == 0:
+        return sys.executable, {}
+    system = shutil.which("python3", path="/usr/bin:/bin")
+    if system is None:
+        pytest.skip(f"the test user cannot exec {sys.executable} and there is no system python3")
+    version = subprocess.run([system, "-c", "import sys; print(sys.version_info[:2])"],
+                             capture_output=True, text=True).stdout.strip()
+    if version != str(tuple(sys.version_info[:2])):
+        pytest.skip(f"the test user cannot exec {sys.executable}; {system} is another version")
+    paths = [os.getcwd(), *site.getsitepackages()]
+    return system, {"PYTHONPATH": ":".join(paths)}
+
+
 def _limited_daemon(user: pwd.struct_passwd, provider: str) -> tuple[Daemon, Path]:
     root = Path(tempfile.mkdtemp(prefix="dsh-bomb-", dir="/var/tmp"))
     root.chmod(0o755)
@@ -89,10 +111,13 @@ def _limited_daemon(user: pwd.struct_passwd, provider: str) -> tuple[Daemon, Pat
         (root / sub).mkdir()
     for path in [root, *root.iterdir()]:
         os.chown(path, user.pw_uid, user.pw_gid)
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(root), "LANG": "C.UTF-8"}
+    python, extra_env = _interpreter_for(user)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(root), "LANG": "C.UTF-8",
+           **extra_env}
     prefix = ["prlimit", f"--nproc={NPROC}", "--",
               "setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups"]
-    d = Daemon(f'sandbox_provider = "{provider}"\n', env=env, prefix=prefix, root=root)
+    d = Daemon(f'sandbox_provider = "{provider}"\n', env=env, prefix=prefix, root=root,
+               python=python)
     os.chown(root / "dshd.toml", user.pw_uid, user.pw_gid)
     return d, root
 
@@ -100,12 +125,12 @@ def _limited_daemon(user: pwd.struct_passwd, provider: str) -> tuple[Daemon, Pat
 RESOURCE_WORDS = ("resource limit", "EAGAIN")
 
 
-def test_a_fork_bomb_in_one_session_fails_others_closed_never_crashes(bomb_user):
-    # bwrap only: run as a throw-away user here, the Landlock provider's own probe fails ("a
-    # confined `true` could not start (Permission denied)"), so the daemon has no Landlock.
-    d, root = _limited_daemon(bomb_user, "bwrap")
+@pytest.mark.parametrize("provider", ["bwrap", "landlock"])
+def test_a_fork_bomb_in_one_session_fails_others_closed_never_crashes(bomb_user, provider):
+    d, root = _limited_daemon(bomb_user, provider)
     with d:
         rpc = d.rpc()
+        assert rpc.server["sandbox"]["provider"] == provider, rpc.server
         a = rpc.session(root / "a")
         b = rpc.session(root / "b")
         assert rpc.run(b, "echo before")["content"] == "before\n"
