@@ -144,13 +144,15 @@ def test_a_one_mib_heredoc_writes_its_file(provider_daemon, workdir, mode):
 
 
 def test_small_commands_keep_bash_c_semantics(provider_daemon, workdir):
-    """Ordinary commands still run as ``bash -c``: ``$0`` is the shell, and the last command is
-    exec'd (no extra shell between the sandbox and the command)."""
+    """Ordinary commands still run as ``bash -c``: ``$0`` is the shell, and a lone command is
+    exec'd by bash (no shell left between the sandbox and the command to die of SIGTERM)."""
     d, rpc = provider_daemon
     sid = rpc.session(workdir)
-    result = rpc.run(sid, 'echo "$0"; exec sh -c \'echo $$\'')
-    assert result["exitCode"] == 0, result
-    assert result["content"].splitlines()[0].endswith("bash")
+    result = rpc.run(sid, 'echo "$0"')
+    assert result["exitCode"] == 0 and result["content"].strip().endswith("bash"), result
+    result = rpc.run(sid, 'sh -c "echo \\$\\$ $$"')  # sh's own pid, then bash's
+    sh_pid, bash_pid = result["content"].split()
+    assert sh_pid == bash_pid, result  # the same process: bash exec'd sh
 
 
 def test_nul_in_a_command_is_refused_and_nothing_is_recorded(workdir):
