@@ -139,6 +139,15 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     #: 14 at the default tmp_size_bytes. A call past it fails closed (SANDBOX_UNAVAILABLE), it
     #: does not wait. User mode only (system mode: per-call caps only). 1 MiB .. 1 TiB.
     tmp_total_bytes: Annotated[int, msgspec.Meta(ge=1 << 20, le=1 << 40)] = 8 * 1024 * 1024 * 1024
+    # -- execution: the tool's environment (issue 10 item 22, EXEC.md §1) --
+    #: Daemon environment variables a tool inherits on top of the minimal environment (names;
+    #: at most 256). ``DSH_*``, ``LISTEN_*`` and systemd's hand-over variables are refused.
+    pass_env: Annotated[
+        list[Annotated[str, msgspec.Meta(
+            pattern=r"^(?!DSH_|LISTEN_|NOTIFY_SOCKET$|WATCHDOG_USEC$|WATCHDOG_PID$|INVOCATION_ID$)"
+                    r"[A-Za-z_][A-Za-z0-9_]{0,127}$")]],
+        msgspec.Meta(max_length=256),
+    ] = msgspec.field(default_factory=list)
     #: Log output: "auto" (console on a TTY, JSON otherwise), "console" or "json".
     log_format: Literal["auto", "console", "json"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"

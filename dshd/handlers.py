@@ -172,6 +172,9 @@ def _check_bash_arguments(arguments: dict) -> None:
     command = arguments.get("command")
     if not isinstance(command, str) or not command:
         raise _bad("bash needs arguments.command, a non-empty string", field="arguments.command")
+    if "\0" in command:
+        raise _bad("arguments.command must not contain a NUL character (a shell cannot run one)",
+                   field="arguments.command")
     timeout = arguments.get("timeout")
     if timeout is not None and (
         isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 7 * 86400

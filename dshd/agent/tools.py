@@ -51,6 +51,8 @@ def _check_bash(arguments: dict) -> str | None:
     command = arguments.get("command")
     if not isinstance(command, str) or not command.strip():
         return "bash needs `command`, a non-empty string"
+    if "\0" in command:
+        return "bash `command` must not contain a NUL character (a shell cannot run one)"
     timeout = arguments.get("timeout")
     if timeout is not None and (
         isinstance(timeout, bool)

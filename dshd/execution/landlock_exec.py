@@ -32,6 +32,14 @@ and this small program, running as the command's process-group leader, does in o
 5. **Exec** ``argv`` with ``os.execvp`` (same pid, same process group, same environment plus
    ``TMPDIR``: ``DSH_CALL_ID``/``DSH_SESSION_ID`` pass through).
 
+Nothing here is tied to the lifetime of the daemon's thread that forked it (issue 10 item 1:
+bwrap's ``--die-with-parent`` was): the launcher sets no parent-death signal and starts no
+thread — which also matters because Landlock confines only the calling thread, so a
+single-threaded launcher is the whole process — and after the exec the command is the
+process-group leader itself, so the runner's SIGTERM reaches it directly. A script longer than
+fits in argv arrives as an inherited memfd (``bash /dev/fd/N``); Landlock does not restrict
+opening it (a memfd lives on an internal mount, outside every rule).
+
 It fails closed: any error before the exec prints one line on stderr and exits with
 :data:`EXIT_SETUP_FAILED` — the command never runs unconfined. A missing program exits 127.
 

@@ -5,14 +5,20 @@ Theory of operation
 :func:`run_command` takes an argv that is ready to exec — a sandbox provider, when there is one,
 has already wrapped it — and runs it to a settled :class:`ExecOutcome`:
 
-* **Spawn**: ``trio.lowlevel.open_process`` with ``start_new_session=True`` (the child leads a
-  new session and process group, so ``killpg(pid)`` reaches everything it forks that does not
-  escape with ``setsid``), stdin ``/dev/null``, and stdout *and* stderr dup'ed from the write
+* **Spawn**: ``subprocess.Popen`` *in the trio thread* (:func:`_spawn` says why: a worker
+  thread's exit fires bwrap's ``--die-with-parent``), waited for through a pidfd, with
+  ``start_new_session=True`` (the child leads a new session and process group without a
+  controlling terminal, so ``killpg(pid)`` reaches everything it forks that does not escape
+  with ``setsid``, and no tool can reach a terminal to inject input: bwrap needs no
+  ``--new-session``), stdin ``/dev/null``, and stdout *and* stderr dup'ed from the write
   end of one ``os.pipe()``: both streams arrive in write order through one reader. The parent
   closes its copy of the write end right after the spawn, so end of file means "every holder of
-  the pipe is gone". A spawn failure (missing program, bad cwd) is an outcome with ``error``.
+  the pipe is gone". The command's script travels in argv or, when long, in a memfd
+  (:class:`BashScript`). A spawn failure (missing program, bad cwd, ``EAGAIN`` at a pids or
+  thread limit: "resource limit") is an outcome with ``error``.
 * **Read** (one task): ``receive_some(64 KiB)`` → ``capture.feed`` → flush the spill sink in a
-  worker thread if the capture buffered anything → ``on_output()``. The flush is awaited before
+  worker thread (in the trio thread when no thread can be started) if the capture buffered
+  anything → ``on_output()``. The flush is awaited before
   the next read, so a slow disk slows the command down through the pipe (back-pressure) instead
   of growing memory. A spill write error fails the call. Why a thread (measured on this
   project's dev VM, 64 KiB chunks): a synchronous ``os.write`` takes 15 µs median / 140 µs p99,
@@ -34,23 +40,32 @@ has already wrapped it — and runs it to a settled :class:`ExecOutcome`:
                            ``error``
   ======================== ==================================================================
 
-  *Terminate* = SIGTERM to the group, wait up to ``kill_grace`` s for exit and end of file,
-  then SIGKILL to the group and wait (bounded) again. If end of file still does not come, a
-  process outside the group (``setsid``) holds the pipe; the reader is cancelled and the call
-  settles anyway.
+  *Terminate* = SIGTERM to the command, wait up to ``kill_grace`` s for exit and end of file,
+  then SIGKILL to everything of the call that is left, and wait (bounded) again. "The
+  command" is the group's members (a ``/proc`` scan) minus the sandbox wrapper's own
+  processes: bwrap (``spare_wrapper``) runs as an outer process and, in its pid namespace, an
+  inner pid 1; signalling those would tear the sandbox down before the command's ``trap``
+  ran, and the command's exit code would never come back. When the command exits, bwrap
+  exits with its status. SIGKILL goes to the group (``killpg`` while the leader is unreaped)
+  and then to every process of the call's uid whose environment carries ``marker``
+  (``DSH_CALL_ID=<id>``): children that left the group with ``setsid`` (under bwrap the
+  pid namespace ends with its pid 1 anyway). If end of file still does not come, a holder of
+  the pipe escaped both; the reader is cancelled and the call settles anyway.
 * **Outside cancellation** (daemon shutdown) or an unexpected error: the ``finally`` clause,
   shielded under a bounded ``move_on_after``, closes the pipe (writers get SIGPIPE), sends
-  SIGTERM, waits up to ``kill_grace`` s for the leader, then SIGKILLs the group and reaps —
-  and only then lets the cancellation propagate.
+  SIGTERM to the command, waits up to ``kill_grace`` s for the leader, then SIGKILLs as above
+  and reaps — and only then lets the cancellation propagate.
 
 Always, at the end: ``capture.finish()``, a last spill flush, ``capture.spill.close()`` and a
 last ``on_output()``. The exit code is the process's, or 128+signal when a signal killed it.
 After a normal exit with end of file, processes left in the group that closed the pipe (a
-``nohup x >log &``) are left alone; under bwrap ``--die-with-parent`` takes care of them.
+``nohup x >log &``) are left alone under Landlock and ``danger-full-access``; under bwrap the
+pid namespace ends with the command (its pid 1 exits), taking them along.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import math
 import os
@@ -64,7 +79,7 @@ import trio
 
 from dshd.execution.capture import OutputCapture
 
-__all__ = ["ExecOutcome", "bash_argv", "run_command", "READ_CHUNK"]
+__all__ = ["BashScript", "ExecOutcome", "bash_argv", "run_command", "READ_CHUNK"]
 
 #: Bytes asked of the pipe per read.
 READ_CHUNK = 1_048_576
@@ -78,6 +93,11 @@ PIPE_SIZE = 1_048_576
 SPILL_HIGH_WATER = 4 * 1_048_576
 #: Seconds to wait for a SIGKILLed leader to be reaped before giving up on its exit code.
 KILL_REAP_TIMEOUT = 10.0
+#: Longest command (UTF-8 bytes) passed as ``bash -c``; longer ones go through a memfd
+#: (:class:`BashScript`). Well under ``MAX_ARG_STRLEN`` (128 KiB), leaving room for the rest.
+INLINE_COMMAND_MAX = 64 * 1024
+#: Errors of fork/clone that mean "a resource limit was hit" (pids, threads, memory).
+RESOURCE_ERRNOS = (errno.EAGAIN, errno.ENOMEM)
 
 
 class ExecOutcome(msgspec.Struct):
@@ -100,10 +120,62 @@ def bash_argv(command: str) -> list[str]:
 
     The shell is resolved to an absolute path with the daemon's ``PATH`` (the session's ``env``
     may not have one that finds it). ``--`` keeps a command starting with ``-`` or ``+`` from
-    being read as shell options.
+    being read as shell options. Only for commands that fit in one argv string; a tool call
+    uses :class:`BashScript`, which passes a command of any size.
     """
-    shell = shutil.which("bash") or "/bin/sh"
-    return [shell, "-c", "--", command]
+    return [_shell(), "-c", "--", command]
+
+
+def _shell() -> str:
+    return shutil.which("bash") or "/bin/sh"
+
+
+class BashScript:
+    """How a bash command reaches the shell, whatever its size (EXEC.md §2).
+
+    Up to :data:`INLINE_COMMAND_MAX` bytes (UTF-8) it is ``bash -c -- <command>`` (so ``$0`` is
+    the shell and bash execs a lone last command, as ever). A longer one would not fit in argv
+    (the kernel's ``MAX_ARG_STRLEN``, 128 KiB per string: a 1 MiB heredoc failed with E2BIG),
+    so it is written to a sealed memfd (``memfd_create``, read-only from then on) that the child
+    inherits, and run as ``bash -- /dev/fd/<n>``: no file on disk, no bind into a sandbox,
+    readable by a tool running as another uid (a memfd's inode is mode 0777; the seals make it
+    immutable), and the ``/dev/fd`` of a bwrap sandbox's own ``/dev`` finds it. The script's
+    fd stays open (read-only, immutable) in the command's processes.
+
+    Owns the fd: :meth:`close` (``run_command`` calls it) is idempotent; a forgotten one is
+    closed when the object is collected.
+    """
+
+    def __init__(self, command: str) -> None:
+        data = command.encode("utf-8", "surrogateescape")
+        self.fd: int | None = None
+        if len(data) <= INLINE_COMMAND_MAX:
+            self.argv = [_shell(), "-c", "--", command]
+            return
+        fd = os.memfd_create("dsh-command", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK
+                        | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd = fd
+        self.argv = [_shell(), "--", f"/dev/fd/{fd}"]
+
+    @property
+    def pass_fds(self) -> tuple[int, ...]:
+        return () if self.fd is None else (self.fd,)
+
+    def close(self) -> None:
+        if self.fd is not None:
+            fd, self.fd = self.fd, None
+            os.close(fd)
+
+    def __del__(self) -> None:
+        self.close()
 
 
 async def run_command(
@@ -118,11 +190,21 @@ async def run_command(
     kill_grace: float = 2.0,
     eof_grace: float = 2.0,
     as_user: "RunAs | None" = None,
+    script: "BashScript | None" = None,
+    spare_wrapper: str | None = None,
+    marker: str | None = None,
 ) -> ExecOutcome:
     """Run ``argv`` to completion, feeding ``capture``; see the module doc (EXEC.md §2).
 
     ``as_user``: when the daemon runs as root for another user (system mode), the process is
     started with that user's uid, gid and groups (never root's).
+    ``script``: the :class:`BashScript` whose argv is inside ``argv``; its fd (if any) is passed
+    to the child, and ``run_command`` closes it in every case.
+    ``spare_wrapper``: the process name (``comm``) of the sandbox wrapper when the leader is one
+    (``bwrap``): SIGTERM skips the leader and its children of that name (see the module doc).
+    ``marker``: an environment entry ``NAME=value`` every process of the command carries
+    (``DSH_CALL_ID=<id>``): after SIGKILL to the group, processes of the call's uid that carry
+    it are SIGKILLed too (children that left the group with ``setsid``).
 
     ``argv``: ready to exec (already sandbox-wrapped). ``cwd``/``env``: used as given.
     ``on_output()``: called after every change of ``capture`` (keep it cheap: signal a
@@ -138,9 +220,14 @@ async def run_command(
     """
     for name, value in (("timeout", timeout), ("kill_grace", kill_grace), ("eof_grace", eof_grace)):
         if value is not None and not value >= 0:
+            if script is not None:
+                script.close()
             raise ValueError(f"{name} must be a non-negative number of seconds, not {value!r}")
     if not argv:
+        if script is not None:
+            script.close()
         raise ValueError("run_command needs a non-empty argv")
+    pass_fds = script.pass_fds if script is not None else ()
     if as_user is not None:
         # Popen enters cwd before it drops root; let the user's own chdir (env -C, after the
         # uid change) decide whether the directory can be entered, so a directory swapped for
@@ -153,7 +240,7 @@ async def run_command(
     except OSError:
         pass
     try:
-        proc = await trio.lowlevel.open_process(
+        proc = _spawn(
             argv,
             stdin=subprocess.DEVNULL,
             stdout=write_fd,
@@ -161,6 +248,7 @@ async def run_command(
             cwd=cwd,
             env=env,
             start_new_session=True,
+            pass_fds=tuple(pass_fds),
             **(as_user.popen_kwargs() if as_user is not None else {}),
         )
     except OSError as exc:
@@ -173,8 +261,69 @@ async def run_command(
         raise
     finally:
         os.close(write_fd)
-    run = _Run(proc, trio.lowlevel.FdStream(read_fd), capture, on_output, kill_grace, eof_grace)
+        if script is not None:
+            script.close()  # the child holds its own copy of the script's fd
+    run = _Run(proc, trio.lowlevel.FdStream(read_fd), capture, on_output, kill_grace, eof_grace,
+               spare_wrapper=spare_wrapper, marker=marker,
+               uid=as_user.uid if as_user is not None else os.geteuid())
     return await run.run(timeout, cancel)
+
+
+def _spawn(argv: list[str], **popen_kwargs) -> "_Child":
+    """``subprocess.Popen`` in the calling (trio) thread — never in a worker thread.
+
+    Why: bwrap's ``--die-with-parent`` is ``PR_SET_PDEATHSIG``, which fires when the *thread*
+    that forked the child exits, and trio's worker threads exit after 10 s idle: a call spawned
+    from one was SIGKILLed ~10 s later (issue 10 item 1). The trio thread lives as long as the
+    daemon, which is the lifetime ``--die-with-parent`` means. Needing no thread also lets a
+    spawn under thread exhaustion fail with the kernel's reason (``EAGAIN`` from fork) rather
+    than "can't start new thread". The cost: the event loop waits for fork + exec (``vfork``
+    where CPython can use it), a few milliseconds.
+    """
+    return _Child(subprocess.Popen(argv, **popen_kwargs))
+
+
+class _Child:
+    """A spawned process, awaited through a pidfd (as trio does), else by polling."""
+
+    POLL_INTERVAL = 0.05
+
+    def __init__(self, popen: subprocess.Popen) -> None:
+        self.popen = popen
+        self.pid = popen.pid
+        try:
+            self._pidfd: int | None = os.pidfd_open(popen.pid)
+        except OSError:
+            self._pidfd = None  # no pidfd (old kernel, no fds left): poll instead
+
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.returncode
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    async def wait(self) -> int:
+        try:
+            while self.popen.poll() is None:
+                if self._pidfd is not None:
+                    await trio.lowlevel.wait_readable(self._pidfd)
+                else:
+                    await trio.sleep(self.POLL_INTERVAL)
+        finally:
+            if self.popen.returncode is not None:
+                self._close_pidfd()
+        return self.popen.returncode
+
+    def close(self) -> None:
+        """Give up waiting (the pidfd is closed; a process never reaped stays with Popen)."""
+        self._close_pidfd()
+
+    def _close_pidfd(self) -> None:
+        if self._pidfd is not None:
+            fd, self._pidfd = self._pidfd, None
+            trio.lowlevel.notify_closing(fd)
+            os.close(fd)
 
 
 class RunAs(msgspec.Struct, frozen=True):
@@ -197,6 +346,13 @@ def _settle_capture(capture: OutputCapture, on_output: Callable[[], None]) -> No
 
 def _spawn_sentence(argv: list[str], cwd: str, exc: OSError) -> str:
     reason = exc.strerror or str(exc)
+    if exc.errno in RESOURCE_ERRNOS:
+        return (
+            f"Could not start the command: could not start a thread/process: resource limit "
+            f"({errno.errorcode[exc.errno]}: {reason}); too many processes or threads run as "
+            "this user (RLIMIT_NPROC, a cgroup's pids.max) or memory is short. Stop some, "
+            "then run it again."
+        )
     if exc.filename is not None and os.fspath(exc.filename) == cwd:
         return (
             f"Could not start the command: the working directory {cwd} is not usable ({reason}). "
@@ -233,19 +389,98 @@ async def _wait_all(*events: trio.Event) -> None:
         await event.wait()
 
 
+def _proc_stat(pid: int | str) -> tuple[int, int, str] | None:
+    """``(ppid, pgid, comm)`` of a live (not zombie) process from ``/proc/<pid>/stat``."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    head, _, tail = raw.rpartition(b")")
+    fields = tail.split()
+    if len(fields) < 3 or fields[0] == b"Z":
+        return None
+    comm = head.partition(b"(")[2].decode(errors="replace")
+    return int(fields[1]), int(fields[2]), comm
+
+
+def _command_pids(pgid: int, spare_wrapper: str | None) -> list[int]:
+    """Live members of process group ``pgid`` (a ``/proc`` scan), minus the sandbox wrapper's
+    own processes: the leader and its children named ``spare_wrapper`` when the leader is
+    named so (bwrap with a pid namespace is an outer process and an inner pid 1)."""
+    members: dict[int, tuple[int, str]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            st = _proc_stat(name)
+            if st is not None and st[1] == pgid:
+                members[int(name)] = (st[0], st[2])
+    spare: set[int] = set()
+    leader = members.get(pgid)
+    if spare_wrapper is not None and leader is not None and leader[1] == spare_wrapper:
+        spare = {pgid} | {p for p, (ppid, comm) in members.items()
+                          if ppid == pgid and comm == spare_wrapper}
+    return [p for p in members if p not in spare]
+
+
+def _marked_pids(marker: str, uid: int) -> list[int]:
+    """Live processes of ``uid`` whose environment holds the entry ``marker`` (``NAME=value``)."""
+    needle = marker.encode() + b"\0"
+    found = []
+    me = os.getpid()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            if os.stat(f"/proc/{name}").st_uid != uid:
+                continue
+            with open(f"/proc/{name}/environ", "rb") as f:
+                environ = f.read()
+        except OSError:
+            continue
+        if environ.startswith(needle) or b"\0" + needle in environ:
+            found.append(int(name))
+    return found
+
+
+def _signal_pid(pid: int, pgid: int | None, sig: signal.Signals) -> None:
+    """Signal ``pid`` through a pidfd, after checking (``pgid``) it is still in the group: a
+    pid that exited and was reused since the scan is not hit."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return  # gone
+    try:
+        if pgid is not None:
+            st = _proc_stat(pid)
+            if st is None or st[1] != pgid:
+                return
+        signal.pidfd_send_signal(pidfd, sig)
+    except OSError:
+        pass  # exited meanwhile, or not ours to signal
+    finally:
+        os.close(pidfd)
+
+
 class _Run:
     """State of one running command: the process, its pipe, and how it ended."""
 
     def __init__(
         self,
-        proc: trio.Process,
+        proc: _Child,
         stream: trio.lowlevel.FdStream,
         capture: OutputCapture,
         on_output: Callable[[], None],
         kill_grace: float,
         eof_grace: float,
+        *,
+        spare_wrapper: str | None,
+        marker: str | None,
+        uid: int,
     ) -> None:
         self.proc = proc
+        self.spare_wrapper = spare_wrapper
+        self.marker = marker
+        self.uid = uid
         self.stream = stream
         self.capture = capture
         self.on_output = on_output
@@ -289,14 +524,37 @@ class _Run:
             with trio.move_on_after(self.kill_grace + KILL_REAP_TIMEOUT + 5.0) as cleanup:
                 cleanup.shield = True
                 await self._cleanup()
+            self.proc.close()
         outcome.exit_code = _exit_code(self.proc.returncode)
-        outcome.error = self.error
+        outcome.error = self.error or self._wrapper_resource_failure(outcome.exit_code)
         if outcome.exit_code is None and outcome.error is None:
             outcome.error = (
                 f"The command (pid {self.proc.pid}) did not exit after SIGKILL within "
                 f"{KILL_REAP_TIMEOUT:g} s; it may be stuck in the kernel. Check it with ps."
             )
         return outcome
+
+    def _wrapper_resource_failure(self, exit_code: int | None) -> str | None:
+        """The sentence for a sandbox wrapper that could not fork the command (bwrap exits 1
+        with one line ``bwrap: ...: Resource temporarily unavailable`` at a pids limit), else
+        None. Only the call's own output can trigger it, so a command faking it only marks
+        its own result as failed."""
+        if self.spare_wrapper is None or exit_code != 1:
+            return None
+        text = self.capture.text
+        lines = text.splitlines()
+        reasons = {os.strerror(e): errno.errorcode[e] for e in RESOURCE_ERRNOS}
+        if len(lines) != 1 or not lines[0].startswith(f"{self.spare_wrapper}: "):
+            return None
+        for reason, name in reasons.items():
+            if lines[0].endswith(reason):
+                return (
+                    f"Could not start the command: could not start a thread/process: resource "
+                    f"limit ({name}; the sandbox said: {lines[0]}); too many processes or "
+                    "threads run as this user (RLIMIT_NPROC, a cgroup's pids.max) or memory is "
+                    "short. Stop some, then run it again."
+                )
+        return None
 
     async def _read(self) -> None:
         capture, spill = self.capture, self.capture.spill
@@ -336,7 +594,12 @@ class _Run:
         spill = self.capture.spill
         assert spill is not None
         try:
-            await spill.flush()
+            try:
+                await spill.flush()
+            except RuntimeError:
+                # No worker thread could be started (threads or pids exhausted): the chunks
+                # were kept; write them here in the trio thread rather than lose the call.
+                spill.flush_sync()
         except OSError as exc:
             if self.error is None:
                 self.error = (
@@ -351,20 +614,40 @@ class _Run:
         await self.proc.wait()
         self.exited.set()
 
-    def _signal_group(self, sig: signal.Signals) -> None:
-        try:
-            os.killpg(self.proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass  # the group is empty (or holds only processes we may not signal)
+    def _term_command(self) -> None:
+        """SIGTERM to the command's processes: the group's members minus the sandbox wrapper's
+        own (bwrap's outer process and its pid-1 child, whose death would tear the sandbox
+        down before the command's trap ran)."""
+        for pid in _command_pids(self.proc.pid, self.spare_wrapper):
+            _signal_pid(pid, self.proc.pid, signal.SIGTERM)
+
+    def _kill_all(self) -> None:
+        """SIGKILL to the group, then to the call's processes that left it (``marker``).
+
+        ``killpg`` only while the leader is unreaped (its pid, hence the group's id, cannot
+        have been reused); afterwards the members found in ``/proc`` one by one."""
+        if self.proc.returncode is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass  # the group is empty (or holds only processes we may not signal)
+        else:
+            for pid in _command_pids(self.proc.pid, None):
+                _signal_pid(pid, self.proc.pid, signal.SIGKILL)
+        if self.marker is not None:
+            for pid in _marked_pids(self.marker, self.uid):
+                _signal_pid(pid, None, signal.SIGKILL)
 
     async def _terminate(self) -> None:
-        """SIGTERM the group; after ``kill_grace`` s without exit and EOF, SIGKILL it."""
-        self._signal_group(signal.SIGTERM)
+        """SIGTERM the command; after ``kill_grace`` s without exit and EOF, SIGKILL it all.
+        Whatever is left of the call afterwards (background processes that ignored TERM and
+        closed the pipe, ``setsid`` children) is SIGKILLed too."""
+        self._term_command()
         with trio.move_on_after(self.kill_grace):
             await _wait_all(self.exited, self.eof)
+        self._kill_all()
         if self.exited.is_set() and self.eof.is_set():
             return
-        self._signal_group(signal.SIGKILL)
         with trio.move_on_after(KILL_REAP_TIMEOUT):
             await self.exited.wait()
         with trio.move_on_after(self.kill_grace):
@@ -375,10 +658,10 @@ class _Run:
         await self.stream.aclose()
         if not self.settled:
             if self.proc.returncode is None:
-                self._signal_group(signal.SIGTERM)
+                self._term_command()
                 with trio.move_on_after(self.kill_grace):
                     await self.proc.wait()
-            self._signal_group(signal.SIGKILL)
+            self._kill_all()
             if self.proc.returncode is None:
                 with trio.move_on_after(KILL_REAP_TIMEOUT):
                     await self.proc.wait()

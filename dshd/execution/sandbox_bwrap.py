@@ -9,8 +9,12 @@ process-group leader and kills it to cancel. The command line, in order:
 ``workspace-write`` with ``network=True``), ``--unshare-user --disable-userns`` when this bwrap
 has it (no nested user namespace inside, so no way to regain capabilities there),
 ``--cap-drop ALL`` (bwrap *keeps* every capability when run by root unless told otherwise),
-``--die-with-parent`` (PR_SET_PDEATHSIG: the sandbox dies with the wrapper), ``--new-session``
-(no TIOCSTI into the daemon's terminal), then the mounts, then ``--chdir <workspace>``.
+``--die-with-parent`` (PR_SET_PDEATHSIG: the sandbox dies with the daemon — the runner spawns
+from the trio thread, since the signal fires when the forking *thread* exits), then the mounts,
+then ``--chdir <workspace>``. No ``--new-session``: it moved the command out of the process
+group, so cancel's SIGTERM never reached it; the runner's ``start_new_session`` already leaves
+the sandbox without a controlling terminal (stdin is ``/dev/null``), so TIOCSTI has no target.
+The runner spares bwrap's own two processes (:attr:`BwrapProvider.wrapper_comm`) from SIGTERM.
 
 Mounts are applied in argv order, and a later mount covers an earlier one, so they are sorted by
 path depth (parents first; at equal depth a hidden path, then the workspace and the directories
@@ -134,6 +138,11 @@ class BwrapProvider(Verdict):
         """Bytes of RAM one call's writable tmpfs mounts may hold (/tmp, /dev/shm, /run)."""
         return self.tmp_size + min(self.tmp_size, SHM_SIZE) + RUN_SIZE
 
+    @property
+    def wrapper_comm(self) -> str:
+        """The process name (``comm``, 15 bytes at most) of bwrap's own processes."""
+        return os.path.basename(self.path)[:15]
+
     def confine(
         self,
         argv: list[str],
@@ -161,7 +170,7 @@ class BwrapProvider(Verdict):
             out.append("--share-net")
         if self.disable_userns:
             out += ["--unshare-user", "--disable-userns"]
-        out += ["--cap-drop", "ALL", "--die-with-parent", "--new-session"]
+        out += ["--cap-drop", "ALL", "--die-with-parent"]
         bind = "--bind" if mode == "workspace-write" else "--ro-bind"
         mounts, remount_ro = self._mounts(ws, bind, hide)
         for _, _, args in mounts:

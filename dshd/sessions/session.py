@@ -67,7 +67,8 @@ from .. import barrier, identity, results
 from ..approval import ApprovalDesk
 from ..config import Config
 from ..execution.capture import OutputCapture, ShellOutputLimits, SpillSink
-from ..execution.process import bash_argv, run_command
+from ..execution.env import tool_env
+from ..execution.process import BashScript, run_command
 from ..execution.sandbox import SandboxUnavailable
 from ..paths import is_within
 from ..storage.errors import StorageError
@@ -86,17 +87,11 @@ CHECKPOINT_SECONDS = 1.0
 _json = msgspec.json.Encoder()
 
 
-#: Daemon variables a tool never inherits: systemd's hand-over and anything secret.
-_DAEMON_ONLY_ENV = ("NOTIFY_SOCKET", "LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES", "WATCHDOG_USEC",
-                    "WATCHDOG_PID", "INVOCATION_ID")
-
-
-def tool_base_env(config: Config) -> dict[str, str]:
-    """The daemon's environment minus what is the daemon's alone (the model's API key too)."""
-    env = dict(os.environ)
-    for name in (*_DAEMON_ONLY_ENV, config.model.api_key_env):
-        env.pop(name, None)
-    return env
+def tool_base_env(config: Config, owner: int | None) -> dict[str, str]:
+    """The documented minimal environment of a tool (EXEC.md §1; ``dshd.execution.env``)."""
+    ident = identity.run_as_for(owner)
+    uid = ident.uid if ident is not None else os.geteuid()
+    return tool_env(uid, pass_env=config.pass_env, secret=(config.model.api_key_env,))
 
 
 def now_ms() -> int:
@@ -650,19 +645,20 @@ class Session:
         inner_env["DSH_CALL_ID"] = call.call_id
         inner_env["DSH_SESSION_ID"] = self.id
         inner = ["env", "--", *(f"{k}={v}" for k, v in inner_env.items())]
+        script = BashScript(args["command"])  # run_command closes it
         try:
             argv, completeness = self.sandbox.confine(
-                inner + bash_argv(args["command"]),
+                inner + script.argv,
                 self.mode,
                 cwd,
                 hide=[str(self.config.state_path()), str(self.config.socket_path())],
                 network=self.config.network,
             )
         except SandboxUnavailable as exc:
+            script.close()
             raise CallFailed("SANDBOX_UNAVAILABLE",
                              results.sentence("SANDBOX_UNAVAILABLE", reason=exc)) from None
-        env = tool_base_env(self.config)
-        env.update(identity.user_env(self.owner))
+        env = tool_base_env(self.config, self.owner)
         call.started = True
         if self.tracker.value["tools"][call.call_id]["state"] != "running":
             self.tracker.set(["tools", call.call_id, "state"], "running")
@@ -683,6 +679,10 @@ class Session:
                     kill_grace=self.config.kill_grace_seconds,
                     eof_grace=self.config.eof_grace_seconds,
                     as_user=identity.run_as_for(self.owner),
+                    script=script,
+                    spare_wrapper=(getattr(self.sandbox, "wrapper_comm", None)
+                                   if completeness != "none" else None),
+                    marker=f"DSH_CALL_ID={call.call_id}",
                 )
                 nursery.cancel_scope.cancel()
         cap = call.capture

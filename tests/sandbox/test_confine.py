@@ -168,7 +168,7 @@ def test_bwrap_argv_shape() -> None:
     head = argv[: argv.index("--ro-bind")]
     assert head == [
         "/usr/bin/bwrap", "--unshare-all", "--share-net", "--unshare-user", "--disable-userns",
-        "--cap-drop", "ALL", "--die-with-parent", "--new-session",
+        "--cap-drop", "ALL", "--die-with-parent",
     ]
     joined = " ".join(argv)
     # parents first: / then /tmp's tmpfs, then the workspace bound over it; masks at the end
