@@ -30,19 +30,6 @@ def run_as_for(owner: int | None) -> RunAs | None:
     return RunAs(uid=owner, gid=pw.pw_gid, groups=groups)
 
 
-def user_env(owner: int | None) -> dict[str, str]:
-    """HOME/USER/LOGNAME/SHELL of the owner when tools run as somebody else (else empty)."""
-    ident = run_as_for(owner)
-    if ident is None:
-        return {}
-    try:
-        pw = pwd.getpwuid(ident.uid)
-    except KeyError:
-        return {"HOME": "/", "USER": str(ident.uid), "LOGNAME": str(ident.uid)}
-    return {"HOME": pw.pw_dir, "USER": pw.pw_name, "LOGNAME": pw.pw_name,
-            "SHELL": pw.pw_shell or "/bin/sh"}
-
-
 def _allows(st: os.stat_result, ident: RunAs, bits: tuple[int, int, int]) -> bool:
     user_bit, group_bit, other_bit = bits
     if st.st_uid == ident.uid:
