@@ -74,7 +74,7 @@ stop:
 	echo "stopped dshd (pid $$pid)"
 
 test: install-test
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 bench: install-test
 	$(BIN)/python -m bench

@@ -32,7 +32,11 @@ def _ensure_user(name: str, groups: list[str]) -> pwd.struct_passwd:
         cmd = ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name]
         if groups:
             cmd[1:1] = ["-G", ",".join(groups)]
-        subprocess.run(cmd, check=True)
+        # Another pytest-xdist worker may create the same user at the same moment: exit 9
+        # ("already exists") is success; getpwnam below fails for anything else.
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode not in (0, 9):
+            raise RuntimeError(f"useradd {name}: {done.stderr.strip()}")
     return pwd.getpwnam(name)
 
 
@@ -43,7 +47,7 @@ def system_daemon():
     try:
         grp.getgrnam(GROUP)
     except KeyError:
-        subprocess.run(["groupadd", GROUP], check=True)
+        subprocess.run(["groupadd", "-f", GROUP], check=True)  # -f: a racing worker's is fine
     member = _ensure_user("dshmember", [GROUP])
     stranger = _ensure_user("dshstranger", [])
     root = Path(tempfile.mkdtemp(prefix="dsh-sys-"))

@@ -18,10 +18,17 @@ ESCAPE_REPORT: list[str] = []
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
-    if ESCAPE_REPORT:
+    if ESCAPE_REPORT and not hasattr(terminalreporter.config, "workeroutput"):
         terminalreporter.section("sandbox escape suite")
         for line in ESCAPE_REPORT:
             terminalreporter.write_line(line)
+
+
+def pytest_sessionfinish(session) -> None:
+    """Under pytest-xdist: hand the lines to the controller (tests/conftest.py prints them)."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None and ESCAPE_REPORT:
+        workeroutput.setdefault("dsh_summary", {})["sandbox escape suite"] = list(ESCAPE_REPORT)
 
 
 @pytest.fixture(scope="session")
