@@ -151,18 +151,30 @@ def test_a_slow_reader_still_gets_every_byte(daemon, workdir):
 
 
 def test_attach_follows_a_flood_completely(daemon, workdir):
-    script = "echo ready; sleep 1; seq 1 200000; sleep 0.5; echo END"
+    # The flood starts once the attached client has shown "ready" (a file the test creates),
+    # not after a fixed sleep: on a loaded machine the client may take longer than any sleep
+    # to start. A client that attaches mid-flood is the call-host issue's (complete replay).
+    script = ("echo ready; i=0; while [ ! -e go ] && [ $i -lt 600 ]; do sleep 0.05; "
+              "i=$((i+1)); done; seq 1 200000; sleep 0.5; echo END")
     runner = _dsh_popen(daemon, "run", "--", "sh", "-c", script, cwd=str(workdir),
                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    attach = None
     try:
         sid, cid = _ids(runner.stderr.readline().decode())
         assert runner.stdout.readline() == b"ready\n"
-        r = subprocess.run([sys.executable, "-m", "client.cli", "attach", sid, "--call", cid],
-                           env=daemon.env, cwd=str(workdir), capture_output=True, timeout=60)
-        assert r.returncode == 0, r.stderr
-        assert r.stdout == b"ready\n" + "".join(f"{i}\n" for i in range(1, 200_001)).encode() \
+        attach = subprocess.Popen([sys.executable, "-m", "client.cli", "attach", sid, "--call", cid],
+                                  env=daemon.env, cwd=str(workdir), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE)
+        first = attach.stdout.readline()
+        (workdir / "go").touch()
+        rest, err = attach.communicate(timeout=60)
+        assert attach.returncode == 0, err
+        assert first + rest == b"ready\n" + "".join(f"{i}\n" for i in range(1, 200_001)).encode() \
             + b"END\n"
     finally:
+        if attach is not None and attach.poll() is None:
+            attach.kill()
+        (workdir / "go").touch()
         runner.communicate(timeout=60)
 
 
