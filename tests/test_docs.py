@@ -147,17 +147,39 @@ def test_tool_error_codes_are_in_the_exec_table():
     table = section(doc("EXEC"), "1")
     rows = {c for line in table.splitlines() if line.startswith("| `")
             for c in re.findall(r"`([A-Z_]+)`", line.split("|")[1])}
-    from dshd.approval import OUTCOME_CODES
+    from dshd.approval import WHY
+    from dshd.results import SENTENCES
     from dshd.storage import repair
 
-    codes = set(OUTCOME_CODES.values()) | {repair.TOOL_NOT_STARTED, repair.TOOL_OUTCOME_UNKNOWN}
-    codes |= {"ABORTED_BEFORE_DISPATCH", "STORAGE_FAILURE", "SANDBOX_UNAVAILABLE", "TOOL_TIMEOUT",
-              "TOOL_CANCELLED", "TOOL_FAILED", "INVALID_ARGUMENTS", "UNKNOWN_TOOL"}
+    codes = set(SENTENCES) | {code for code, _ in WHY.values()}
+    codes |= {repair.TOOL_NOT_STARTED, repair.TOOL_OUTCOME_UNKNOWN}
     assert codes <= rows, f"missing from EXEC.md §1: {sorted(codes - rows)}"
     never_ran = {line.split("|")[1] for line in table.splitlines() if line.rstrip().endswith("| no |")}
     from client.cli import NEVER_RAN_CODES
 
     assert {c for c in NEVER_RAN_CODES} <= {c for r in never_ran for c in re.findall(r"[A-Z_]{5,}", r)}
+
+
+def test_exec_section_1_quotes_every_sentence_of_dshd_results():
+    """EXEC.md §1's sentence table is dshd/results.SENTENCES, row for row, verbatim."""
+    from dshd.results import SENTENCES
+
+    rows: dict[tuple[str, str], str] = {}
+    for line in section(doc("EXEC"), "1").splitlines():
+        m = re.match(r"^\| `([A-Z_]+)` \| (`[a-z-]+`|—) \| (.*) \|$", line)
+        if m:
+            key = (m.group(1), "" if m.group(2) == "—" else m.group(2).strip("`"))
+            assert key not in rows, f"EXEC.md §1 lists {key} twice"
+            rows[key] = m.group(3)
+    expected = {(code, variant): text for code, variants in SENTENCES.items()
+                for variant, text in variants.items()}
+    assert len(expected) >= 20
+    assert set(rows) == set(expected), (
+        f"not in EXEC.md §1: {sorted(set(expected) - set(rows))}; "
+        f"not in dshd/results.py: {sorted(set(rows) - set(expected))}"
+    )
+    differ = {k: (rows[k], expected[k]) for k in expected if rows[k] != expected[k]}
+    assert not differ, differ
 
 
 # ---------------------------------------------------------------------- event types
@@ -175,6 +197,14 @@ def _written_event_types() -> tuple[set[str], set[str]]:
                 if any(k.arg == "ignorable" and isinstance(k.value, ast.Constant) and k.value.value
                        for k in node.keywords):
                     ignorable.add(node.args[0].value)
+            elif (isinstance(node, ast.Tuple) and len(node.elts) == 3
+                    and all(isinstance(e, ast.Constant) for e in node.elts[::2])
+                    and isinstance(node.elts[0].value, str) and type_re.match(node.elts[0].value)
+                    and isinstance(node.elts[2].value, bool)):
+                # a settings change recorded as (type, data, ignorable) by Session._record_durably
+                written.add(node.elts[0].value)
+                if node.elts[2].value:
+                    ignorable.add(node.elts[0].value)
     repair_src = (ROOT / "dshd/storage/repair.py").read_text(encoding="utf-8")
     for node in ast.walk(ast.parse(repair_src)):
         if isinstance(node, ast.Tuple) and node.elts and isinstance(node.elts[0], ast.Constant):
