@@ -582,7 +582,7 @@ class Session:
         self.call_ids.add(call_id)
         self.call_names[call_id] = name
         self.results[call_id] = result
-        self._undurable[call_id] = ev.seq  # wait_result makes it durable before answering
+        self._result_seqs[call_id] = ev.seq  # wait_result makes it durable before answering
         self._settled.setdefault(call_id, trio.Event()).set()
         self._enter_recent(call_id, result)
         return result
