@@ -11,7 +11,7 @@ StorageError
  ├── LogTooNew           written by a newer dshd; upgrade
  ├── LockHeld            another writer (process or handle) owns the lock
  └── LockLost            the lock we hold no longer guards the path (file/dir removed or
-                         replaced): writes stop until the session is reopened
+                         replaced): no write while the paths name something else
 ```
 Plain `OSError`s that are not about the log's integrity (a missing session directory:
 `FileNotFoundError`) pass through unchanged; invalid ids are `ValueError`.

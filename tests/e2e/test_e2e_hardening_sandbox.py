@@ -26,7 +26,7 @@ import pytest
 
 from client.api import connect
 from dshd.testing import DshdProcess
-from protocol.rpc import RpcError
+from protocol.rpc import STORAGE_FAILURE, RpcError
 
 PROVIDERS = ["bwrap", "landlock"]
 
@@ -115,9 +115,14 @@ async def test_renaming_the_state_dirs_parent_does_not_unmask_it(home_of, provid
 
 @pytest.mark.parametrize("provider", PROVIDERS)
 async def test_a_moved_state_dir_fails_every_confined_call_closed(home_of, provider):
-    """Issue 10 item 3, second half: the daemon notices that its state directory is no longer
-    where it was (whoever moved it) and refuses confined calls, naming the path; moving it back
-    makes them run again."""
+    """Issue 10 item 3, second half: the daemon notices that its socket or state directory is no
+    longer where it was (whoever moved it) and no confined call runs, naming the path; moving it
+    back makes them run again.
+
+    Moving the socket's directory is the sandbox's own check (SANDBOX_UNAVAILABLE; unconfined
+    calls still run). Moving the state directory is caught first by the session writer, whose
+    lock no longer guards the path (STORAGE.md §4): the call is refused before its barrier
+    passes, as -32014 or a STORAGE_FAILURE/SANDBOX_UNAVAILABLE result, and never runs."""
     h = home_of(provider)
     work = h.root / "project"
     work.mkdir()
@@ -126,14 +131,34 @@ async def test_a_moved_state_dir_fails_every_confined_call_closed(home_of, provi
         free = await c.create_session(str(work), sandbox="danger-full-access")
         ok = await _run(c, sid, "echo before")
         assert ok["exitCode"] == 0, ok
-        parent = h.home / ".local" / "state"
-        parent.rename(parent.with_name("state.x"))  # a rename from outside any sandbox
+        # 1. The socket's directory moves: the sandbox check refuses confined calls.
+        run_dir = h.socket.parent
+        run_dir.rename(run_dir.with_name("run.x"))
         try:
             refused = await _run(c, sid, f"echo ran > {work}/ran")
             assert refused["errorCode"] == "SANDBOX_UNAVAILABLE", refused
-            assert str(h.state) in refused["content"], refused
+            assert str(h.socket) in refused["content"], refused
             assert not (work / "ran").exists()
             assert (await _run(c, free, "true"))["exitCode"] == 0
+        finally:
+            run_dir.with_name("run.x").rename(run_dir)
+        assert (await _run(c, sid, "echo between"))["exitCode"] == 0
+        # 2. The state directory's parent moves: nothing confined runs.
+        parent = h.home / ".local" / "state"
+        parent.rename(parent.with_name("state.x"))
+        try:
+            try:
+                answer = await _run(c, sid, f"echo ran > {work}/ran")
+            except RpcError as exc:
+                assert exc.code == STORAGE_FAILURE, exc
+                said = str(exc)
+            else:
+                assert answer["errorCode"] in ("SANDBOX_UNAVAILABLE", "STORAGE_FAILURE"), answer
+                said = answer["content"]
+            assert str(h.state) in said, said
+            assert not (work / "ran").exists()
+            status = await c.call("daemon.status", {})
+            assert status["pid"] > 0
         finally:
             parent.with_name("state.x").rename(parent)
         again = await _run(c, sid, "echo after")
