@@ -107,7 +107,13 @@ install_service() {
     record t "$venv"
   fi
   say "installing dsh into $venv (pip install, not editable)"
-  "$venv/bin/pip" install -q --disable-pip-version-check --upgrade "$src"
+  # Build from a copy: an in-tree build writes build/ and dsh.egg-info into the checkout, under
+  # the feet of an editable install (make test) that shares it.
+  staging=$(mktemp -d)
+  trap 'rm -rf "$staging"' EXIT
+  cp -a "$src/pyproject.toml" "$src/README.md" "$src/protocol" "$src/dshd" "$src/client" "$staging/"
+  "$venv/bin/pip" install -q --disable-pip-version-check --upgrade "$staging"
+  rm -rf "$staging"
   if [ "$scope" = system ] && ! getent group dsh >/dev/null; then
     groupadd --system dsh
     record g dsh
