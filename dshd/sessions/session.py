@@ -729,12 +729,13 @@ class Session:
         ev = self.log.append("tool/result", result)
         self.results[call.call_id] = result
         self._result_seqs[call.call_id] = ev.seq
-        self.calls.pop(call.call_id, None)
         if self.crash is None:
             try:
+                # Still in self.calls: the publish in _lane_settle pulls its final output first.
                 self._lane_settle(call, result)
             except Exception as exc:  # the lane broke: the result still settles below
                 self._crashed(exc)
+        self.calls.pop(call.call_id, None)
         durable = True
         try:
             await self.log.wait_durable(ev.seq)
@@ -773,7 +774,8 @@ class Session:
             raise KeyError(call_id)
         ev = self._settled.setdefault(call_id, trio.Event())
         with trio.move_on_after(math.inf if timeout is None else timeout):
-            await ev.wait()
+            if not ev.is_set():  # a settled, durable call answers even at timeout 0 (a poll)
+                await ev.wait()
             if call_id not in self.results:  # woken by the end of a crashed session
                 raise StorageError(
                     f"session {self.id} stopped ({self._crash_text()}) before the result of "
