@@ -626,11 +626,15 @@ _add_snake_aliases()
 _param_decoders: dict[type, msgspec.json.Decoder] = {}
 
 
+#: The field a msgspec validation message names at its end: "... - at `$.a.b[0]`".
+_AT_FIELD = re.compile(r"- at `\$\.([^`]+)`$")
+
+
 def decode_params(raw: Any, type_: type) -> Any:
     """Decode ``raw`` (``msgspec.Raw``, bytes or str; empty or ``null`` means ``{}``) as ``type_``.
 
     Raises ``RpcError(INVALID_PARAMS)`` whose message names the offending field, with
-    ``data = {"detail": <msgspec message>}``.
+    ``data = {"detail": <msgspec message>, "field"?: "dotted.path"}``.
     """
     data: Any = raw.encode("utf-8") if isinstance(raw, str) else raw
     if data is None or not data or (len(data) < 16 and bytes(data).strip() == b"null"):
@@ -641,10 +645,14 @@ def decode_params(raw: Any, type_: type) -> Any:
     try:
         return decoder.decode(data)
     except msgspec.ValidationError as e:
+        detail: dict[str, Any] = {"detail": str(e)}
+        where = _AT_FIELD.search(str(e))
+        if where:  # "... - at `$.arguments.n`" -> "arguments.n" (what a client reads)
+            detail["field"] = where.group(1)
         raise RpcError(
             INVALID_PARAMS,
             f"invalid params: {e}; see PROTOCOL.md §3 for the method's params",
-            {"detail": str(e)},
+            detail,
         ) from None
     except msgspec.DecodeError as e:
         raise RpcError(INVALID_PARAMS, f"invalid params: malformed JSON: {e}") from None

@@ -248,3 +248,20 @@ def test_rpc_error():
     line = encode_error(err.id, err.code, err.message, err.data)
     back = one(line)
     assert isinstance(back, ErrorResponse) and back.id == 4 and back.error.data == {"code": "X"}
+
+
+@pytest.mark.parametrize("raw, field", [
+    (b'{"sessionId": "s1", "limit": 10001}', "limit"),
+    (b'{"sessionId": 5}', "sessionId"),
+    (b'{"sessionId": "s1", "name": "bash", "arguments": {}, "callId": 7}', "callId"),
+])
+def test_invalid_params_name_the_field_in_data(raw, field):
+    """A client finds the bad field in ``data.field`` without parsing the message (a client
+    written from docs/ alone could not)."""
+    type_ = rpc.SessionEventsParams if b"limit" in raw or raw == b'{"sessionId": 5}' \
+        else rpc.ToolRunParams
+    with pytest.raises(rpc.RpcError) as info:
+        decode_params(raw, type_)
+    assert info.value.code == rpc.INVALID_PARAMS
+    assert "detail" in info.value.data
+    assert info.value.data["field"] == field
