@@ -855,7 +855,7 @@ def cli(ctx: click.Context, socket_path: str | None, as_json: bool) -> None:
 @click.option("--session", "session_id", metavar="ID", help="Run in this session (default: a new one).")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="S",
               help="Kill the command after S seconds (exit 124).")
-@click.option("--call-id", metavar="ID", help="Idempotency key: a call with this id runs once.")
+@click.option("--call-id", metavar="ID", help="Idempotency key within a session: with --session, a call with this id runs once (without --session every run makes a new session, so the key protects nothing).")
 @click.option("--cancel-on-interrupt", is_flag=True,
               help="On Ctrl-C, cancel the command instead of detaching from it.")
 @click.option("--ask", is_flag=True,
