@@ -109,6 +109,11 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_batch_entries: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 1_000
     #: Client connections served at once; the next one gets one -32013 line and is closed.
     max_connections: Annotated[int, msgspec.Meta(ge=1, le=65_536)] = 256
+    # -- initialize deadline (fix-spawn room): PROTOCOL.md §1 -----------------------------
+    #: A connection that has not completed ``initialize`` this long after it was accepted gets
+    #: one -32002 line and is closed (it would otherwise hold a ``max_connections`` slot),
+    #: seconds.
+    initialize_timeout_seconds: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
     #: Bytes of not-yet-complete lines buffered over all connections together; the connection
     #: whose bytes would pass it gets one -32013 line and is closed.
     max_buffered_bytes: Annotated[int, msgspec.Meta(ge=1024 * 1024)] = 64 * 1024 * 1024

@@ -12,7 +12,10 @@ Theory of operation (PROTOCOL.md §1–§2):
   worker that cannot be started is answered ``-32603`` with the reason. A batch of more than
   ``max_batch_entries`` is one ``-32600`` (``id: null``) and none of it runs.
 * ``initialize`` is handled in line (it must come first; anything else before it gets
-  ``-32002``). Every other request runs as its own task in the connection's handler nursery, so
+  ``-32002``). A connection that has not completed it ``initialize_timeout_seconds`` after it
+  was accepted gets one ``-32002`` line and is closed (the refusal below): else a client that
+  trickles a byte now and then without ever finishing a line holds a ``max_connections``
+  slot for ever, and enough of them lock everyone out. Every other request runs as its own task in the connection's handler nursery, so
   a ``tool.wait`` never holds up the requests behind it; at most ``max_requests_per_connection``
   run at once (more get ``-32013``). A batch is one such task, and its answers are one array
   line, always; what a request runs after its answer (``subscribe``'s base batch) runs after
@@ -35,6 +38,7 @@ Theory of operation (PROTOCOL.md §1–§2):
 from __future__ import annotations
 
 import functools
+import math
 import select
 from collections import deque
 from typing import TYPE_CHECKING
@@ -137,6 +141,7 @@ class Connection:
         self._held = 0  # bytes this connection holds of the daemon's LineBudget
         self._closing = False
         self._nursery: trio.Nursery | None = None
+        self._init_deadline: trio.CancelScope | None = None  # until initialize is completed
         self.log = log.bind(conn=self.id, uid=uid)
 
     # ------------------------------------------------------------------ sending
@@ -221,7 +226,7 @@ class Connection:
                     nursery.cancel_scope.cancel()
                     return
                 try:
-                    if await self._reader(nursery):
+                    if await self._read_with_init_deadline(nursery):
                         await self._answer_in_flight()
                 finally:
                     nursery.cancel_scope.cancel()
@@ -238,6 +243,22 @@ class Connection:
             with trio.move_on_after(1) as cs:
                 cs.shield = True
                 await self.stream.aclose()
+
+    async def _read_with_init_deadline(self, nursery: trio.Nursery) -> bool:
+        """:meth:`_reader` under the ``initialize`` deadline (see the module doc); False when
+        the connection was refused."""
+        timeout = self.config.initialize_timeout_seconds
+        with trio.move_on_after(timeout) as self._init_deadline:
+            return await self._reader(nursery)
+        await self._refuse(
+            rpc.NOT_INITIALIZED,
+            f"not initialized: this connection did not complete initialize within "
+            f"initialize_timeout_seconds ({timeout:g} s) and is closed: send initialize "
+            "first, right after connecting",
+        )
+        self.log.warning("connection.refused", reason="initialize deadline passed",
+                         initialize_timeout_seconds=timeout)
+        return False
 
     async def _answer_in_flight(self) -> None:
         """After end of input: wait until every request in flight is answered and every
@@ -369,6 +390,8 @@ class Connection:
             return
         if isinstance(item, rpc.Request) and item.method == "initialize":
             self._deliver(await dispatch(self, item))
+            if self.initialized and self._init_deadline is not None:
+                self._init_deadline.deadline = math.inf
             return
         if not self._admit(item):
             return

@@ -9,7 +9,9 @@ Nothing here reads, writes, or knows about connections or sessions.
   (the client side), or an ``RpcError`` (code ``INVALID_REQUEST``, carrying the element's
   ``id`` when it could be read, else ``None``; a message with both ``method`` and
   ``result``/``error`` is one too, ``id`` None). Malformed JSON is one
-  ``RpcError(PARSE_ERROR)``; an empty batch, and a batch longer than ``max_batch``, is one
+  ``RpcError(PARSE_ERROR)`` (a lone UTF-16 surrogate escape such as ``\\ud800``, which
+  msgspec reports as "Input data was truncated", is named as such: :func:`bad_json_reason`);
+  an empty batch, and a batch longer than ``max_batch``, is one
   ``INVALID_REQUEST``. ``Messages.is_batch`` says whether the line was
   an array. ``params`` and ``result`` stay ``msgspec.Raw`` (undecoded bytes) until the handler
   knows what it expects.
@@ -334,7 +336,8 @@ def parse_message(
     except msgspec.ValidationError:  # a subclass of DecodeError: keep first
         out.append(RpcError(INVALID_REQUEST, "invalid request"))
     except msgspec.DecodeError as e:
-        out.append(RpcError(PARSE_ERROR, f"parse error: {e}; send one JSON text per line"))
+        out.append(RpcError(PARSE_ERROR, f"parse error: {bad_json_reason(line, e)}; "
+                                         "send one JSON text per line"))
     except RecursionError:
         out.clear()
         out.is_batch = False
@@ -625,6 +628,40 @@ _add_snake_aliases()
 
 _param_decoders: dict[type, msgspec.json.Decoder] = {}
 
+#: One escape of a JSON string: ``\uXXXX`` (group 1: the hex digits) or ``\`` + one character.
+_ESCAPE = re.compile(rb"\\(?:u([0-9a-fA-F]{4})|.)", re.DOTALL)
+
+
+def _lone_surrogate(data: bytes | bytearray | memoryview | str) -> str | None:
+    """The first ``\\uXXXX`` escape of ``data`` that is a UTF-16 surrogate without its pair
+    (a high one not followed at once by a low one, or a low one on its own), else None."""
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
+    pending: re.Match | None = None  # a high surrogate waiting for its low half
+    for m in _ESCAPE.finditer(raw):
+        unit = int(m.group(1), 16) if m.group(1) else None
+        if pending is not None:
+            if m.start() == pending.end() and unit is not None and 0xDC00 <= unit <= 0xDFFF:
+                pending = None
+                continue
+            return pending.group(0).decode()
+        if unit is not None and 0xD800 <= unit <= 0xDBFF:
+            pending = m
+        elif unit is not None and 0xDC00 <= unit <= 0xDFFF:
+            return m.group(0).decode()
+    return pending.group(0).decode() if pending is not None else None
+
+
+def bad_json_reason(data: bytes | bytearray | memoryview | str, exc: Exception) -> str:
+    """What is wrong with JSON that msgspec refused with ``exc``, in words a person can act on:
+    a lone surrogate escape is named (msgspec says "Input data was truncated" or "invalid
+    utf-16 surrogate pair"), anything else is msgspec's own message. Only called on the error
+    path: the scan costs nothing on valid input."""
+    lone = _lone_surrogate(data)
+    if lone is None:
+        return str(exc)
+    return (f"invalid JSON: a string holds a lone UTF-16 surrogate ({lone}); strings must be "
+            "valid Unicode (a surrogate escape needs its pair, high then low)")
+
 
 #: The field a msgspec validation message names at its end: "... - at `$.a.b[0]`".
 _AT_FIELD = re.compile(r"- at `\$\.([^`]+)`$")
@@ -655,4 +692,5 @@ def decode_params(raw: Any, type_: type) -> Any:
             detail,
         ) from None
     except msgspec.DecodeError as e:
-        raise RpcError(INVALID_PARAMS, f"invalid params: malformed JSON: {e}") from None
+        raise RpcError(INVALID_PARAMS,
+                       f"invalid params: malformed JSON: {bad_json_reason(data, e)}") from None

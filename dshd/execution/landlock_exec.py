@@ -29,14 +29,25 @@ and this small program, running as the command's process-group leader, does in o
    no ``AF_UNIX`` sockets — so no way to dshd's socket or any host service — and, with the
    network off, no UDP or other non-TCP IP sockets; no io_uring; no 32-bit syscalls), which
    every descendant inherits and none can remove; clear the ambient and inheritable sets.
-5. **Exec** ``argv`` with ``os.execvp`` (same pid, same process group, same environment plus
+5. **Arm the parent-death signal** (below), then **exec** ``argv`` with ``os.execvp`` (same pid, same process group, same environment plus
    ``TMPDIR``: ``DSH_CALL_ID``/``DSH_SESSION_ID`` pass through).
 
-Nothing here is tied to the lifetime of the daemon's thread that forked it (issue 10 item 1:
-bwrap's ``--die-with-parent`` was): the launcher sets no parent-death signal and starts no
-thread — which also matters because Landlock confines only the calling thread, so a
-single-threaded launcher is the whole process — and after the exec the command is the
-process-group leader itself, so the runner's SIGTERM reaches it directly. A script longer than
+**Dies with the daemon.** Landlock has no pid namespace that would end the command with the
+daemon (bwrap's does), so right before the exec the launcher sets ``PR_SET_PDEATHSIG(SIGKILL)`` — kept
+across the exec, so the command itself is SIGKILLed when the daemon dies, ``kill -9``
+included — and then checks that its parent is still the process that started it
+(``getppid()`` read at the launcher's start-up; a parent already gone: exit
+:data:`EXIT_SETUP_FAILED`, the command never runs). The signal fires when the *thread* that
+forked the launcher exits: the daemon spawns from its event-loop thread (the main thread, see
+``dshd.execution.process._spawn``), which lives as long as the daemon. It reaches only the
+launcher's process (the command after the exec): the command's own children (the grandchildren
+of a killed shell, a ``nohup`` or ``setsid`` child) are re-parented and survive a killed
+daemon, until the per-call host owns the whole tree as subreaper. A parent that dies during
+the launcher's interpreter start-up, before ``getppid()`` is read, is not noticed (a window of
+a few milliseconds). The launcher starts no thread — which also matters because Landlock
+confines only the calling thread, so a single-threaded launcher is the whole process — and
+after the exec the command is the process-group leader itself, so the runner's SIGTERM
+reaches it directly. A script longer than
 fits in argv arrives as an inherited memfd (``bash /dev/fd/N``); Landlock does not restrict
 opening it (a memfd lives on an internal mount, outside every rule).
 
@@ -53,10 +64,15 @@ Syscall numbers 444–446 are the unified numbers every Linux architecture excep
 
 from __future__ import annotations
 
-import ctypes
-import errno
-import json
 import os
+
+#: The launcher's parent at its start-up (the daemon), read before anything else: see
+#: :func:`die_with_parent`.
+_PARENT_AT_START = os.getppid()
+
+import ctypes  # noqa: E402 (the parent is read first)
+import errno  # noqa: E402
+import json  # noqa: E402
 import secrets
 import shutil
 import stat
@@ -68,6 +84,8 @@ SYS_LANDLOCK_RESTRICT_SELF = 446
 LANDLOCK_CREATE_RULESET_VERSION = 1 << 0
 LANDLOCK_RULE_PATH_BENEATH = 1
 PR_SET_NO_NEW_PRIVS = 38
+PR_SET_PDEATHSIG = 1
+SIGKILL = 9
 PR_CAPBSET_DROP = 24
 PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
@@ -457,6 +475,15 @@ def make_private_tmp(tmp_root: str) -> str:
     return path
 
 
+def die_with_parent(libc: ctypes.CDLL, parent: int) -> None:
+    """``PR_SET_PDEATHSIG(SIGKILL)``, then check the parent is still ``parent`` (the signal is
+    only armed for a parent alive when it is set). Raises :class:`LandlockError`."""
+    if libc.prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0:
+        raise _fail("prctl(PR_SET_PDEATHSIG) failed", ctypes.get_errno())
+    if os.getppid() != parent:
+        raise LandlockError(f"the daemon (pid {parent}) that started this command is gone")
+
+
 def main(args: list[str]) -> int:
     """``--rules-json JSON -- argv...``; execs argv (never returns) or returns an exit status.
 
@@ -482,6 +509,9 @@ def main(args: list[str]) -> int:
             devices=list(rules.get("devices", [])),
             deny_tcp=bool(rules.get("deny_tcp", True)),
         )
+        # Last, after every credential change of the setup (one that widened them would clear
+        # it), right before the exec, which keeps it.
+        die_with_parent(_libc(), _PARENT_AT_START)
     except (LandlockError, OSError, ValueError, TypeError, AttributeError) as exc:
         print(f"dsh sandbox (landlock): the command was not run: {exc}", file=sys.stderr)
         return EXIT_SETUP_FAILED

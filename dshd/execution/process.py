@@ -47,9 +47,14 @@ has already wrapped it — and runs it to a settled :class:`ExecOutcome`:
   inner pid 1; signalling those would tear the sandbox down before the command's ``trap``
   ran, and the command's exit code would never come back. When the command exits, bwrap
   exits with its status. SIGKILL goes to the group (``killpg`` while the leader is unreaped)
-  and then to every process of the call's uid whose environment carries ``marker``
-  (``DSH_CALL_ID=<id>``): children that left the group with ``setsid`` (under bwrap the
-  pid namespace ends with its pid 1 anyway). If end of file still does not come, a holder of
+  and then to every process of the call's uid whose environment carries this run's token
+  (``DSH_RUN=<128 random bits>``, put in the command's environment at the spawn and known to
+  nothing else): children that left the group with ``setsid`` (under bwrap the pid namespace
+  ends with its pid 1 anyway). The token is chosen per run by the daemon, never by a client:
+  a callId is unique only within a session (and clients choose it), so two sessions' calls
+  may share one, and a sweep keyed on it killed the other session's call. Each process found
+  is opened as a pidfd and its environment read again through ``/proc`` before the signal, so
+  a pid reused between the scan and the kill is not hit. If end of file still does not come, a holder of
   the pipe escaped both; the reader is cancelled and the call settles anyway.
 * **Outside cancellation** (daemon shutdown) or an unexpected error: the ``finally`` clause,
   shielded under a bounded ``move_on_after``, closes the pipe (writers get SIGPIPE), sends
@@ -69,6 +74,7 @@ import errno
 import fcntl
 import math
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -96,6 +102,8 @@ KILL_REAP_TIMEOUT = 10.0
 #: Longest command (UTF-8 bytes) passed as ``bash -c``; longer ones go through a memfd
 #: (:class:`BashScript`). Well under ``MAX_ARG_STRLEN`` (128 KiB), leaving room for the rest.
 INLINE_COMMAND_MAX = 64 * 1024
+#: The environment variable that carries a run's kill-sweep token (see the module doc).
+RUN_TOKEN_VAR = "DSH_RUN"
 #: Errors of fork/clone that mean "a resource limit was hit" (pids, threads, memory).
 RESOURCE_ERRNOS = (errno.EAGAIN, errno.ENOMEM)
 
@@ -202,9 +210,9 @@ async def run_command(
     to the child, and ``run_command`` closes it in every case.
     ``spare_wrapper``: the process name (``comm``) of the sandbox wrapper when the leader is one
     (``bwrap``): SIGTERM skips the leader and its children of that name (see the module doc).
-    ``marker``: an environment entry ``NAME=value`` every process of the command carries
-    (``DSH_CALL_ID=<id>``): after SIGKILL to the group, processes of the call's uid that carry
-    it are SIGKILLed too (children that left the group with ``setsid``).
+    ``marker``: not used any more (it named the call's ``DSH_CALL_ID=<id>`` entry, which is
+    not unique across sessions). The sweep after SIGKILL to the group keys on a token this
+    function makes per run and adds to ``env`` as ``DSH_RUN`` (see the module doc).
 
     ``argv``: ready to exec (already sandbox-wrapped). ``cwd``/``env``: used as given.
     ``on_output()``: called after every change of ``capture`` (keep it cheap: signal a
@@ -228,6 +236,8 @@ async def run_command(
             script.close()
         raise ValueError("run_command needs a non-empty argv")
     pass_fds = script.pass_fds if script is not None else ()
+    token = f"{RUN_TOKEN_VAR}={secrets.token_hex(16)}"
+    env = {**env, RUN_TOKEN_VAR: token.partition("=")[2]}
     if as_user is not None:
         # Popen enters cwd before it drops root; let the user's own chdir (env -C, after the
         # uid change) decide whether the directory can be entered, so a directory swapped for
@@ -264,7 +274,7 @@ async def run_command(
         if script is not None:
             script.close()  # the child holds its own copy of the script's fd
     run = _Run(proc, trio.lowlevel.FdStream(read_fd), capture, on_output, kill_grace, eof_grace,
-               spare_wrapper=spare_wrapper, marker=marker,
+               spare_wrapper=spare_wrapper, marker=token,
                uid=as_user.uid if as_user is not None else os.geteuid())
     return await run.run(timeout, cancel)
 
@@ -422,24 +432,41 @@ def _command_pids(pgid: int, spare_wrapper: str | None) -> list[int]:
     return [p for p in members if p not in spare]
 
 
+def _carries(pid: int | str, needle: bytes, uid: int) -> bool:
+    """True when process ``pid`` belongs to ``uid`` and its environment holds the entry
+    ``needle`` (``NAME=value``, exactly)."""
+    try:
+        if os.stat(f"/proc/{pid}").st_uid != uid:
+            return False
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            environ = f.read()
+    except OSError:
+        return False
+    return b"\0" + needle + b"\0" in b"\0" + environ.rstrip(b"\0") + b"\0"
+
+
 def _marked_pids(marker: str, uid: int) -> list[int]:
     """Live processes of ``uid`` whose environment holds the entry ``marker`` (``NAME=value``)."""
-    needle = marker.encode() + b"\0"
-    found = []
+    needle = marker.encode()
     me = os.getpid()
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
-            continue
-        try:
-            if os.stat(f"/proc/{name}").st_uid != uid:
-                continue
-            with open(f"/proc/{name}/environ", "rb") as f:
-                environ = f.read()
-        except OSError:
-            continue
-        if environ.startswith(needle) or b"\0" + needle in environ:
-            found.append(int(name))
-    return found
+    return [int(name) for name in os.listdir("/proc")
+            if name.isdigit() and int(name) != me and _carries(name, needle, uid)]
+
+
+def _kill_marked(pid: int, marker: str, uid: int) -> None:
+    """SIGKILL ``pid`` through a pidfd if, once the pidfd is held, it still carries ``marker``:
+    a pid that exited and was reused by another run's process since the scan is not hit."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return  # gone
+    try:
+        if _carries(pid, marker.encode(), uid):
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except OSError:
+        pass  # exited meanwhile, or not ours to signal
+    finally:
+        os.close(pidfd)
 
 
 def _signal_pid(pid: int, pgid: int | None, sig: signal.Signals) -> None:
@@ -622,7 +649,8 @@ class _Run:
             _signal_pid(pid, self.proc.pid, signal.SIGTERM)
 
     def _kill_all(self) -> None:
-        """SIGKILL to the group, then to the call's processes that left it (``marker``).
+        """SIGKILL to the group, then to the run's processes that left it (``marker``: the
+        run's ``DSH_RUN=<token>`` entry).
 
         ``killpg`` only while the leader is unreaped (its pid, hence the group's id, cannot
         have been reused); afterwards the members found in ``/proc`` one by one."""
@@ -636,7 +664,7 @@ class _Run:
                 _signal_pid(pid, self.proc.pid, signal.SIGKILL)
         if self.marker is not None:
             for pid in _marked_pids(self.marker, self.uid):
-                _signal_pid(pid, None, signal.SIGKILL)
+                _kill_marked(pid, self.marker, self.uid)
 
     async def _terminate(self) -> None:
         """SIGTERM the command; after ``kill_grace`` s without exit and EOF, SIGKILL it all.
