@@ -128,6 +128,12 @@ async def session_create(conn: "Connection", p: rpc.SessionCreateParams) -> dict
                 "values have no NUL",
                 field="env",
             )
+        if key.startswith("DSH_"):
+            raise _bad(
+                f"env may not set {key!r}: the DSH_ names belong to dshd (DSH_CALL_ID, "
+                "DSH_SESSION_ID, DSH_RUN mark a call and its processes)",
+                field="env",
+            )
     cwd = os.path.normpath(p.cwd)
     if is_within(cwd, conn.daemon.state_dir):
         raise _bad(f"cwd {cwd!r} lies inside dshd's state directory; pick a project directory",

@@ -200,7 +200,6 @@ async def run_command(
     as_user: "RunAs | None" = None,
     script: "BashScript | None" = None,
     spare_wrapper: str | None = None,
-    marker: str | None = None,
 ) -> ExecOutcome:
     """Run ``argv`` to completion, feeding ``capture``; see the module doc (EXEC.md §2).
 
@@ -210,9 +209,8 @@ async def run_command(
     to the child, and ``run_command`` closes it in every case.
     ``spare_wrapper``: the process name (``comm``) of the sandbox wrapper when the leader is one
     (``bwrap``): SIGTERM skips the leader and its children of that name (see the module doc).
-    ``marker``: not used any more (it named the call's ``DSH_CALL_ID=<id>`` entry, which is
-    not unique across sessions). The sweep after SIGKILL to the group keys on a token this
-    function makes per run and adds to ``env`` as ``DSH_RUN`` (see the module doc).
+    The sweep after SIGKILL to the group keys on a token this function makes per run and adds
+    to ``env`` as ``DSH_RUN`` (never the client-chosen callId; see the module doc).
 
     ``argv``: ready to exec (already sandbox-wrapped). ``cwd``/``env``: used as given.
     ``on_output()``: called after every change of ``capture`` (keep it cheap: signal a

@@ -682,7 +682,6 @@ class Session:
                     script=script,
                     spare_wrapper=(getattr(self.sandbox, "wrapper_comm", None)
                                    if completeness != "none" else None),
-                    marker=f"DSH_CALL_ID={call.call_id}",
                 )
                 nursery.cancel_scope.cancel()
         cap = call.capture
