@@ -79,10 +79,14 @@ from dshd.execution.sandbox import (
     DEFAULT_TMP_SIZE,
     PROBE_TIMEOUT,
     HiddenPathGuard,
+    PinnedWorkspace,
+    SandboxUnavailable,
     TmpBudget,
     Verdict,
     check_confinable,
     check_mode,
+    close_fds,
+    pin_workspace,
     self_test,
 )
 
@@ -151,35 +155,52 @@ class BwrapProvider(Verdict):
         *,
         hide: list[str] = (),
         network: bool = False,
+        fds: list[int] | None = None,
     ) -> tuple[list[str], str]:
         """``(bwrap argv, "full")``; ``danger-full-access`` → ``(argv, "none")`` (EXEC.md §3).
 
-        ``workspace``: absolute; bound at its resolved path, which is also the new cwd.
-        ``hide``: paths masked inside (missing ones are skipped; ``/`` is refused with
-        ``ValueError``). ``network``: honoured in ``workspace-write`` only. Raises
-        :class:`SandboxUnavailable` for a refused workspace, a moved hidden path or a spent
-        tmpfs budget.
+        ``workspace``: absolute; pinned by an ``O_PATH`` fd (:func:`pin_workspace`), checked on
+        the fd's own path, and bound from the fd (``--bind-fd``) at that path, which is also the
+        new cwd. ``fds``: a list that receives the fds the argv refers to (the workspace, the
+        directories pinned for a mask, the tmpfs lease): the caller passes them to the child
+        (``pass_fds``) and closes them after the spawn (:func:`close_fds`); required in a
+        confining mode (``ValueError`` without it). ``hide``: paths masked inside (missing ones
+        are skipped; ``/`` is refused with ``ValueError``). ``network``: honoured in
+        ``workspace-write`` only. Raises :class:`SandboxUnavailable` for a refused or moving
+        workspace, a moved hidden path or a spent tmpfs budget (and then leaves ``fds`` empty).
         """
         check_mode(mode, workspace)
-        check_confinable(mode, workspace, list(hide), self.guard)
         if mode == "danger-full-access":
+            check_confinable(mode, workspace, list(hide), self.guard)
             return list(argv), "none"
-        ws = os.path.realpath(workspace)
+        if fds is None:
+            raise ValueError("bwrap confine needs fds= (the pinned workspace is passed by fd)")
+        try:
+            return self._confine(argv, mode, workspace, list(hide), network, fds)
+        except BaseException:
+            close_fds(fds)
+            raise
+
+    def _confine(self, argv: list[str], mode: str, workspace: str, hide: list[str],
+                 network: bool, fds: list[int]) -> tuple[list[str], str]:
+        pinned = pin_workspace(workspace)
+        fds.append(pinned.fd)
+        ws = pinned.path
+        check_confinable(mode, ws, hide, self.guard)
         out = [self.path, "--unshare-all"]
         if network and mode == "workspace-write":
             out.append("--share-net")
         if self.disable_userns:
             out += ["--unshare-user", "--disable-userns"]
         out += ["--cap-drop", "ALL", "--die-with-parent"]
-        bind = "--bind" if mode == "workspace-write" else "--ro-bind"
-        mounts, remount_ro = self._mounts(ws, bind, hide)
+        mounts, remount_ro = self._mounts(pinned, mode == "workspace-write", hide, fds)
         for _, _, args in mounts:
             out += args
-        lease = self.budget.reserve() if self.budget is not None else None
-        if lease is not None:
-            # bwrap marks the lease started (chmod) and holds a lock on it while it lives.
-            out += ["--bind", lease, LEASE_DEST, "--chmod", f"{TmpBudget.STARTED:o}", LEASE_DEST,
-                    "--remount-ro", LEASE_DEST, "--lock-file", LEASE_DEST]
+        if self.budget is not None:
+            lease = self.budget.reserve()
+            fds.append(lease)
+            # bwrap keeps the lease's locked fd open while the sandbox lives (TmpBudget).
+            out += ["--sync-fd", str(lease)]
         out += ["--dir", SANDBOX_MARK]
         # Last, so that bwrap could still create mount points inside a mask or in /dev.
         # /proc read-only too: bwrap covers /proc/sys and /proc/sysrq-trigger only when
@@ -190,11 +211,13 @@ class BwrapProvider(Verdict):
         return out, self.completeness
 
     def _mounts(
-        self, ws: str, bind: str, hide: list[str]
+        self, pinned: PinnedWorkspace, writable: bool, hide: list[str], fds: list[int]
     ) -> tuple[list[tuple[str, int, list[str]]], list[str]]:
         """The sorted mount list and the ``--remount-ro`` tail (see the module doc)."""
         # (path, tie-break, args): sorted by depth, then tie-break, so parents mount first and,
         # at equal depth, the sandbox's own /proc, /dev, /tmp, /run mount last (never covered).
+        ws = pinned.path
+        bind_fd = "--bind-fd" if writable else "--ro-bind-fd"
         shm = min(self.tmp_size, SHM_SIZE)
         mounts: list[tuple[str, int, list[str]]] = [
             ("/", 0, ["--ro-bind", "/", "/"]),
@@ -205,7 +228,7 @@ class BwrapProvider(Verdict):
             *_private_run(),
         ]
         remount_ro: list[str] = []
-        pinned: set[str] = set()
+        pinned_dirs: set[str] = set()
         for path in hide:
             real = os.path.realpath(path)
             if real == "/":
@@ -219,16 +242,37 @@ class BwrapProvider(Verdict):
                 continue
             # A mask inside the workspace holds against renames: each directory between the
             # workspace and the mask becomes a mount point (bound onto itself), and a mount
-            # point cannot be renamed or removed (EBUSY) — so the mask stays on its path.
+            # point cannot be renamed or removed (EBUSY) — so the mask stays on its path. Each
+            # is opened below the workspace's fd without following symlinks and bound by fd.
             parent = os.path.dirname(real)
             while parent != ws and parent.startswith(ws.rstrip("/") + "/"):
-                if parent not in pinned:
-                    pinned.add(parent)
-                    mounts.append((parent, 2, [bind, parent, parent]))
+                if parent not in pinned_dirs:
+                    pinned_dirs.add(parent)
+                    fd = _open_below(pinned.fd, os.path.relpath(parent, ws), parent)
+                    fds.append(fd)
+                    mounts.append((parent, 2, [bind_fd, str(fd), parent]))
                 parent = os.path.dirname(parent)
-        mounts.append((ws, 2, [bind, ws, ws]))
+        mounts.append((ws, 2, [bind_fd, str(pinned.fd), ws]))
         mounts.sort(key=lambda m: (0 if m[0] == "/" else len(Path(m[0]).parts), m[1]))
         return mounts, remount_ro
+
+
+def _open_below(dir_fd: int, relative: str, shown: str) -> int:
+    """An ``O_PATH`` fd of ``relative`` below ``dir_fd``, no symlink followed on the way."""
+    fd = os.dup(dir_fd)
+    try:
+        for part in Path(relative).parts:
+            nxt = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                          dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+    except OSError as exc:
+        os.close(fd)
+        raise SandboxUnavailable(
+            f"{shown} (between the session directory and a hidden path) cannot be pinned "
+            f"({exc.strerror}: renamed or replaced by a symlink?); the call did not run"
+        ) from None
+    return fd
 
 
 def _private_run() -> list[tuple[str, int, list[str]]]:

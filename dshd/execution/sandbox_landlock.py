@@ -72,6 +72,7 @@ from dshd.execution.sandbox import (
     Verdict,
     check_confinable,
     check_mode,
+    pin_workspace,
     self_test,
 )
 
@@ -105,6 +106,7 @@ class LandlockProvider(Verdict):
         *,
         hide: list[str] = (),
         network: bool = False,
+        fds: list[int] | None = None,
     ) -> tuple[list[str], str]:
         """``(launcher argv, "partial")``; ``danger-full-access`` → ``(argv, "none")``.
 
@@ -114,25 +116,37 @@ class LandlockProvider(Verdict):
         write the state directory or rename it away). ``network``: honoured in
         ``workspace-write`` only. Raises ``ValueError`` for an unknown mode or a relative
         workspace, :class:`SandboxUnavailable` for a refused workspace or a moved hidden path.
+        ``workspace`` is pinned (:func:`pin_workspace`) and checked on the fd's path; the
+        launcher receives that path with its ``(st_dev, st_ino)``, and refuses to run when its
+        own open finds another directory there. ``fds``: when given, receives the pinned
+        fd, which the launcher inherits and uses instead of opening the path again.
         """
         check_mode(mode, workspace)
-        check_confinable(mode, workspace, list(hide), self.guard)
         if mode == "danger-full-access":
+            check_confinable(mode, workspace, list(hide), self.guard)
             return list(argv), "none"
-        ws = os.path.realpath(workspace)
-        if mode == "workspace-write":
-            for path in hide:
-                real = os.path.realpath(path)
-                if os.path.commonpath([real, ws]) == ws:
-                    raise SandboxUnavailable(
-                        f"Landlock cannot keep tools out of {path} (dshd's state directory or "
-                        f"socket), which lies inside the workspace {ws}: a workspace-write tool "
-                        "could read, change or move it. Use a project directory as the "
-                        "session directory, read-only mode, or install bubblewrap (bwrap)."
-                    )
+        # Pinned: checked on the fd's own path. With ``fds`` the launcher inherits the fd itself
+        # (puts its rule on it and fchdirs to it); without, it gets the path and the identity
+        # and checks its own open against them (a swapped path fails closed, exit 126).
+        pinned = pin_workspace(workspace)
+        try:
+            ws = pinned.path
+            check_confinable(mode, ws, list(hide), self.guard)
+            self._refuse_hidden_inside(mode, ws, hide)
+        except BaseException:
+            os.close(pinned.fd)
+            raise
+        spec = {"path": ws, "dev": pinned.dev, "ino": pinned.ino,
+                "write": mode == "workspace-write"}
+        if fds is not None:
+            fds.append(pinned.fd)
+            spec["fd"] = pinned.fd
+        else:
+            os.close(pinned.fd)
         rules = {
             "read": ["/"],
-            "write": [ws] if mode == "workspace-write" else [],
+            "write": [],
+            "workspace": spec,
             "devices": list(DEVICES),
             "tmp_root": self.tmp_root,
             "deny_tcp": not (network and mode == "workspace-write"),
@@ -143,6 +157,20 @@ class LandlockProvider(Verdict):
             "--", *argv,
         ]
         return wrapped, self.completeness
+
+    @staticmethod
+    def _refuse_hidden_inside(mode: str, ws: str, hide: list[str]) -> None:
+        if mode != "workspace-write":
+            return
+        for path in hide:
+            real = os.path.realpath(path)
+            if os.path.commonpath([real, ws]) == ws:
+                raise SandboxUnavailable(
+                    f"Landlock cannot keep tools out of {path} (dshd's state directory or "
+                    f"socket), which lies inside the workspace {ws}: a workspace-write tool "
+                    "could read, change or move it. Use a project directory as the "
+                    "session directory, read-only mode, or install bubblewrap (bwrap)."
+                )
 
 
 def _unavailable(err: int) -> str:
