@@ -10,9 +10,13 @@ on another process. So the daemon never restricts itself: the Landlock provider
 
 and this small program, running as the command's process-group leader, does in order:
 
+0. **Take the workspace**: the inherited pinned fd (or, without one, an ``O_PATH`` open of the
+   path), checked against the ``(st_dev, st_ino)`` dshd saw (:func:`open_workspace`), and
+   ``fchdir`` to it; its rule in step 3 goes on that fd. A mismatch fails closed.
 1. **Garbage-collect** per-call temporary directories left under ``tmp_root`` by earlier calls
    whose process group is gone (at most :data:`GC_LIMIT` per launch, unconfined, before step 4;
-   the daemon's event loop never waits for it).
+   the daemon's event loop never waits for it). Only names of the form this launcher makes
+   (:data:`TMP_NAME`) are considered; any other name is left alone and never stops a launch.
 2. **Make a private temporary directory** ``<tmp_root>/<pgid>-<random>`` (mode 0700) and point
    ``TMPDIR`` at it. Landlock cannot give a process its own ``/tmp`` the way a mount namespace
    does; instead the rest of ``/tmp`` stays read-only and this directory is writable.

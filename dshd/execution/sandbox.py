@@ -23,13 +23,21 @@ Modes: ``read-only`` and ``workspace-write`` are confined by every real provider
 provider (an explicit opt-in, never a fallback). The ``none`` provider never runs a confining
 mode unconfined: it raises, and the session turns that into ``SANDBOX_UNAVAILABLE``.
 
+Every real provider first pins the workspace (:func:`pin_workspace`): it opens the session's
+``cwd`` with ``O_PATH|O_DIRECTORY``, requires the fd's own path (``/proc/self/fd/N``) to be that
+``cwd`` and to name the fd's directory right now, and runs every check below on it; the wrapped
+argv refers to the fd (bwrap ``--bind-fd``, the Landlock launcher's inherited fd), which the
+caller passes to the child and closes (``fds``). A name is never looked up twice, so a directory
+renamed for a symlink between check and spawn cannot redirect the writable bind (issue 11).
+
 Before confining, every real provider (:func:`check_confinable`) refuses, with
 :class:`SandboxUnavailable`: a workspace that is a system directory (:func:`refused_workspace`:
 ``/``, ``/etc``, ``/usr``, ``/tmp`` itself, anything at or under ``/proc``, ``/sys``, ``/dev``,
 ``/run`` — a bind there would cover the sandbox's own trees with the host's; ``session.create``
 applies the same rule), and any call once a hidden path (the state directory, the socket) is no
 longer where it was when first seen (:class:`HiddenPathGuard`, by ``(st_dev, st_ino)``): masks
-sit on paths, and a moved directory would be unmasked under its new name. The bwrap provider
+sit on paths, and a moved directory would be unmasked under its new name; and a workspace at or
+inside a hidden path (the state directory). The bwrap provider
 also caps each call's tmpfs mounts and bounds their sum over running calls
 (:class:`TmpBudget`).
 
@@ -47,7 +55,6 @@ import fcntl
 import os
 import secrets
 import shutil
-import stat
 import subprocess
 import time
 from dataclasses import dataclass, field

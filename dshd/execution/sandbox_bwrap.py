@@ -41,13 +41,22 @@ pinned for a mask, then the sandbox's own trees — so nothing ever covers those
   directory between the workspace and it is bound onto itself: a mount point cannot be renamed
   or removed (``EBUSY``), so ``mv .local/state .local/state.x`` cannot carry the state dir out
   from under its mask for the next call;
-* the workspace at its own (resolved) path: ``--bind`` in ``workspace-write``, ``--ro-bind`` in
-  ``read-only`` — always, so that neither the private ``/tmp`` nor a hidden directory hides it;
-* the tmpfs lease (:class:`dshd.execution.sandbox.TmpBudget`) at ``/dev/.dsh-tmp-lease``,
-  read-only: bwrap marks it started and holds a lock on it while the sandbox lives, which is how
-  the daemon bounds the sum of the running calls' tmpfs mounts (``tmp_total_bytes``). User
-  mode only: in system mode bwrap runs as the session's owner, who can neither reach nor
-  ``chmod`` a lease in root's state directory, so there only the per-call caps hold;
+* the workspace at its own path, **from its pinned fd**: ``--bind-fd`` in ``workspace-write``,
+  ``--ro-bind-fd`` in ``read-only`` — always, so that neither the private ``/tmp`` nor a hidden
+  directory hides it. :func:`dshd.execution.sandbox.pin_workspace` opened it (``O_PATH``) and
+  every check ran on the fd's own path, which must be the session's ``cwd``; the directories
+  pinned for a mask are opened below that fd without following symlinks and bound by fd too.
+  A path string handed to bwrap would be looked up again, following symlinks: a directory of
+  it renamed for a symlink between check and mount bound the host's ``/`` read-write (issue 11).
+  bwrap resolves the fd to a path itself, mounts, and compares ``(st_dev, st_ino)`` of the
+  mount with the fd's, dying on a difference; a mount point that is a symlink at that instant
+  fails too. ``--chdir`` is a path inside the sandbox: if it is swapped there, it leads into the
+  read-only tree (only the pinned workspace and the private tmpfs mounts are writable);
+* the tmpfs lease (:class:`dshd.execution.sandbox.TmpBudget`): its fd, locked (``flock``) by
+  the daemon at reservation, passed with ``--sync-fd`` — bwrap keeps it open, outside the
+  command's reach, while the sandbox lives — which is how the daemon bounds the sum of the
+  running calls' tmpfs mounts (``tmp_total_bytes``). User mode only (the daemon passes no
+  bound in system mode; only the per-call caps hold there);
 * ``--dir /dev/.dsh-sandbox``: the mark the peer check looks for in bwrap's command line.
 
 Refused before any of this (:func:`dshd.execution.sandbox.check_confinable`): a system

@@ -16,7 +16,8 @@ itself and ``execvp``\\ s the command. The rules:
 path                            rights
 =============================== ===========================================================
 ``/``                           execute, read file, read directory (everything else denied)
-workspace (``workspace-write``) every right of the ABI (create, remove, rename within, …)
+workspace (``workspace-write``) every right of the ABI (create, remove, rename within, …),
+                                on the pinned fd the launcher inherits (read-only: read rights)
 per-call ``TMPDIR``             every right; ``<scratch>/landlock-tmp/<pgid>-<random>``
 ``/dev/null`` ``/dev/zero`` …   read, write, truncate, ioctl
 TCP (ABI ≥ 4)                   bind and connect denied unless the network is allowed
@@ -31,6 +32,13 @@ Unix-socket right is not in this kernel's ABI 7), so the launcher adds a seccomp
 through its socket — at whatever path it guesses — nor D-Bus, systemd or docker, and sends no
 datagram while the network is off. The price: a tool cannot use any Unix socket, not even one
 it serves itself in the workspace (bwrap allows that).
+
+The workspace is pinned by fd (:func:`dshd.execution.sandbox.pin_workspace`) and the checks
+run on the fd's path; the launcher inherits the fd (``"workspace": {"fd", "path", "dev", "ino",
+"write"}`` in the rules), checks its identity, ``fchdir``\\ s to it and puts the workspace rule on
+it — no path is looked up again, so a rename-for-a-symlink race cannot move the rule elsewhere.
+Without an fd (a caller that passes no ``fds``) the launcher opens the path and refuses
+(exit 126, naming it) when the directory found is not the one dshd checked.
 
 Refused here, because Landlock cannot hide: ``workspace-write`` when dshd's state directory or
 socket lies inside the workspace (a rule cannot allow a tree *except* part of it), with
