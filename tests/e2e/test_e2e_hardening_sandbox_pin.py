@@ -121,6 +121,7 @@ async def test_a_workspace_path_swapped_for_a_symlink_is_never_what_gets_bound(
             (wsd / "sub2").unlink()
         (wsd / "real").rename(wsd / "sub2")
     escaped = sorted(str(p) for p in aim.rglob("WIN_*") if wsd not in p.parents)
+    print(f"\nESCAPED {provider}/{target}: {len(escaped)}/40")
     assert escaped == [], escaped
     inside = [p.name for p in (wsd / "sub2").iterdir() if p.name.startswith("WIN_")]
     refused = [r for r in results if r.get("errorCode") == "SANDBOX_UNAVAILABLE"]
