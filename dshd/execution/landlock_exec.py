@@ -10,9 +10,13 @@ on another process. So the daemon never restricts itself: the Landlock provider
 
 and this small program, running as the command's process-group leader, does in order:
 
+0. **Take the workspace**: the inherited pinned fd (or, without one, an ``O_PATH`` open of the
+   path), checked against the ``(st_dev, st_ino)`` dshd saw (:func:`open_workspace`), and
+   ``fchdir`` to it; its rule in step 3 goes on that fd. A mismatch fails closed.
 1. **Garbage-collect** per-call temporary directories left under ``tmp_root`` by earlier calls
    whose process group is gone (at most :data:`GC_LIMIT` per launch, unconfined, before step 4;
-   the daemon's event loop never waits for it).
+   the daemon's event loop never waits for it). Only names of the form this launcher makes
+   (:data:`TMP_NAME`) are considered; any other name is left alone and never stops a launch.
 2. **Make a private temporary directory** ``<tmp_root>/<pgid>-<random>`` (mode 0700) and point
    ``TMPDIR`` at it. Landlock cannot give a process its own ``/tmp`` the way a mount namespace
    does; instead the rest of ``/tmp`` stays read-only and this directory is writable.
@@ -73,6 +77,7 @@ _PARENT_AT_START = os.getppid()
 import ctypes  # noqa: E402 (the parent is read first)
 import errno  # noqa: E402
 import json  # noqa: E402
+import re  # noqa: E402
 import secrets
 import shutil
 import stat
@@ -229,12 +234,15 @@ def restrict(
     write: list[str],
     devices: list[str],
     deny_tcp: bool,
+    pinned: list[tuple[int, bool]] = (),
 ) -> int:
     """Confine the calling thread (and its future children); returns the ABI used.
 
     ``read``/``write``: directory trees (absolute paths) given read+execute / every right;
     ``devices``: files given read/write/truncate/ioctl (missing ones are skipped).
     ``deny_tcp``: handle TCP bind/connect with no port allowed (ABI ≥ 4; ignored below).
+    ``pinned``: ``(fd, writable)`` of directories already opened (the workspace, checked by
+    :func:`open_workspace`): the rule goes on that fd, not on a path looked up again.
     Raises :class:`LandlockError` when any step fails — nothing is half-applied that matters,
     since the caller must then not exec.
     """
@@ -262,6 +270,9 @@ def restrict(
         rules += [(p, DEVICE_RIGHTS, True) for p in devices]
         for path, rights, optional in rules:
             _add_path_rule(libc, ruleset_fd, path, rights & fs, optional)
+        for fd, writable in pinned:
+            _add_fd_rule(libc, ruleset_fd, fd, (fs if writable else READ_RIGHTS) & fs,
+                         "the workspace")
         if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             raise _fail("prctl(PR_SET_NO_NEW_PRIVS) failed", ctypes.get_errno())
         _drop_bounding_set(libc)
@@ -288,15 +299,45 @@ def _add_path_rule(libc: ctypes.CDLL, ruleset_fd: int, path: str, rights: int,
     except OSError as exc:
         raise LandlockError(f"cannot open {path} for a Landlock rule: {exc.strerror}") from None
     try:
-        if not stat.S_ISDIR(os.fstat(fd).st_mode):
-            rights &= FILE_RIGHTS
-        rule = _PathBeneathAttr(allowed_access=rights, parent_fd=fd)
-        if libc.syscall(SYS_LANDLOCK_ADD_RULE, ctypes.c_int(ruleset_fd),
-                        ctypes.c_int(LANDLOCK_RULE_PATH_BENEATH), ctypes.byref(rule),
-                        ctypes.c_uint32(0)) < 0:
-            raise _fail(f"landlock_add_rule for {path} failed", ctypes.get_errno())
+        _add_fd_rule(libc, ruleset_fd, fd, rights, path)
     finally:
         os.close(fd)
+
+
+def _add_fd_rule(libc: ctypes.CDLL, ruleset_fd: int, fd: int, rights: int, shown: str) -> None:
+    if not stat.S_ISDIR(os.fstat(fd).st_mode):
+        rights &= FILE_RIGHTS
+    rule = _PathBeneathAttr(allowed_access=rights, parent_fd=fd)
+    if libc.syscall(SYS_LANDLOCK_ADD_RULE, ctypes.c_int(ruleset_fd),
+                    ctypes.c_int(LANDLOCK_RULE_PATH_BENEATH), ctypes.byref(rule),
+                    ctypes.c_uint32(0)) < 0:
+        raise _fail(f"landlock_add_rule for {shown} failed", ctypes.get_errno())
+
+
+def open_workspace(spec: dict) -> tuple[int, bool]:
+    """Open the workspace ``{"path", "dev", "ino", "write", "fd"?}`` — or take the inherited
+    ``fd`` — and check it is the directory dshd checked (same ``(st_dev, st_ino)``); returns
+    ``(O_PATH fd, writable)``. A path swapped
+    since (a directory renamed for a symlink) raises :class:`LandlockError` naming the path."""
+    path = spec["path"]
+    if not isinstance(path, str) or not os.path.isabs(path):
+        raise LandlockError(f"the workspace {path!r} is not an absolute path")
+    if spec.get("fd") is not None:  # inherited from dshd, which pinned and checked it
+        fd = int(spec["fd"])
+        os.set_inheritable(fd, False)  # never reaches the command
+    else:
+        try:
+            fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise LandlockError(f"cannot open the workspace {path}: {exc.strerror}") from None
+    st = os.fstat(fd)
+    if (st.st_dev, st.st_ino) != (int(spec["dev"]), int(spec["ino"])):
+        os.close(fd)
+        raise LandlockError(
+            f"the workspace {path} is no longer the directory dshd checked (a directory in "
+            "its path was renamed or replaced since): refusing to run"
+        )
+    return fd, bool(spec.get("write"))
 
 
 class _SockFilter(ctypes.Structure):
@@ -441,9 +482,18 @@ def _clear_capabilities(libc: ctypes.CDLL) -> None:
         raise _fail("capset failed", ctypes.get_errno())
 
 
+#: The names :func:`make_private_tmp` makes: ``<pgid>-<12 hex digits>``.
+TMP_NAME = re.compile(r"([1-9][0-9]{0,9})-[0-9a-f]{12}")
+#: Above the largest pid Linux allows (``PID_MAX_LIMIT`` is 2**22).
+PGID_LIMIT = 1 << 22
+
+
 def collect_garbage(tmp_root: str, limit: int = GC_LIMIT) -> int:
-    """Remove up to ``limit`` directories ``<pgid>-*`` under ``tmp_root`` whose process group is
-    gone; returns how many were removed. A reused pgid only delays a removal."""
+    """Remove up to ``limit`` directories ``<pgid>-<random>`` under ``tmp_root`` whose process
+    group is gone; returns how many were removed. A reused pgid only delays a removal.
+
+    Only names this launcher makes (:data:`TMP_NAME`, a pgid below :data:`PGID_LIMIT`) are
+    considered; anything else there is left alone and never stops a launch."""
     removed = 0
     try:
         names = os.listdir(tmp_root)
@@ -452,15 +502,15 @@ def collect_garbage(tmp_root: str, limit: int = GC_LIMIT) -> int:
     for name in names:
         if removed >= limit:
             break
-        pgid, sep, _ = name.partition("-")
-        if not sep or not pgid.isdigit():
+        match = TMP_NAME.fullmatch(name)
+        if match is None or int(match.group(1)) >= PGID_LIMIT:
             continue
         try:
-            os.killpg(int(pgid), 0)
+            os.killpg(int(match.group(1)), 0)
             continue
         except ProcessLookupError:
             pass
-        except OSError:
+        except (OSError, OverflowError, ValueError):
             continue  # exists (another user's?) or unknown: keep it
         shutil.rmtree(os.path.join(tmp_root, name), ignore_errors=True)
         removed += 1
@@ -488,7 +538,9 @@ def main(args: list[str]) -> int:
     """``--rules-json JSON -- argv...``; execs argv (never returns) or returns an exit status.
 
     JSON: ``{"read": [dir...], "write": [dir...], "devices": [file...], "tmp_root": dir|null,
-    "deny_tcp": bool}``.
+    "deny_tcp": bool, "workspace": {"path", "dev", "ino", "write"}|null}``. The workspace is
+    opened and checked against ``dev``/``ino`` (:func:`open_workspace`), becomes the cwd
+    (``fchdir``) and gets its rule through that fd.
     """
     if len(args) < 4 or args[0] != "--rules-json" or args[2] != "--":
         print("usage: landlock_exec --rules-json JSON -- argv...", file=sys.stderr)
@@ -497,6 +549,11 @@ def main(args: list[str]) -> int:
     try:
         rules = json.loads(args[1])
         write = list(rules.get("write", []))
+        pinned = []
+        if rules.get("workspace") is not None:
+            fd, writable = open_workspace(rules["workspace"])
+            os.fchdir(fd)  # the cwd is the directory checked, whatever its path names now
+            pinned.append((fd, writable))
         tmp_root = rules.get("tmp_root")
         if tmp_root:
             collect_garbage(tmp_root)
@@ -508,11 +565,15 @@ def main(args: list[str]) -> int:
             write=write,
             devices=list(rules.get("devices", [])),
             deny_tcp=bool(rules.get("deny_tcp", True)),
+            pinned=pinned,
         )
+        for fd, _ in pinned:
+            os.close(fd)
         # Last, after every credential change of the setup (one that widened them would clear
         # it), right before the exec, which keeps it.
         die_with_parent(_libc(), _PARENT_AT_START)
-    except (LandlockError, OSError, ValueError, TypeError, AttributeError) as exc:
+    except (LandlockError, OSError, ValueError, TypeError, AttributeError, KeyError,
+            OverflowError) as exc:
         print(f"dsh sandbox (landlock): the command was not run: {exc}", file=sys.stderr)
         return EXIT_SETUP_FAILED
     try:

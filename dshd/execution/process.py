@@ -200,6 +200,7 @@ async def run_command(
     as_user: "RunAs | None" = None,
     script: "BashScript | None" = None,
     spare_wrapper: str | None = None,
+    pass_fds: "list[int] | None" = None,
 ) -> ExecOutcome:
     """Run ``argv`` to completion, feeding ``capture``; see the module doc (EXEC.md §2).
 
@@ -207,6 +208,9 @@ async def run_command(
     started with that user's uid, gid and groups (never root's).
     ``script``: the :class:`BashScript` whose argv is inside ``argv``; its fd (if any) is passed
     to the child, and ``run_command`` closes it in every case.
+    ``pass_fds``: more fds the child inherits (the sandbox's pinned workspace and tmpfs lease,
+    see :meth:`dshd.execution.sandbox.Provider.confine`); ``run_command`` closes them (and
+    empties the list) in every case, as it does the script's.
     ``spare_wrapper``: the process name (``comm``) of the sandbox wrapper when the leader is one
     (``bwrap``): SIGTERM skips the leader and its children of that name (see the module doc).
     The sweep after SIGKILL to the group keys on a token this function makes per run and adds
@@ -224,16 +228,22 @@ async def run_command(
     ``on_output`` or ``capture`` (a bug) also kills the group first, and comes out wrapped in
     an ``ExceptionGroup`` (trio's strict groups: the reader runs in an internal nursery).
     """
-    for name, value in (("timeout", timeout), ("kill_grace", kill_grace), ("eof_grace", eof_grace)):
-        if value is not None and not value >= 0:
-            if script is not None:
-                script.close()
-            raise ValueError(f"{name} must be a non-negative number of seconds, not {value!r}")
-    if not argv:
+    extra_fds = pass_fds if pass_fds is not None else []
+
+    def release() -> None:
         if script is not None:
             script.close()
+        while extra_fds:
+            os.close(extra_fds.pop())
+
+    for name, value in (("timeout", timeout), ("kill_grace", kill_grace), ("eof_grace", eof_grace)):
+        if value is not None and not value >= 0:
+            release()
+            raise ValueError(f"{name} must be a non-negative number of seconds, not {value!r}")
+    if not argv:
+        release()
         raise ValueError("run_command needs a non-empty argv")
-    pass_fds = script.pass_fds if script is not None else ()
+    pass_fds = (*(script.pass_fds if script is not None else ()), *extra_fds)
     token = f"{RUN_TOKEN_VAR}={secrets.token_hex(16)}"
     env = {**env, RUN_TOKEN_VAR: token.partition("=")[2]}
     if as_user is not None:
@@ -269,8 +279,7 @@ async def run_command(
         raise
     finally:
         os.close(write_fd)
-        if script is not None:
-            script.close()  # the child holds its own copy of the script's fd
+        release()  # the child holds its own copies of the script's and the sandbox's fds
     run = _Run(proc, trio.lowlevel.FdStream(read_fd), capture, on_output, kill_grace, eof_grace,
                spare_wrapper=spare_wrapper, marker=token,
                uid=as_user.uid if as_user is not None else os.geteuid())

@@ -23,13 +23,21 @@ Modes: ``read-only`` and ``workspace-write`` are confined by every real provider
 provider (an explicit opt-in, never a fallback). The ``none`` provider never runs a confining
 mode unconfined: it raises, and the session turns that into ``SANDBOX_UNAVAILABLE``.
 
+Every real provider first pins the workspace (:func:`pin_workspace`): it opens the session's
+``cwd`` with ``O_PATH|O_DIRECTORY``, requires the fd's own path (``/proc/self/fd/N``) to be that
+``cwd`` and to name the fd's directory right now, and runs every check below on it; the wrapped
+argv refers to the fd (bwrap ``--bind-fd``, the Landlock launcher's inherited fd), which the
+caller passes to the child and closes (``fds``). A name is never looked up twice, so a directory
+renamed for a symlink between check and spawn cannot redirect the writable bind (issue 11).
+
 Before confining, every real provider (:func:`check_confinable`) refuses, with
 :class:`SandboxUnavailable`: a workspace that is a system directory (:func:`refused_workspace`:
 ``/``, ``/etc``, ``/usr``, ``/tmp`` itself, anything at or under ``/proc``, ``/sys``, ``/dev``,
 ``/run`` — a bind there would cover the sandbox's own trees with the host's; ``session.create``
 applies the same rule), and any call once a hidden path (the state directory, the socket) is no
 longer where it was when first seen (:class:`HiddenPathGuard`, by ``(st_dev, st_ino)``): masks
-sit on paths, and a moved directory would be unmasked under its new name. The bwrap provider
+sit on paths, and a moved directory would be unmasked under its new name; and a workspace at or
+inside a hidden path (the state directory). The bwrap provider
 also caps each call's tmpfs mounts and bounds their sum over running calls
 (:class:`TmpBudget`).
 
@@ -47,7 +55,6 @@ import fcntl
 import os
 import secrets
 import shutil
-import stat
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -65,7 +72,10 @@ __all__ = [
     "Provider",
     "SandboxUnavailable",
     "TmpBudget",
+    "PinnedWorkspace",
     "check_confinable",
+    "close_fds",
+    "pin_workspace",
     "probe",
     "refused_workspace",
     "self_test",
@@ -112,8 +122,13 @@ class Provider(Protocol):
         *,
         hide: list[str] = (),
         network: bool = False,
+        fds: list[int] | None = None,
     ) -> tuple[list[str], str]:
         """Return ``(wrapped argv, completeness)`` for ``mode`` with ``workspace`` as the cwd.
+
+        ``fds``: receives the fds the wrapped argv refers to (the workspace pinned by fd, a
+        tmpfs lease); the caller passes them to the child and closes them after the spawn
+        (``run_command(pass_fds=...)`` does both). The bwrap provider requires it.
 
         ``hide``: paths the tool must not see (the daemon's state directory, its socket).
         ``network``: allow the network in ``workspace-write``. ``danger-full-access`` gives
@@ -214,19 +229,23 @@ class TmpBudget:
 
     The pages of a sandbox's ``/tmp`` count against dshd's cgroup, so each call's tmpfs mounts
     are capped (``per_call`` bytes in all, see the bwrap provider) and the sum over running calls
-    is bounded by ``total``. There is no end-of-call hook here, so a call's share is a *lease*: a
-    file ``<lease_dir>/<token>`` (mode 0600) made by :meth:`reserve` at confine time, bound into
-    the sandbox, where bwrap ``--chmod``\ s it to 0640 (the call started) and holds a lock on it
-    for as long as the sandbox lives (``--lock-file``). A lease counts while it is locked, or
-    while it is 0600 and younger than :data:`SPAWN_GRACE` (confined, not yet started); a started
-    lease that is unlocked (the call ended) or an unstarted one past the grace is removed. A call
-    that would take the sum past ``total`` fails closed (:class:`SandboxUnavailable`); it is not
-    queued.
+    is bounded by ``total``. A call's share is a *lease*: a file ``<lease_dir>/lease-<token>``
+    that :meth:`reserve` creates and ``flock``\ s (shared) through an fd it returns; that fd is
+    passed to bwrap (``--sync-fd``: bwrap keeps it open while the sandbox lives) and the daemon
+    closes its own copy after the spawn. The lock belongs to the open file description, so it
+    is held from the reservation on — with no window in which a running call's lease looks
+    unlocked — until the last process of the sandbox is gone (or, if the spawn never happens,
+    until the daemon closes the fd). A lease counts while it is locked; an unlocked one is
+    removed. The file is made under a ``new-`` name and renamed only once locked, so a count
+    never sees it unlocked. A call that would take the sum past ``total`` fails closed
+    (:class:`SandboxUnavailable`); it is not queued.
+
+    (Before: bwrap ``--chmod``\ ed the lease and took a POSIX lock on it with ``--lock-file``,
+    but bwrap takes that lock late in its setup, and a count in between removed the lease of a
+    starting call — so 20 calls ran under a budget of 14.)
     """
 
-    SPAWN_GRACE = 60.0
-    NOT_STARTED = 0o600
-    STARTED = 0o640
+    NEW_GRACE = 60.0
 
     def __init__(self, lease_dir: str, per_call: int, total: int) -> None:
         self.lease_dir = lease_dir
@@ -237,26 +256,34 @@ class TmpBudget:
         """Whether lease ``name`` still holds its share (removes it when it does not)."""
         path = os.path.join(self.lease_dir, name)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
         except OSError:
             return False
         try:
-            st = os.fstat(fd)
             try:
-                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
-                return True  # a sandbox holds it: running
-            fcntl.lockf(fd, fcntl.LOCK_UN)
-            unstarted = stat.S_IMODE(st.st_mode) == self.NOT_STARTED
-            if unstarted and time.time() - st.st_mtime < self.SPAWN_GRACE:
-                return True  # confined, not yet started
+                return True  # a sandbox (or a reservation not yet spawned) holds it
+            # Unlocked: the call ended. Removed while we hold the lock, so no new holder races.
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+            return False
         finally:
             os.close(fd)
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
-        return False
+
+    def _sweep_new(self, names: list[str]) -> None:
+        """Remove ``new-`` files a crash left behind (older than :data:`NEW_GRACE`)."""
+        for name in names:
+            if not name.startswith("new-"):
+                continue
+            path = os.path.join(self.lease_dir, name)
+            try:
+                if time.time() - os.stat(path, follow_symlinks=False).st_mtime > self.NEW_GRACE:
+                    os.unlink(path)
+            except OSError:
+                pass
 
     def in_use(self) -> int:
         """How many leases hold a share now (stale ones are removed on the way)."""
@@ -264,10 +291,12 @@ class TmpBudget:
             names = os.listdir(self.lease_dir)
         except FileNotFoundError:
             return 0
+        self._sweep_new(names)
         return sum(1 for name in names if name.startswith("lease-") and self._counts(name))
 
-    def reserve(self) -> str:
-        """A new lease file's path, or :class:`SandboxUnavailable` when the sum is spent."""
+    def reserve(self) -> int:
+        """A new lease's locked fd (the caller passes it to the sandbox and closes it), or
+        :class:`SandboxUnavailable` when the sum is spent."""
         os.makedirs(self.lease_dir, mode=0o700, exist_ok=True)
         running = self.in_use()
         if (running + 1) * self.per_call > self.total:
@@ -278,11 +307,88 @@ class TmpBudget:
                 "and /run); the call did not run — retry when a call has finished, or raise "
                 "tmp_total_bytes"
             )
-        path = os.path.join(self.lease_dir, f"lease-{secrets.token_hex(8)}")
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, self.NOT_STARTED)
-        os.fchmod(fd, self.NOT_STARTED)  # whatever the umask
+        token = secrets.token_hex(8)
+        new = os.path.join(self.lease_dir, f"new-{token}")
+        fd = os.open(new, os.O_CREAT | os.O_EXCL | os.O_RDONLY | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            os.rename(new, os.path.join(self.lease_dir, f"lease-{token}"))
+        except BaseException:
+            os.close(fd)
+            try:
+                os.unlink(new)
+            except OSError:
+                pass
+            raise
+        return fd
+
+
+@dataclass(frozen=True)
+class PinnedWorkspace:
+    """The workspace held by an ``O_PATH`` fd: ``path`` is the fd's own path (from
+    ``/proc/self/fd``), ``dev``/``ino`` its identity. Every check runs on ``path``, and the
+    sandbox is given the fd (bwrap ``--bind-fd``) or the identity (the Landlock launcher checks
+    its own open against it), never the name again: a directory renamed for a symlink between
+    check and spawn cannot redirect the bind."""
+
+    fd: int
+    path: str
+    dev: int
+    ino: int
+
+
+def close_fds(fds: list[int]) -> None:
+    """Close every fd in ``fds`` (those :meth:`Provider.confine` opened) and empty the list."""
+    while fds:
+        try:
+            os.close(fds.pop())
+        except OSError:
+            pass
+
+
+def pin_workspace(workspace: str) -> PinnedWorkspace:
+    """Open ``workspace`` (``O_PATH|O_DIRECTORY``) and return it pinned; the caller closes the fd.
+
+    ``workspace`` must be canonical (the session's cwd is resolved once, at ``session.create``):
+    the directory opened must be found at exactly that path — a symlink anywhere on the way
+    (say, a directory of the path renamed away and a symlink put in its place) would make the
+    open land elsewhere, and pinning *that* would only pin the attacker's choice.
+
+    Raises :class:`SandboxUnavailable` when it cannot be opened, when the fd's own path is not
+    ``workspace``, or when that path does not name the fd's directory right now (a path being
+    swapped): fail closed, never guess.
+    """
+    try:
+        fd = os.open(workspace, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise SandboxUnavailable(
+            f"the session directory {workspace} cannot be opened ({exc.strerror}); the call "
+            "did not run"
+        ) from None
+    try:
+        st = os.fstat(fd)
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if (path != os.path.normpath(workspace)
+                or _identity_nofollow(path) != (st.st_dev, st.st_ino)):
+            raise SandboxUnavailable(
+                f"the session directory {workspace} is not where it was: the path now leads to "
+                f"{path!r} (a directory in it was renamed, or replaced by a symlink); the "
+                "call did not run — if the move was meant, start a session in the new place"
+            )
+    except BaseException:
         os.close(fd)
-        return path
+        raise
+    return PinnedWorkspace(fd, path, st.st_dev, st.st_ino)
+
+
+def _identity_nofollow(path: str) -> tuple[int, int] | None:
+    try:
+        if os.path.realpath(path) != path:
+            return None
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def check_mode(mode: str, workspace: str) -> None:
@@ -296,14 +402,25 @@ def check_mode(mode: str, workspace: str) -> None:
 def check_confinable(mode: str, workspace: str, hide: list[str], guard: HiddenPathGuard) -> None:
     """The checks every real provider makes before confining (after :func:`check_mode`).
 
-    Pins the hidden paths (all modes) and, in a confining mode, raises
-    :class:`SandboxUnavailable` when one was moved (:class:`HiddenPathGuard`) or the workspace
-    is refused (:func:`refused_workspace`: a session created before that rule existed).
+    ``workspace``: the *pinned* path (:attr:`PinnedWorkspace.path`) in a confining mode. Pins
+    the hidden paths (all modes) and, in a confining mode, raises :class:`SandboxUnavailable`
+    when one was moved (:class:`HiddenPathGuard`), the workspace is refused
+    (:func:`refused_workspace`: a session created before that rule existed), or the workspace
+    lies at or inside a hidden path (the state directory: its bind would uncover it).
     """
     confining = mode in CONFINING_MODES
     guard.check(list(hide), enforce=confining)
-    if confining and (why := refused_workspace(workspace)):
+    if not confining:
+        return
+    if why := refused_workspace(workspace):
         raise SandboxUnavailable(why)
+    for path in hide:
+        real = os.path.realpath(path)
+        if real != "/" and os.path.commonpath([real, workspace]) == real:
+            raise SandboxUnavailable(
+                f"the session directory {workspace} lies inside {path} (dshd's state directory "
+                "or socket), which tools must not reach; the call did not run"
+            )
 
 
 def skipped_list(skipped: tuple[tuple[str, str], ...]) -> list[dict]:
@@ -345,6 +462,7 @@ class NoSandbox(Verdict):
         *,
         hide: list[str] = (),
         network: bool = False,
+        fds: list[int] | None = None,
     ) -> tuple[list[str], str]:
         check_mode(mode, workspace)
         if mode == "danger-full-access":
@@ -360,17 +478,22 @@ def _shell() -> str:
     return "/bin/sh" if os.path.exists("/bin/sh") else (shutil.which("sh") or "/bin/sh")
 
 
-async def _run_probe_command(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    with trio.fail_after(PROBE_TIMEOUT):
-        return await trio.run_process(
-            argv,
-            cwd=str(cwd),
-            stdin=subprocess.DEVNULL,
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-            start_new_session=True,
-        )
+async def _run_probe_command(argv: list[str], cwd: Path,
+                             fds: list[int]) -> subprocess.CompletedProcess:
+    try:
+        with trio.fail_after(PROBE_TIMEOUT):
+            return await trio.run_process(
+                argv,
+                cwd=str(cwd),
+                stdin=subprocess.DEVNULL,
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
+                start_new_session=True,
+                pass_fds=tuple(fds),
+            )
+    finally:
+        close_fds(fds)
 
 
 def _stderr_tail(result: subprocess.CompletedProcess) -> str:
@@ -395,9 +518,10 @@ async def self_test(provider: Provider, scratch_dir: Path) -> str | None:
     workspace.mkdir(parents=True)
     try:
         true = shutil.which("true") or "/bin/true"
-        argv, _ = provider.confine([true], "workspace-write", str(workspace))
+        fds: list[int] = []
+        argv, _ = provider.confine([true], "workspace-write", str(workspace), fds=fds)
         try:
-            result = await _run_probe_command(argv, workspace)
+            result = await _run_probe_command(argv, workspace, fds)
         except trio.TooSlowError:
             return f"a confined `true` did not finish within {PROBE_TIMEOUT:g} s"
         except OSError as exc:
@@ -411,9 +535,10 @@ async def self_test(provider: Provider, scratch_dir: Path) -> str | None:
             [_shell(), "-c", script, "sh", str(inside), str(outside)],
             "workspace-write",
             str(workspace),
+            fds=fds,
         )
         try:
-            result = await _run_probe_command(argv, workspace)
+            result = await _run_probe_command(argv, workspace, fds)
         except trio.TooSlowError:
             return f"the confined write test did not finish within {PROBE_TIMEOUT:g} s"
         if outside.exists() or os.path.lexists(outside):

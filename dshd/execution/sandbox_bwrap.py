@@ -41,13 +41,22 @@ pinned for a mask, then the sandbox's own trees — so nothing ever covers those
   directory between the workspace and it is bound onto itself: a mount point cannot be renamed
   or removed (``EBUSY``), so ``mv .local/state .local/state.x`` cannot carry the state dir out
   from under its mask for the next call;
-* the workspace at its own (resolved) path: ``--bind`` in ``workspace-write``, ``--ro-bind`` in
-  ``read-only`` — always, so that neither the private ``/tmp`` nor a hidden directory hides it;
-* the tmpfs lease (:class:`dshd.execution.sandbox.TmpBudget`) at ``/dev/.dsh-tmp-lease``,
-  read-only: bwrap marks it started and holds a lock on it while the sandbox lives, which is how
-  the daemon bounds the sum of the running calls' tmpfs mounts (``tmp_total_bytes``). User
-  mode only: in system mode bwrap runs as the session's owner, who can neither reach nor
-  ``chmod`` a lease in root's state directory, so there only the per-call caps hold;
+* the workspace at its own path, **from its pinned fd**: ``--bind-fd`` in ``workspace-write``,
+  ``--ro-bind-fd`` in ``read-only`` — always, so that neither the private ``/tmp`` nor a hidden
+  directory hides it. :func:`dshd.execution.sandbox.pin_workspace` opened it (``O_PATH``) and
+  every check ran on the fd's own path, which must be the session's ``cwd``; the directories
+  pinned for a mask are opened below that fd without following symlinks and bound by fd too.
+  A path string handed to bwrap would be looked up again, following symlinks: a directory of
+  it renamed for a symlink between check and mount bound the host's ``/`` read-write (issue 11).
+  bwrap resolves the fd to a path itself, mounts, and compares ``(st_dev, st_ino)`` of the
+  mount with the fd's, dying on a difference; a mount point that is a symlink at that instant
+  fails too. ``--chdir`` is a path inside the sandbox: if it is swapped there, it leads into the
+  read-only tree (only the pinned workspace and the private tmpfs mounts are writable);
+* the tmpfs lease (:class:`dshd.execution.sandbox.TmpBudget`): its fd, locked (``flock``) by
+  the daemon at reservation, passed with ``--sync-fd`` — bwrap keeps it open, outside the
+  command's reach, while the sandbox lives — which is how the daemon bounds the sum of the
+  running calls' tmpfs mounts (``tmp_total_bytes``). User mode only (the daemon passes no
+  bound in system mode; only the per-call caps hold there);
 * ``--dir /dev/.dsh-sandbox``: the mark the peer check looks for in bwrap's command line.
 
 Refused before any of this (:func:`dshd.execution.sandbox.check_confinable`): a system
@@ -79,10 +88,14 @@ from dshd.execution.sandbox import (
     DEFAULT_TMP_SIZE,
     PROBE_TIMEOUT,
     HiddenPathGuard,
+    PinnedWorkspace,
+    SandboxUnavailable,
     TmpBudget,
     Verdict,
     check_confinable,
     check_mode,
+    close_fds,
+    pin_workspace,
     self_test,
 )
 
@@ -151,35 +164,52 @@ class BwrapProvider(Verdict):
         *,
         hide: list[str] = (),
         network: bool = False,
+        fds: list[int] | None = None,
     ) -> tuple[list[str], str]:
         """``(bwrap argv, "full")``; ``danger-full-access`` → ``(argv, "none")`` (EXEC.md §3).
 
-        ``workspace``: absolute; bound at its resolved path, which is also the new cwd.
-        ``hide``: paths masked inside (missing ones are skipped; ``/`` is refused with
-        ``ValueError``). ``network``: honoured in ``workspace-write`` only. Raises
-        :class:`SandboxUnavailable` for a refused workspace, a moved hidden path or a spent
-        tmpfs budget.
+        ``workspace``: absolute; pinned by an ``O_PATH`` fd (:func:`pin_workspace`), checked on
+        the fd's own path, and bound from the fd (``--bind-fd``) at that path, which is also the
+        new cwd. ``fds``: a list that receives the fds the argv refers to (the workspace, the
+        directories pinned for a mask, the tmpfs lease): the caller passes them to the child
+        (``pass_fds``) and closes them after the spawn (:func:`close_fds`); required in a
+        confining mode (``ValueError`` without it). ``hide``: paths masked inside (missing ones
+        are skipped; ``/`` is refused with ``ValueError``). ``network``: honoured in
+        ``workspace-write`` only. Raises :class:`SandboxUnavailable` for a refused or moving
+        workspace, a moved hidden path or a spent tmpfs budget (and then leaves ``fds`` empty).
         """
         check_mode(mode, workspace)
-        check_confinable(mode, workspace, list(hide), self.guard)
         if mode == "danger-full-access":
+            check_confinable(mode, workspace, list(hide), self.guard)
             return list(argv), "none"
-        ws = os.path.realpath(workspace)
+        if fds is None:
+            raise ValueError("bwrap confine needs fds= (the pinned workspace is passed by fd)")
+        try:
+            return self._confine(argv, mode, workspace, list(hide), network, fds)
+        except BaseException:
+            close_fds(fds)
+            raise
+
+    def _confine(self, argv: list[str], mode: str, workspace: str, hide: list[str],
+                 network: bool, fds: list[int]) -> tuple[list[str], str]:
+        pinned = pin_workspace(workspace)
+        fds.append(pinned.fd)
+        ws = pinned.path
+        check_confinable(mode, ws, hide, self.guard)
         out = [self.path, "--unshare-all"]
         if network and mode == "workspace-write":
             out.append("--share-net")
         if self.disable_userns:
             out += ["--unshare-user", "--disable-userns"]
         out += ["--cap-drop", "ALL", "--die-with-parent"]
-        bind = "--bind" if mode == "workspace-write" else "--ro-bind"
-        mounts, remount_ro = self._mounts(ws, bind, hide)
+        mounts, remount_ro = self._mounts(pinned, mode == "workspace-write", hide, fds)
         for _, _, args in mounts:
             out += args
-        lease = self.budget.reserve() if self.budget is not None else None
-        if lease is not None:
-            # bwrap marks the lease started (chmod) and holds a lock on it while it lives.
-            out += ["--bind", lease, LEASE_DEST, "--chmod", f"{TmpBudget.STARTED:o}", LEASE_DEST,
-                    "--remount-ro", LEASE_DEST, "--lock-file", LEASE_DEST]
+        if self.budget is not None:
+            lease = self.budget.reserve()
+            fds.append(lease)
+            # bwrap keeps the lease's locked fd open while the sandbox lives (TmpBudget).
+            out += ["--sync-fd", str(lease)]
         out += ["--dir", SANDBOX_MARK]
         # Last, so that bwrap could still create mount points inside a mask or in /dev.
         # /proc read-only too: bwrap covers /proc/sys and /proc/sysrq-trigger only when
@@ -190,11 +220,13 @@ class BwrapProvider(Verdict):
         return out, self.completeness
 
     def _mounts(
-        self, ws: str, bind: str, hide: list[str]
+        self, pinned: PinnedWorkspace, writable: bool, hide: list[str], fds: list[int]
     ) -> tuple[list[tuple[str, int, list[str]]], list[str]]:
         """The sorted mount list and the ``--remount-ro`` tail (see the module doc)."""
         # (path, tie-break, args): sorted by depth, then tie-break, so parents mount first and,
         # at equal depth, the sandbox's own /proc, /dev, /tmp, /run mount last (never covered).
+        ws = pinned.path
+        bind_fd = "--bind-fd" if writable else "--ro-bind-fd"
         shm = min(self.tmp_size, SHM_SIZE)
         mounts: list[tuple[str, int, list[str]]] = [
             ("/", 0, ["--ro-bind", "/", "/"]),
@@ -205,7 +237,7 @@ class BwrapProvider(Verdict):
             *_private_run(),
         ]
         remount_ro: list[str] = []
-        pinned: set[str] = set()
+        pinned_dirs: set[str] = set()
         for path in hide:
             real = os.path.realpath(path)
             if real == "/":
@@ -219,16 +251,37 @@ class BwrapProvider(Verdict):
                 continue
             # A mask inside the workspace holds against renames: each directory between the
             # workspace and the mask becomes a mount point (bound onto itself), and a mount
-            # point cannot be renamed or removed (EBUSY) — so the mask stays on its path.
+            # point cannot be renamed or removed (EBUSY) — so the mask stays on its path. Each
+            # is opened below the workspace's fd without following symlinks and bound by fd.
             parent = os.path.dirname(real)
             while parent != ws and parent.startswith(ws.rstrip("/") + "/"):
-                if parent not in pinned:
-                    pinned.add(parent)
-                    mounts.append((parent, 2, [bind, parent, parent]))
+                if parent not in pinned_dirs:
+                    pinned_dirs.add(parent)
+                    fd = _open_below(pinned.fd, os.path.relpath(parent, ws), parent)
+                    fds.append(fd)
+                    mounts.append((parent, 2, [bind_fd, str(fd), parent]))
                 parent = os.path.dirname(parent)
-        mounts.append((ws, 2, [bind, ws, ws]))
+        mounts.append((ws, 2, [bind_fd, str(pinned.fd), ws]))
         mounts.sort(key=lambda m: (0 if m[0] == "/" else len(Path(m[0]).parts), m[1]))
         return mounts, remount_ro
+
+
+def _open_below(dir_fd: int, relative: str, shown: str) -> int:
+    """An ``O_PATH`` fd of ``relative`` below ``dir_fd``, no symlink followed on the way."""
+    fd = os.dup(dir_fd)
+    try:
+        for part in Path(relative).parts:
+            nxt = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                          dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+    except OSError as exc:
+        os.close(fd)
+        raise SandboxUnavailable(
+            f"{shown} (between the session directory and a hidden path) cannot be pinned "
+            f"({exc.strerror}: renamed or replaced by a symlink?); the call did not run"
+        ) from None
+    return fd
 
 
 def _private_run() -> list[tuple[str, int, list[str]]]:

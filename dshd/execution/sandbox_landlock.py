@@ -16,7 +16,8 @@ itself and ``execvp``\\ s the command. The rules:
 path                            rights
 =============================== ===========================================================
 ``/``                           execute, read file, read directory (everything else denied)
-workspace (``workspace-write``) every right of the ABI (create, remove, rename within, …)
+workspace (``workspace-write``) every right of the ABI (create, remove, rename within, …),
+                                on the pinned fd the launcher inherits (read-only: read rights)
 per-call ``TMPDIR``             every right; ``<scratch>/landlock-tmp/<pgid>-<random>``
 ``/dev/null`` ``/dev/zero`` …   read, write, truncate, ioctl
 TCP (ABI ≥ 4)                   bind and connect denied unless the network is allowed
@@ -31,6 +32,13 @@ Unix-socket right is not in this kernel's ABI 7), so the launcher adds a seccomp
 through its socket — at whatever path it guesses — nor D-Bus, systemd or docker, and sends no
 datagram while the network is off. The price: a tool cannot use any Unix socket, not even one
 it serves itself in the workspace (bwrap allows that).
+
+The workspace is pinned by fd (:func:`dshd.execution.sandbox.pin_workspace`) and the checks
+run on the fd's path; the launcher inherits the fd (``"workspace": {"fd", "path", "dev", "ino",
+"write"}`` in the rules), checks its identity, ``fchdir``\\ s to it and puts the workspace rule on
+it — no path is looked up again, so a rename-for-a-symlink race cannot move the rule elsewhere.
+Without an fd (a caller that passes no ``fds``) the launcher opens the path and refuses
+(exit 126, naming it) when the directory found is not the one dshd checked.
 
 Refused here, because Landlock cannot hide: ``workspace-write`` when dshd's state directory or
 socket lies inside the workspace (a rule cannot allow a tree *except* part of it), with
@@ -72,6 +80,7 @@ from dshd.execution.sandbox import (
     Verdict,
     check_confinable,
     check_mode,
+    pin_workspace,
     self_test,
 )
 
@@ -105,6 +114,7 @@ class LandlockProvider(Verdict):
         *,
         hide: list[str] = (),
         network: bool = False,
+        fds: list[int] | None = None,
     ) -> tuple[list[str], str]:
         """``(launcher argv, "partial")``; ``danger-full-access`` → ``(argv, "none")``.
 
@@ -114,25 +124,37 @@ class LandlockProvider(Verdict):
         write the state directory or rename it away). ``network``: honoured in
         ``workspace-write`` only. Raises ``ValueError`` for an unknown mode or a relative
         workspace, :class:`SandboxUnavailable` for a refused workspace or a moved hidden path.
+        ``workspace`` is pinned (:func:`pin_workspace`) and checked on the fd's path; the
+        launcher receives that path with its ``(st_dev, st_ino)``, and refuses to run when its
+        own open finds another directory there. ``fds``: when given, receives the pinned
+        fd, which the launcher inherits and uses instead of opening the path again.
         """
         check_mode(mode, workspace)
-        check_confinable(mode, workspace, list(hide), self.guard)
         if mode == "danger-full-access":
+            check_confinable(mode, workspace, list(hide), self.guard)
             return list(argv), "none"
-        ws = os.path.realpath(workspace)
-        if mode == "workspace-write":
-            for path in hide:
-                real = os.path.realpath(path)
-                if os.path.commonpath([real, ws]) == ws:
-                    raise SandboxUnavailable(
-                        f"Landlock cannot keep tools out of {path} (dshd's state directory or "
-                        f"socket), which lies inside the workspace {ws}: a workspace-write tool "
-                        "could read, change or move it. Use a project directory as the "
-                        "session directory, read-only mode, or install bubblewrap (bwrap)."
-                    )
+        # Pinned: checked on the fd's own path. With ``fds`` the launcher inherits the fd itself
+        # (puts its rule on it and fchdirs to it); without, it gets the path and the identity
+        # and checks its own open against them (a swapped path fails closed, exit 126).
+        pinned = pin_workspace(workspace)
+        try:
+            ws = pinned.path
+            check_confinable(mode, ws, list(hide), self.guard)
+            self._refuse_hidden_inside(mode, ws, hide)
+        except BaseException:
+            os.close(pinned.fd)
+            raise
+        spec = {"path": ws, "dev": pinned.dev, "ino": pinned.ino,
+                "write": mode == "workspace-write"}
+        if fds is not None:
+            fds.append(pinned.fd)
+            spec["fd"] = pinned.fd
+        else:
+            os.close(pinned.fd)
         rules = {
             "read": ["/"],
-            "write": [ws] if mode == "workspace-write" else [],
+            "write": [],
+            "workspace": spec,
             "devices": list(DEVICES),
             "tmp_root": self.tmp_root,
             "deny_tcp": not (network and mode == "workspace-write"),
@@ -143,6 +165,20 @@ class LandlockProvider(Verdict):
             "--", *argv,
         ]
         return wrapped, self.completeness
+
+    @staticmethod
+    def _refuse_hidden_inside(mode: str, ws: str, hide: list[str]) -> None:
+        if mode != "workspace-write":
+            return
+        for path in hide:
+            real = os.path.realpath(path)
+            if os.path.commonpath([real, ws]) == ws:
+                raise SandboxUnavailable(
+                    f"Landlock cannot keep tools out of {path} (dshd's state directory or "
+                    f"socket), which lies inside the workspace {ws}: a workspace-write tool "
+                    "could read, change or move it. Use a project directory as the "
+                    "session directory, read-only mode, or install bubblewrap (bwrap)."
+                )
 
 
 def _unavailable(err: int) -> str:

@@ -646,6 +646,7 @@ class Session:
         inner_env["DSH_SESSION_ID"] = self.id
         inner = ["env", "--", *(f"{k}={v}" for k, v in inner_env.items())]
         script = BashScript(args["command"])  # run_command closes it
+        fds: list[int] = []  # the sandbox's pinned workspace and lease; run_command closes them
         try:
             argv, completeness = self.sandbox.confine(
                 inner + script.argv,
@@ -653,6 +654,7 @@ class Session:
                 cwd,
                 hide=[str(self.config.state_path()), str(self.config.socket_path())],
                 network=self.config.network,
+                fds=fds,
             )
         except SandboxUnavailable as exc:
             script.close()
@@ -680,6 +682,7 @@ class Session:
                     eof_grace=self.config.eof_grace_seconds,
                     as_user=identity.run_as_for(self.owner),
                     script=script,
+                    pass_fds=fds,
                     spare_wrapper=(getattr(self.sandbox, "wrapper_comm", None)
                                    if completeness != "none" else None),
                 )

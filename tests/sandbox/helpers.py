@@ -31,8 +31,9 @@ async def run_confined(
     timeout: float | None = 60.0,
 ) -> tuple[ExecOutcome, str, str]:
     """``(outcome, output text, completeness)`` of ``bash -c script`` confined by ``provider``."""
+    fds: list[int] = []
     argv, completeness = provider.confine(
-        bash_argv(script), mode, workspace, hide=list(hide), network=network
+        bash_argv(script), mode, workspace, hide=list(hide), network=network, fds=fds
     )
     capture = OutputCapture(ShellOutputLimits(), None)
     outcome = await run_command(
@@ -45,5 +46,6 @@ async def run_confined(
         cancel=cancel if cancel is not None else trio.Event(),
         kill_grace=2.0,
         eof_grace=2.0,
+        pass_fds=fds,
     )
     return outcome, capture.text, completeness

@@ -97,17 +97,18 @@ async def test_workspace_under_tmp_stays_visible(provider_of, name) -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
-async def test_bwrap_workspace_inside_a_hidden_dir_stays_visible(provider_of, area) -> None:
+@pytest.mark.parametrize("name", PROVIDERS)
+def test_workspace_inside_a_hidden_dir_is_refused(provider_of, area, name) -> None:
+    """A workspace at or inside a hidden path (the state directory) is refused by the provider
+    itself, on the pinned path: the session's own check looks at the path string, which a
+    rename can point elsewhere after it looked (issue 11 item 1)."""
     state = area / "state"
     ws = state / "sessions" / "mine" / "ws"
     ws.mkdir(parents=True)
-    (ws / "seen").write_text("mine\n")
-    script = f'cat seen; echo x > made && echo MADE; cat "{state}/sessions/other/log.zst"'
-    outcome, text, _ = await run_confined(
-        provider_of("bwrap"), script, "workspace-write", str(ws), hide=[str(state)]
-    )
-    assert "mine" in text and "MADE" in text and (ws / "made").exists()
-    assert "SECRET" not in text
+    for mode in ("workspace-write", "read-only"):
+        with pytest.raises(SandboxUnavailable) as info:
+            provider_of(name).confine(["true"], mode, str(ws), hide=[str(state)], fds=[])
+        assert str(ws) in str(info.value) and "state directory" in str(info.value)
 
 
 async def test_bwrap_hides_a_socket_file(provider_of, area) -> None:
@@ -159,48 +160,92 @@ async def test_network_flag_opens_tcp_in_workspace_write_only(provider_of, area,
         listener.close()
 
 
-def test_bwrap_argv_shape() -> None:
+def _fd_of(argv: list[str], flag: str, dest: str) -> int:
+    """The fd that ``flag FD dest`` names in a bwrap argv."""
+    for i in range(len(argv) - 2):
+        if argv[i] == flag and argv[i + 2] == dest:
+            return int(argv[i + 1])
+    raise AssertionError(f"no {flag} FD {dest} in {argv}")
+
+
+def test_bwrap_argv_shape(tmp_path) -> None:
+    from dshd.execution.sandbox import close_fds
+
     provider = BwrapProvider("/usr/bin/bwrap", disable_userns=True)
+    real = tmp_path / "ws"
+    real.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    fds: list[int] = []
+    # A path that leads elsewhere than itself (a symlink on the way) is refused: pinning what
+    # it leads to now would pin whatever a rename put there (issue 11 item 1).
+    with pytest.raises(SandboxUnavailable, match="is not where it was"):
+        provider.confine(["x"], "workspace-write", str(link), fds=fds)
+    assert fds == []
     argv, completeness = provider.confine(
-        ["echo", "hi"], "workspace-write", "/tmp/ws", hide=["/etc/passwd", "/var"], network=True
+        ["echo", "hi"], "workspace-write", str(real), hide=["/etc/passwd", "/var"],
+        network=True, fds=fds,
     )
-    assert completeness == "full"
-    head = argv[: argv.index("--ro-bind")]
-    assert head == [
-        "/usr/bin/bwrap", "--unshare-all", "--share-net", "--unshare-user", "--disable-userns",
-        "--cap-drop", "ALL", "--die-with-parent",
-    ]
-    joined = " ".join(argv)
-    # parents first: / then /tmp's tmpfs, then the workspace bound over it; masks at the end
-    assert joined.index("--ro-bind / /") < joined.index("--tmpfs /tmp") < joined.index(
-        "--bind /tmp/ws /tmp/ws")
-    assert f"--size {provider.tmp_size} --tmpfs /tmp " in joined
-    assert "--tmpfs /var" in joined and "--remount-ro /var" in joined
-    assert "--ro-bind /dev/null /etc/passwd" in joined
-    assert argv[-5:] == ["--chdir", "/tmp/ws", "--", "echo", "hi"]
-    ro, _ = provider.confine(["true"], "read-only", "/tmp/ws", network=True)
-    assert "--share-net" not in ro and "--ro-bind /tmp/ws /tmp/ws" in " ".join(ro)
+    try:
+        assert completeness == "full"
+        head = argv[: argv.index("--ro-bind")]
+        assert head == [
+            "/usr/bin/bwrap", "--unshare-all", "--share-net", "--unshare-user",
+            "--disable-userns", "--cap-drop", "ALL", "--die-with-parent",
+        ]
+        joined = " ".join(argv)
+        # The workspace is bound from its pinned fd (never by name) at the fd's own path.
+        fd = _fd_of(argv, "--bind-fd", str(real))
+        assert fds == [fd] and os.path.samestat(os.fstat(fd), os.stat(real))
+        assert f" {link} " not in joined and "--bind " not in joined
+        # parents first: / then /tmp's tmpfs, then the workspace bound over it
+        assert joined.index("--ro-bind / /") < joined.index("--tmpfs /tmp") < joined.index(
+            f"--bind-fd {fd} {real}")
+        assert f"--size {provider.tmp_size} --tmpfs /tmp " in joined
+        assert "--tmpfs /var" in joined and "--remount-ro /var" in joined
+        assert "--ro-bind /dev/null /etc/passwd" in joined
+        assert argv[-5:] == ["--chdir", str(real), "--", "echo", "hi"]
+    finally:
+        close_fds(fds)
+    ro, _ = provider.confine(["true"], "read-only", str(real), network=True, fds=fds)
+    assert "--share-net" not in ro and f"--ro-bind-fd {fds[0]} {real}" in " ".join(ro)
+    close_fds(fds)
     assert provider.confine(["x"], "danger-full-access", "/tmp") == (["x"], "none")
     with pytest.raises(ValueError):
-        provider.confine(["x"], "full-access", "/tmp")
+        provider.confine(["x"], "full-access", "/tmp", fds=fds)
     with pytest.raises(ValueError):
-        provider.confine(["x"], "read-only", "relative/dir")
+        provider.confine(["x"], "read-only", "relative/dir", fds=fds)
     with pytest.raises(ValueError):
-        provider.confine(["x"], "read-only", "/tmp/ws", hide=["/"])
+        provider.confine(["x"], "read-only", str(real), hide=["/"], fds=fds)
+    with pytest.raises(ValueError, match="fds"):  # without fds there is no way to pass the pin
+        provider.confine(["x"], "read-only", str(real))
     with pytest.raises(SandboxUnavailable):  # the private /tmp itself is no workspace
-        provider.confine(["x"], "read-only", "/tmp")
+        provider.confine(["x"], "read-only", "/tmp", fds=fds)
+    with pytest.raises(SandboxUnavailable, match="cannot be opened"):
+        provider.confine(["x"], "read-only", str(tmp_path / "missing"), fds=fds)
+    assert fds == []  # a refusal leaves nothing open
 
 
-def test_landlock_argv_shape() -> None:
+def test_landlock_argv_shape(tmp_path) -> None:
     provider = LandlockProvider(7, "/py", "/l.py", "/scratch/landlock-tmp")
-    argv, completeness = provider.confine(["ls"], "workspace-write", "/work", network=True)
+    real = tmp_path / "work"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    st = os.stat(real)
+    with pytest.raises(SandboxUnavailable, match="is not where it was"):
+        provider.confine(["ls"], "workspace-write", str(tmp_path / "link"))
+    argv, completeness = provider.confine(["ls"], "workspace-write", str(real), network=True)
     assert completeness == "partial"
     assert argv[:4] == ["/py", "-I", "-S", "/l.py"] and argv[-2:] == ["--", "ls"]
     rules = json.loads(argv[argv.index("--rules-json") + 1])
-    assert rules["write"] == ["/work"] and rules["deny_tcp"] is False
-    argv, _ = provider.confine(["ls"], "read-only", "/work", network=True)
+    assert rules["write"] == [] and rules["deny_tcp"] is False
+    # The pinned path and its identity: the launcher checks its own open against them.
+    assert rules["workspace"] == {"path": str(real), "dev": st.st_dev, "ino": st.st_ino,
+                                  "write": True}
+    argv, _ = provider.confine(["ls"], "read-only", str(real), network=True)
     rules = json.loads(argv[argv.index("--rules-json") + 1])
     assert rules["write"] == [] and rules["deny_tcp"] is True and rules["read"] == ["/"]
+    assert rules["workspace"]["write"] is False
     assert provider.confine(["ls"], "danger-full-access", "/work") == (["ls"], "none")
 
 
@@ -336,50 +381,55 @@ async def test_system_directories_are_never_confined_as_a_workspace(provider_of,
 def test_bwrap_mounts_its_own_trees_last_and_pins_mask_parents(tmp_path) -> None:
     """Nothing is mounted over the sandbox's /proc, /dev, /tmp, /run after they are made; each
     directory between the workspace and a mask inside it is bound onto itself (so it cannot be
-    renamed away from under the mask)."""
+    renamed away from under the mask), from an fd opened below the workspace's fd."""
+    from dshd.execution.sandbox import close_fds
+
     ws = tmp_path / "home"
     state = ws / ".local" / "state" / "dsh"
     state.mkdir(parents=True)
     provider = BwrapProvider("/usr/bin/bwrap")
-    argv, _ = provider.confine(["true"], "workspace-write", str(ws), hide=[str(state)])
+    fds: list[int] = []
+    argv, _ = provider.confine(["true"], "workspace-write", str(ws), hide=[str(state)], fds=fds)
     joined = " ".join(argv)
     for parent in (ws / ".local", ws / ".local" / "state"):
-        assert f"--bind {parent} {parent}" in joined
-    assert joined.index(f"--bind {ws} {ws}") < joined.index(f"--bind {ws}/.local ")
-    assert joined.index(f"--bind {ws}/.local/state {ws}/.local/state") < joined.index(
-        f"--tmpfs {state}")
+        fd = _fd_of(argv, "--bind-fd", str(parent))
+        assert fd in fds and os.path.samestat(os.fstat(fd), os.stat(parent))
+    ws_fd = _fd_of(argv, "--bind-fd", str(ws))
+    assert joined.index(f"--bind-fd {ws_fd} {ws} ") < joined.index(f"{ws}/.local ")
+    assert argv.index(f"{ws}/.local/state") < joined.split().index(str(state))
     assert argv[argv.index("--chdir") - 4:argv.index("--chdir")] == [
         "--remount-ro", "/dev", "--remount-ro", "/proc"]
-    ro, _ = provider.confine(["true"], "read-only", str(ws), hide=[str(state)])
-    assert f"--ro-bind {ws}/.local {ws}/.local" in " ".join(ro)
+    close_fds(fds)
+    ro, _ = provider.confine(["true"], "read-only", str(ws), hide=[str(state)], fds=fds)
+    _fd_of(ro, "--ro-bind-fd", f"{ws}/.local")
+    close_fds(fds)
 
 
-def test_tmp_budget_counts_running_and_unstarted_leases_only(tmp_path) -> None:
-    """The sum bound of issue 10 item 6, without a daemon: a lease counts while a sandbox holds
-    its lock, or while it is unstarted and young; a started, unlocked one (the call ended) and
-    an unstarted one past the grace are removed."""
+def test_tmp_budget_counts_locked_leases_only(tmp_path) -> None:
+    """The sum bound of issue 10 item 6, without a daemon: a lease counts while any process
+    holds its fd (the daemon until the spawn, then the sandbox), from the moment it is
+    reserved — there is no state in which a live lease looks unlocked (issue 11 item 3)."""
     from dshd.execution.sandbox import TmpBudget
 
     budget = TmpBudget(str(tmp_path / "leases"), per_call=10, total=25)
     first, second = budget.reserve(), budget.reserve()
+    assert budget.in_use() == 2  # held by this process's reservations: counted
     with pytest.raises(SandboxUnavailable, match="tmp_total_bytes"):
         budget.reserve()
-    os.chmod(first, TmpBudget.STARTED)  # what bwrap's --chmod does
-    holder = subprocess.Popen(  # another process holds the lock, as bwrap does
-        [shutil.which("python3"), "-c",
-         "import fcntl,os,sys; fd=os.open(sys.argv[1], os.O_RDONLY); "
-         "fcntl.lockf(fd, fcntl.LOCK_SH); print('locked', flush=True); sys.stdin.read()",
-         first], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(  # another process inherits the first lease, as bwrap does
+        [shutil.which("python3"), "-c", "import sys; print('held', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, pass_fds=(first,))
     try:
-        assert holder.stdout.readline() == "locked\n"
-        old = os.stat(second).st_mtime - TmpBudget.SPAWN_GRACE - 1
-        os.utime(second, (old, old))  # confined long ago, never started: stale
+        assert holder.stdout.readline() == "held\n"
+        os.close(first)  # the daemon's copy, closed after the spawn
+        os.close(second)  # a reservation whose spawn never happened
+        assert budget.in_use() == 1
         third = budget.reserve()
-        assert not os.path.exists(second) and os.path.exists(first)
         with pytest.raises(SandboxUnavailable):
             budget.reserve()
     finally:
         holder.stdin.close()
         holder.wait()
-    assert budget.in_use() == 1  # first ended (started, unlocked): removed; third unstarted
-    assert not os.path.exists(first) and os.path.exists(third)
+    assert budget.in_use() == 1  # the first ended with its holder: removed; third still held
+    os.close(third)
+    assert budget.in_use() == 0 and os.listdir(tmp_path / "leases") == []

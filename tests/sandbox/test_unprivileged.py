@@ -59,12 +59,17 @@ def user_area(unprivileged_user):
     shutil.rmtree(root, ignore_errors=True)
 
 
-def run_as(uid: int, gid: int, argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+def run_as(uid: int, gid: int, argv: list[str], cwd: Path,
+           fds: list[int] = ()) -> subprocess.CompletedProcess:
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/", "DSH_CALL_ID": "unpriv-call"}
-    return subprocess.run(
-        ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", *argv],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=60,
-    )
+    try:
+        return subprocess.run(
+            ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", *argv],
+            cwd=cwd, env=env, capture_output=True, text=True, timeout=60, pass_fds=tuple(fds),
+        )
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 SCRIPT = (
@@ -88,10 +93,12 @@ def test_bwrap_unprivileged(user_area) -> None:
     if bwrap is None:
         pytest.skip("bwrap is not installed")
     provider = BwrapProvider(bwrap, disable_userns=True)
+    fds: list[int] = []
     argv, _ = provider.confine(
-        ["/bin/sh", "-c", SCRIPT, "sh", str(root / "outside")], "workspace-write", str(root / "ws")
+        ["/bin/sh", "-c", SCRIPT, "sh", str(root / "outside")], "workspace-write", str(root / "ws"),
+        fds=fds,
     )
-    result = run_as(uid, gid, argv, root / "ws")
+    result = run_as(uid, gid, argv, root / "ws", fds)
     if "uid map" in result.stderr or "namespace" in result.stderr:
         pytest.skip(f"unprivileged user namespaces are refused here: {result.stderr.strip()}")
     check(result, root, uid)
