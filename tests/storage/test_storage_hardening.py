@@ -109,6 +109,6 @@ def test_daemon_lock_verify_notices_a_moved_state_directory(tmp_path):
         assert str(state) in str(info.value) and "moved or replaced" in str(info.value)
         with DaemonLock(state) as second:  # what a second dshd can now do
             assert second.held
-        os.rmdir(state)
+        os.rename(state, tmp_path / "state.second")
         os.rename(tmp_path / "state.old", state)
         held.verify()  # moved back: ours again
