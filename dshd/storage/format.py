@@ -25,8 +25,9 @@ A raw block's payload is ``size`` bytes, an RLE block's is 1 byte, a compressed 
 the same write. A log whose header frame is followed by a trailer has one after every frame;
 the trailer makes "was this append complete?" exact: an append cut by a crash never ends in its
 trailer, so a last frame that looks cut short while a trailer follows it is damage, never a
-torn tail, whatever bits were flipped in its headers. Logs written before trailers (no trailer
-after the header frame) still read; their writer goes on without trailers.
+torn tail, whatever bits were flipped in its headers. Logs written before trailers still read;
+the frames appended to them get trailers (the first trailer seen switches a log to trailers:
+every later frame must have one).
 """
 
 from __future__ import annotations

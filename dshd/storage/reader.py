@@ -19,16 +19,18 @@ Theory of operation: the whole file is read into memory and parsed in one pass.
   bytes present must be the start of the content's checksum); the block the file ends in no
   larger than what the content size leaves (RFC 8878: a compressed block is smaller than its
   output, a raw or RLE block's size *is* its output). No complete, checksum-valid frame may
-  start after it. **Trailers decide exactly** (logs whose header frame is followed by a
-  trailer, `format.encode_trailer`: every log this writer creates): each append is frame +
-  trailer in one write, so a crash leaves a file that does not end in the trailer. A frame
-  that looks cut short while a trailer head follows it, or while the last 16 bytes are its
-  trailer (any one of head, length, CRC-32 matching), is damage, however many header bits were
-  flipped; a complete frame whose trailer is cut (or zeros) is a torn append, its lines kept
-  as recovered; a trailer that does not match its frame is damage. Logs written before
-  trailers keep the older, weaker check: no single flipped bit in the frame header or a block
-  header may turn the frame into a complete, checksum-valid frame ending at EOF (two flips
-  can beat that one; such logs get no trailers until a new session is created). A run of
+  start after it. **Trailers decide exactly**: this writer follows every frame with its
+  trailer (`format.encode_trailer`) in the same write, so new logs have them throughout and a
+  log written before trailers has them on every frame appended since (the first trailer seen
+  switches the log to trailers; every later frame must have one). A crash leaves a file that
+  does not end in the last frame's trailer. So a frame that looks cut short while a trailer
+  head follows it, or while the last 16 bytes are its trailer (any one of head, length,
+  CRC-32 matching), is damage, however many header bits were flipped; a complete frame whose
+  trailer is cut (or zeros) is a torn append, its lines kept as recovered; a trailer that
+  does not match its frame is damage. A last frame of a log without trailers (an old log not
+  appended to since) also gets the older, weaker check: no single flipped bit in the frame
+  header or a block header may turn it into a complete, checksum-valid frame ending at EOF
+  (two flips can beat that one). A run of
   zero bytes at EOF (power loss: the size reached the disk, the data did not) is allowed: the
   bytes before it are judged. For plain logs the last line without ``\\n`` is torn only when the
   JSON parser stops *at its end* (input truncated, or a number cut short); a complete value
@@ -83,8 +85,8 @@ class LogRead(msgspec.Struct):
     inside its last frame (line). ``valid_bytes``: the offset where the torn tail starts (the
     file size when not torn). ``recovered``: the events kept from the torn tail (already in
     ``events``). ``path``/``compression`` (``"zstd"`` | ``"none"``)/``size``: the file read.
-    ``trailers``: the log's frames carry trailers (`format.encode_trailer`); its writer goes on
-    writing them.
+    ``trailers``: the log carries trailers (`format.encode_trailer`), from its header frame on
+    or, for a log written before trailers, from the first frame appended since.
     """
 
     header: Header
@@ -329,18 +331,21 @@ def _parse_zstd(data: bytes, lines: _LineChecker) -> tuple[bool, int, bool]:
         if lines.header is None:
             if len(parts) != 1:
                 raise lines.corrupt(pos, "the header frame holds more than one line")
-            trailers = data.startswith(TRAILER_HEAD, scan.end)
+        # A trailer after a frame switches the log to trailers from here on (a log written
+        # before trailers gets them on the frames appended since).
+        trailers = trailers or data.startswith(TRAILER_HEAD, scan.end)
         end = scan.end
-        if trailers:
+        if trailers or data.startswith(TRAILER_HEAD[:1], scan.end):
+            # (without trailers so far: the first appended frame's trailer may be cut)
             verdict = _trailer_verdict(data, pos, scan.end)
             if verdict == "cut" and lines.header is not None:
                 # The append stopped between the frame's end and its trailer's: not durable.
                 _keep_torn_lines(content, lines)
                 return True, pos, trailers
-            if verdict is not None:
+            if verdict is not None and trailers:
                 raise lines.corrupt(pos, verdict if verdict != "cut" else
                                     "the header frame's trailer is incomplete")
-            end += TRAILER_SIZE
+            end += TRAILER_SIZE if verdict is None else 0
         for part in parts:
             lines.complete(part, pos)
         pos = end
@@ -389,13 +394,12 @@ def _judge_torn_frame(data: bytes, pos: int, lines: _LineChecker, trailers: bool
         raise lines.corrupt(pos, "a frame is cut short but complete frames follow it")
     if lines.header is None:
         raise lines.corrupt(pos, "the header frame is incomplete")
-    if trailers:
-        if data.find(TRAILER_HEAD, pos) != -1 or _ends_in_trailer_of(data, pos):
-            raise lines.corrupt(
-                pos, "the last frame looks cut short, but its append ended in a complete "
-                "trailer: its frame or block header is damaged"
-            )
-    else:
+    if data.find(TRAILER_HEAD, pos) != -1 or _ends_in_trailer_of(data, pos):
+        raise lines.corrupt(
+            pos, "the last frame looks cut short, but its append ended in a complete "
+            "trailer: its frame or block header is damaged"
+        )
+    if not trailers:
         flipped = _flip_completes_frame(data, pos)
         if flipped is not None:
             raise lines.corrupt(

@@ -154,9 +154,6 @@ class SessionLog:
         self._lock = lock
         self._lock_lost = False  # a lost lock was logged (once per episode)
         self._compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_checksum=True)
-        # New logs get a trailer after every frame; a log written before trailers goes on
-        # without them (the reader tells the two apart by the header frame).
-        self._trailers = read.trailers if read is not None else True
 
         self.events: list[Event] = []
         self.last_seq = -1
@@ -544,10 +541,9 @@ class SessionLog:
     def _frames_of(self, payloads: list[bytes]) -> bytes:
         self._frames += len(payloads)
         if self.compression == "zstd":
+            # Every frame is followed by its trailer (format.py): new logs and old ones alike.
             frames = [self._compressor.compress(p) for p in payloads]
-            if self._trailers:
-                return b"".join(f + encode_trailer(f) for f in frames)
-            return b"".join(frames)
+            return b"".join(f + encode_trailer(f) for f in frames)
         return b"".join(payloads)
 
     def _append_sync(self, payloads: list[bytes]) -> None:

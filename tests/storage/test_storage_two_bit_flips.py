@@ -109,7 +109,8 @@ async def test_two_bit_flip_refused_on_open_and_the_file_is_unchanged(state_dir)
     assert path.read_bytes() == bytes(damaged)
 
 
-async def test_a_log_written_before_trailers_still_reads_and_goes_on_without_them(state_dir):
+async def _legacy_log(state_dir: Path) -> tuple[Path, bytes]:
+    """A log as dshd wrote it before trailers: header frame + one batch, no trailers."""
     c = zstandard.ZstdCompressor(level=3, write_checksum=True)
     session_dir = state_dir / "sessions" / "s1"
     session_dir.mkdir(parents=True)
@@ -117,22 +118,41 @@ async def test_a_log_written_before_trailers_still_reads_and_goes_on_without_the
     lines.append(b'{"seq":0,"time":1,"type":"turn/start","data":{"turnId":"t0"}}\n')
     old = b"".join(c.compress(line) for line in lines)
     (session_dir / "session.v1.jsonl.zst").write_bytes(old)
+    return session_dir, old
+
+
+async def test_a_log_written_before_trailers_reads_and_gets_them_on_new_frames(state_dir):
+    session_dir, old = await _legacy_log(state_dir)
+    path = session_dir / "session.v1.jsonl.zst"
     read = read_log(session_dir, "s1")
-    assert not read.trailers and len(read.events) == 1
+    assert not read.trailers and len(read.events) == 1 and not read.torn
     log = await SessionLog.open_for_write(state_dir, "s1")
-    log.append("turn/end", {"turnId": "t0", "reason": "completed"})
-    await log.flush()
+    for batch in (turn_events(1, 1), _call_pair("c1", "hello\n" * 20)):
+        for type_, data in batch:
+            log.append(type_, data)
+        await log.flush()
     await log.aclose()
-    data = (session_dir / "session.v1.jsonl.zst").read_bytes()
+    data = path.read_bytes()
     assert data.startswith(old)
-    assert data[len(old):] == c.compress(encode_line(log.events[1]))  # no trailer added
     after = read_log(session_dir, "s1")
-    assert not after.trailers and [e.type for e in after.events] == ["turn/start", "turn/end"]
-    # A cut at every byte of the old log's last frame is still torn.
+    assert after.trailers and not after.torn and len(after.events) == 4
+    # A cut at every byte after the old frames is torn, except at a frame's or trailer's end
+    # (the first appended frame without its trailer reads as an old log's frame: kept whole).
+    ends, pos = set(), 0
+    while pos < len(data):
+        pos = scan_zstd_frame(data, pos).end
+        ends.add(pos)
     for cut in range(len(old) + 1, len(data)):
-        (session_dir / "session.v1.jsonl.zst").write_bytes(data[:cut])
+        path.write_bytes(data[:cut])
         torn = read_log(session_dir, "s1")
-        assert torn.torn and torn.valid_bytes == len(old) and len(torn.events) >= 1
+        assert torn.events == after.events[: len(torn.events)], cut
+        assert torn.torn or cut in ends, cut
+    # Two-bit flips of the last appended frame's headers: refused or identical, as for new logs.
+    full = after.events
+    start, end = _last_data_frame(data)
+    bits = range(start * 8, end * 8)
+    for flips in itertools.combinations(bits, 2):
+        _judge(data, flips, path, full)
 
 
 async def test_new_logs_carry_trailers(state_dir):
