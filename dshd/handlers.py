@@ -36,7 +36,7 @@ from .paths import is_valid_id, is_within
 from .sessions.registry import SessionLimit, SessionNotFound
 from .sessions.session import CallLimit
 from .sessions.streams import Subscription
-from .storage.errors import LockHeld, LogCorrupt, LogTooNew, StorageError
+from .storage.errors import LockHeld, LogCorrupt, LogTooNew, StateDirMoved, StorageError
 
 if TYPE_CHECKING:
     from .connection import Connection
@@ -66,6 +66,8 @@ async def _session(conn: "Connection", session_id: str):
         ) from None
     except LockHeld as exc:
         raise rpc.RpcError(rpc.SESSION_LOCKED, f"session {session_id} is locked by another process: {exc}") from None
+    except StateDirMoved as exc:
+        raise rpc.RpcError(rpc.STORAGE_FAILURE, f"session {session_id} cannot be opened: {exc}") from None
     except OSError as exc:
         raise rpc.RpcError(
             rpc.STORAGE_FAILURE,
@@ -149,6 +151,8 @@ async def session_create(conn: "Connection", p: rpc.SessionCreateParams) -> dict
         )
     except SessionLimit as exc:
         raise rpc.RpcError(rpc.LIMIT_EXCEEDED, str(exc)) from None
+    except StateDirMoved as exc:
+        raise rpc.RpcError(rpc.STORAGE_FAILURE, f"no session created: {exc}") from None
     return {"sessionId": session.id}
 
 

@@ -154,11 +154,11 @@ def _bind_socket(path: Path, system: bool, group: str) -> stdsocket.socket:
 class Daemon:
     """Everything the connection handlers share; built once, passed down."""
 
-    def __init__(self, config: Config, state_dir: Path, sandbox) -> None:
+    def __init__(self, config: Config, state_dir: Path, sandbox, daemon_lock=None) -> None:
         self.config = config
         self.state_dir = state_dir
         self.sandbox = sandbox
-        self.registry = SessionRegistry(config, state_dir, sandbox)
+        self.registry = SessionRegistry(config, state_dir, sandbox, daemon_lock)
         self.connections: set[Connection] = set()
         self.refusing = 0  # connections being refused for max_connections (MAX_REFUSING)
         self.line_budget = LineBudget(config.max_buffered_bytes)
@@ -223,7 +223,7 @@ async def serve(config: Config, *, reload_config: Callable[[], Config] | None = 
                               tmp_size_bytes=config.tmp_size_bytes,
                               tmp_total_bytes=None if config.system else config.tmp_total_bytes)
         log.info("sandbox.probed", **sandbox.describe())
-        daemon = Daemon(config, state_dir, sandbox)
+        daemon = Daemon(config, state_dir, sandbox, daemon_lock)
         sock = _activated_socket()
         path = config.socket_path()
         if sock is None:

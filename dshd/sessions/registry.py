@@ -16,6 +16,14 @@ subscribers is reopened at once (`_revive`, at most ``REVIVE_MAX`` times a minut
 subscriptions move over: each gets a base batch of the reopened lane, so a client that follows
 the lane sees its calls settle instead of a stream that went silent.
 
+The state directory is reached by its path, so before a session is created or opened from disk
+(and once per idle-loop round) the registry checks, through the daemon's lock
+(`storage.lock.DaemonLock.verify`), that the path still names the directory this daemon locked.
+When it was moved or replaced (``mv state state.old; mkdir state``: a second dshd may now own
+the path), session.create and opens fail closed with `StateDirMoved` (STORAGE_FAILURE), and the
+daemon logs ``storage.state_dir_moved`` once. Sessions already open write through their own fds
+and stop at their writer's lock check.
+
 ``DSH_TEST_FAULT`` (a test hook, ``session.TestFault``) is read here, once, when the registry
 is built at daemon start, and handed to every session; unset, it does nothing.
 """
@@ -33,7 +41,7 @@ import trio
 
 from ..config import Config
 from ..paths import is_valid_id
-from ..storage.errors import LockHeld, StorageError
+from ..storage.errors import LockHeld, StateDirMoved, StorageError
 from ..storage.format import Header
 from ..storage.reader import find_log, list_session_dirs, read_log
 from ..storage.writer import SessionLog
@@ -74,8 +82,11 @@ class SessionLimit(Exception):
 
 
 class SessionRegistry:
-    def __init__(self, config: Config, state_dir: Path, sandbox) -> None:
+    def __init__(self, config: Config, state_dir: Path, sandbox, daemon_lock=None) -> None:
         self.config = config
+        #: The daemon's `DaemonLock` (None in tests that build a registry without one).
+        self._daemon_lock = daemon_lock
+        self._moved_logged = False
         self.state_dir = state_dir
         self.sessions_dir = state_dir / "sessions"
         self.sandbox = sandbox
@@ -105,11 +116,28 @@ class SessionRegistry:
             while True:
                 idle = self.config.session_idle_seconds
                 await trio.sleep(min(max(idle / 4, 0.05), 5.0))
+                try:
+                    self.check_state_dir()
+                except StateDirMoved:
+                    pass  # logged once; creates and opens refuse
                 cutoff = trio.current_time() - idle
                 for session in list(self.open.values()):
                     if session.idle() and self._last_used.get(session.id, 0) < cutoff:
                         log.info("session.idle_closed", session=session.id)
                         await self._close(session)
+
+    def check_state_dir(self) -> None:
+        """Raise `StateDirMoved` (logged once) when the state directory path no longer names
+        the directory this daemon locked (module doc). Two stats; no blocking worth a thread."""
+        if self._daemon_lock is None:
+            return
+        try:
+            self._daemon_lock.verify()
+        except StateDirMoved as exc:
+            if not self._moved_logged:
+                self._moved_logged = True
+                log.error("storage.state_dir_moved", path=str(self.state_dir), reason=str(exc))
+            raise
 
     async def _close(self, session: Session) -> None:
         session.close()
@@ -202,6 +230,7 @@ class SessionRegistry:
         env: dict[str, str] | None,
         owner: int | None = None,
     ) -> Session:
+        self.check_state_dir()
         await self._make_room()
         session_id = mint_session_id()
         header = Header(id=session_id, createdAt=time.time_ns() // 1_000_000, cwd=cwd, title=title)
@@ -255,6 +284,7 @@ class SessionRegistry:
                     await session.finished.wait()
                 if self.open.get(session_id) is session and session.finished.is_set():
                     del self.open[session_id]
+            self.check_state_dir()  # before the path is used: it may name another dshd's
             if not (self.sessions_dir / session_id).is_dir():
                 raise SessionNotFound(session_id)
             await self._make_room()

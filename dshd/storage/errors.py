@@ -78,7 +78,8 @@ class LockHeld(StorageError):
     when it cannot be known.
     """
 
-    def __init__(self, path: Path, holder: int | str | None) -> None:
+    def __init__(self, path: Path, holder: int | str | None, *, subject: str | None = None,
+                 note: str = "") -> None:
         self.path = Path(path)
         self.holder = holder
         if isinstance(holder, int):
@@ -87,7 +88,7 @@ class LockHeld(StorageError):
             who = holder
         else:
             who = "another process"
-        super().__init__(f"{self.path} is locked by {who}")
+        super().__init__(f"{subject or self.path} is locked by {who}{note}")
 
 
 class LockLost(StorageError):
@@ -105,4 +106,22 @@ class LockLost(StorageError):
             f"the lock {self.path} no longer guards this session: {reason} while dshd held "
             "it, so writes are stopped (another process could take the new lock); stop whoever "
             "removed it, then restart dshd"
+        )
+
+
+class StateDirMoved(StorageError):
+    """The state directory's path no longer names the directory this dshd locked at start: it
+    was moved or replaced (``mv state state.old; mkdir state``), so another dshd may own what
+    the path names now (STORAGE.md §4). No session is created or opened through the path.
+
+    Attributes: ``path`` (the state directory).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        super().__init__(
+            f"the state directory {self.path} was moved or replaced under a running dshd: this "
+            "dshd locked the directory that was there when it started, and another dshd may use "
+            "what the path names now, so it creates and opens no sessions there; move the "
+            "directory back, or stop this dshd and start it again"
         )

@@ -19,10 +19,20 @@ block header (3 bytes LE: bit 0 last, bits 1-2 type, bits 3-23 size) | block pay
 ```
 A raw block's payload is ``size`` bytes, an RLE block's is 1 byte, a compressed block's is
 ``size`` bytes. Skippable frames (magic 0x184D2A5?) are skipped by readers, as zstdcat does.
+
+**Trailers**: this writer follows every frame it writes with a 16-byte skippable *trailer*
+(`encode_trailer`: magic 0x184D2A5B, size 8, the frame's length and CRC-32, both LE u32), in
+the same write. A log whose header frame is followed by a trailer has one after every frame;
+the trailer makes "was this append complete?" exact: an append cut by a crash never ends in its
+trailer, so a last frame that looks cut short while a trailer follows it is damage, never a
+torn tail, whatever bits were flipped in its headers. Logs written before trailers still read;
+the frames appended to them get trailers (the first trailer seen switches a log to trailers:
+every later frame must have one).
 """
 
 from __future__ import annotations
 
+import zlib
 from typing import Literal, NamedTuple
 
 import msgspec
@@ -218,3 +228,16 @@ def scan_zstd_frame(buf: bytes | memoryview, start: int) -> FrameScan:
         if pos > n:
             return torn(tuple(pieces), checksum)
     return FrameScan("frame", start, pos, tuple(pieces), checksum)
+
+
+# --- frame trailers -------------------------------------------------------------------------
+
+TRAILER_MAGIC = (0x184D2A5B).to_bytes(4, "little")
+#: The first 8 bytes of every trailer: its magic and its frame size (8).
+TRAILER_HEAD = TRAILER_MAGIC + (8).to_bytes(4, "little")
+TRAILER_SIZE = 16
+
+
+def encode_trailer(frame: bytes | memoryview) -> bytes:
+    """The skippable trailer written after ``frame``: head, ``len(frame)``, CRC-32 of it."""
+    return TRAILER_HEAD + len(frame).to_bytes(4, "little") + zlib.crc32(frame).to_bytes(4, "little")

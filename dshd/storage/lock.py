@@ -11,12 +11,15 @@ Theory of operation: a lock (`HeldLock`) is two ``flock``s, both exclusive and n
    that lock only the file still exclude us and we them.
 
 A refused lock names the holder: the pid from ``/proc/locks`` for the directory's inode (true
-even when the lock file was deleted), else the pid written in the lock file. After locking we
+even when the lock file was deleted), else the pid written in the lock file. A refusal by the
+directory lock names the directory (``the state directory <state> is locked by process N``)
+and says whether the lock file is still there, never a deleted file as the lock. After locking we
 check that what we locked is still what the path names (same device and inode); if someone
 replaced it we let go and try again, so two processes can never each hold "the" lock on
 different inodes. While held, `HeldLock.verify` re-checks both identities; the session writer
 calls it before every write (STORAGE.md §4): a lock file or directory that was removed or
-replaced raises `LockLost` and the write does not happen.
+replaced raises `LockLost` and the write does not happen. `DaemonLock.verify` is the same check
+for the state directory (`StateDirMoved`), made before a session is created or opened.
 
 A file system that refuses ``flock`` on a directory (some network file systems) falls back to
 the lock file alone (``HeldLock.directory_locked`` is False); the identity checks still apply.
@@ -37,7 +40,7 @@ from pathlib import Path
 
 import portalocker
 
-from .errors import LockHeld, LockLost, StorageError
+from .errors import LockHeld, LockLost, StateDirMoved, StorageError
 
 _ATTEMPTS = 5
 
@@ -123,7 +126,14 @@ def _same_file(path: Path, fd: int) -> bool:
     return (st.st_dev, st.st_ino) == (fst.st_dev, fst.st_ino)
 
 
-def lock_directory(directory: Path, lock_name: str) -> int | None:
+def _lock_file_note(path: Path) -> str:
+    """What a refusal says about the lock file: present, or deleted (the directory lock holds)."""
+    if os.path.lexists(path):
+        return f" (see {path})"
+    return f" (its lock file {path.name} was deleted; the lock on the directory itself holds)"
+
+
+def lock_directory(directory: Path, lock_name: str, label: str = "the directory") -> int | None:
     """Exclusively ``flock`` ``directory`` itself; return the fd that holds it.
 
     None when the file system does not support ``flock`` on a directory (the caller relies on
@@ -138,7 +148,8 @@ def lock_directory(directory: Path, lock_name: str) -> int | None:
         except BlockingIOError:
             holder = _flock_holder(os.fstat(fd)) or _pid_in(directory / lock_name)
             os.close(fd)
-            raise LockHeld(directory / lock_name, holder) from None
+            raise LockHeld(directory, holder, subject=f"{label} {directory}",
+                           note=_lock_file_note(directory / lock_name)) from None
         except OSError as e:
             os.close(fd)
             if e.errno in (errno.EBADF, errno.EINVAL, errno.ENOLCK, errno.EOPNOTSUPP):
@@ -155,7 +166,8 @@ def lock_directory(directory: Path, lock_name: str) -> int | None:
         if same:
             return fd
         os.close(fd)  # the directory was renamed away meanwhile: lock what the path names now
-    raise LockHeld(directory / lock_name, "nobody stable: the directory keeps being replaced")
+    raise LockHeld(directory, "nobody stable: the directory keeps being replaced",
+                   subject=f"{label} {directory}")
 
 
 def _pid_in(path: Path) -> int | None:
@@ -182,9 +194,10 @@ class HeldLock:
         self._file_fd: int | None = file_fd
 
     @classmethod
-    def acquire(cls, directory: Path, name: str) -> HeldLock:
-        """Lock the directory, then the lock file. Raises `LockHeld`, `OSError`."""
-        dir_fd = lock_directory(directory, name)
+    def acquire(cls, directory: Path, name: str, label: str = "the directory") -> HeldLock:
+        """Lock the directory, then the lock file. Raises `LockHeld` (a refusal by the directory
+        lock names ``label`` and the directory), `OSError`."""
+        dir_fd = lock_directory(directory, name, label)
         try:
             file_fd = lock_file(Path(directory) / name)
         except BaseException:
@@ -200,6 +213,15 @@ class HeldLock:
     @property
     def held(self) -> bool:
         return self._file_fd is not None
+
+    def directory_is_ours(self) -> bool:
+        """True while the directory path names the directory we locked (or, without a
+        directory lock, the lock file's path names the file we locked)."""
+        if self._file_fd is None:
+            return False
+        if self._dir_fd is not None:
+            return _same_file(self.directory, self._dir_fd)
+        return _same_file(self.path, self._file_fd)
 
     def verify(self) -> None:
         """Raise `LockLost` unless the paths still name the directory and file we locked."""
@@ -228,7 +250,11 @@ class DaemonLock:
     ``acquire()`` creates the state directory (0700) if needed, locks, and records the pid;
     it raises `LockHeld` naming the holder's pid when another process (or another
     `DaemonLock` in this one) holds it, even when its ``dshd.lock`` was deleted.
-    ``release()`` is idempotent. Usable as a context manager.
+    ``release()`` is idempotent. Usable as a context manager. A refusal names the state
+    directory (the lock that counts) and whether ``dshd.lock`` is still there. ``verify()``
+    raises `StateDirMoved` when the path no longer names the directory locked (``mv state
+    state.old; mkdir state`` lets a second dshd lock the new one): the registry calls it
+    before it creates or opens a session, and in its idle loop.
     """
 
     def __init__(self, state_dir: Path) -> None:
@@ -244,7 +270,12 @@ class DaemonLock:
         if self._lock is not None:
             raise RuntimeError("DaemonLock already acquired")
         self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self._lock = HeldLock.acquire(self.state_dir, self.path.name)
+        self._lock = HeldLock.acquire(self.state_dir, self.path.name, "the state directory")
+
+    def verify(self) -> None:
+        """Raise `StateDirMoved` unless the state directory path names what we locked."""
+        if self._lock is None or not self._lock.directory_is_ours():
+            raise StateDirMoved(self.state_dir)
 
     def release(self) -> None:
         lock, self._lock = self._lock, None

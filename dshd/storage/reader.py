@@ -18,10 +18,19 @@ Theory of operation: the whole file is read into memory and parsed in one pass.
   header's content size (equal to it once the last block is complete, and then the checksum
   bytes present must be the start of the content's checksum); the block the file ends in no
   larger than what the content size leaves (RFC 8878: a compressed block is smaller than its
-  output, a raw or RLE block's size *is* its output). Two more checks catch what those cannot:
-  no complete, checksum-valid frame may start after it, and no single flipped bit in its frame
-  header or one of its block headers may turn it into a complete, checksum-valid frame ending
-  at EOF (a stretched block size otherwise reads as "the file ends inside this block"). A run of
+  output, a raw or RLE block's size *is* its output). No complete, checksum-valid frame may
+  start after it. **Trailers decide exactly**: this writer follows every frame with its
+  trailer (`format.encode_trailer`) in the same write, so new logs have them throughout and a
+  log written before trailers has them on every frame appended since (the first trailer seen
+  switches the log to trailers; every later frame must have one). A crash leaves a file that
+  does not end in the last frame's trailer. So a frame that looks cut short while a trailer
+  head follows it, or while the last 16 bytes are its trailer (any one of head, length,
+  CRC-32 matching), is damage, however many header bits were flipped; a complete frame whose
+  trailer is cut (or zeros) is a torn append, its lines kept as recovered; a trailer that
+  does not match its frame is damage. A last frame of a log without trailers (an old log not
+  appended to since) also gets the older, weaker check: no single flipped bit in the frame
+  header or a block header may turn it into a complete, checksum-valid frame ending at EOF
+  (two flips can beat that one). A run of
   zero bytes at EOF (power loss: the size reached the disk, the data did not) is allowed: the
   bytes before it are judged. For plain logs the last line without ``\\n`` is torn only when the
   JSON parser stops *at its end* (input truncated, or a number cut short); a complete value
@@ -40,6 +49,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import zlib
 from pathlib import Path
 
 import msgspec
@@ -53,12 +63,15 @@ from .format import (
     KNOWN_TYPES,
     LOG_NAME_PLAIN,
     LOG_NAME_ZSTD,
+    TRAILER_HEAD,
+    TRAILER_SIZE,
     ZSTD_MAGIC,
     Event,
     Header,
     HeaderTooNew,
     decode_event,
     decode_header,
+    encode_trailer,
     scan_zstd_frame,
 )
 
@@ -72,6 +85,8 @@ class LogRead(msgspec.Struct):
     inside its last frame (line). ``valid_bytes``: the offset where the torn tail starts (the
     file size when not torn). ``recovered``: the events kept from the torn tail (already in
     ``events``). ``path``/``compression`` (``"zstd"`` | ``"none"``)/``size``: the file read.
+    ``trailers``: the log carries trailers (`format.encode_trailer`), from its header frame on
+    or, for a log written before trailers, from the first frame appended since.
     """
 
     header: Header
@@ -82,6 +97,7 @@ class LogRead(msgspec.Struct):
     path: Path
     compression: str
     size: int
+    trailers: bool = False
 
 
 def session_dir_for(state_dir: Path, session_id: str) -> Path:
@@ -144,9 +160,9 @@ def parse_log(data: bytes, *, session_id: str, path: Path, compression: str) -> 
     """Parse the bytes of a whole log (pure). Same verdicts as `read_log`."""
     lines = _LineChecker(session_id, Path(path))
     if compression == "zstd":
-        torn, valid = _parse_zstd(data, lines)
+        torn, valid, trailers = _parse_zstd(data, lines)
     elif compression == "none":
-        torn, valid = _parse_plain(data, lines)
+        (torn, valid), trailers = _parse_plain(data, lines), False
     else:
         raise ValueError(f"unknown compression {compression!r}")
     assert lines.header is not None
@@ -159,6 +175,7 @@ def parse_log(data: bytes, *, session_id: str, path: Path, compression: str) -> 
         path=Path(path),
         compression=compression,
         size=len(data),
+        trailers=trailers,
     )
 
 
@@ -281,34 +298,23 @@ def _complete_frame_after(data: bytes, start: int) -> bool:
     return False
 
 
-def _parse_zstd(data: bytes, lines: _LineChecker) -> tuple[bool, int]:
+def _parse_zstd(data: bytes, lines: _LineChecker) -> tuple[bool, int, bool]:
+    """(torn, valid_bytes, trailers) of a zstd log; see the module doc."""
     view = memoryview(data)
     pos, n = 0, len(data)
+    trailers = False
     while pos < n:
         scan = scan_zstd_frame(view, pos)
         if scan.kind == "bad":
             if lines.header is not None and not data[pos:].strip(b"\0"):
-                return True, pos  # a zero-filled tail: torn, nothing to recover
+                return True, pos, trailers  # a zero-filled tail: torn, nothing to recover
             raise lines.corrupt(pos, scan.reason)
         if scan.kind == "torn":
-            if _complete_frame_after(data, pos):
-                raise lines.corrupt(pos, "a frame is cut short but complete frames follow it")
-            if lines.header is None:
-                raise lines.corrupt(pos, "the header frame is incomplete")
-            flipped = _flip_completes_frame(data, pos)
-            if flipped is not None:
-                raise lines.corrupt(
-                    pos, f"the last frame is complete but its header is damaged (byte {flipped})"
-                )
-            content, problem = _torn_frame_problem(view, pos, n)
-            if problem is not None and data.endswith(b"\0"):
-                # Zeros at EOF (power loss): judge the bytes before them.
-                content, problem = _torn_frame_problem(view, pos, len(data.rstrip(b"\0")))
-            if problem is not None:
-                raise lines.corrupt(pos, f"the last frame is not a torn tail: {problem}")
-            _keep_torn_lines(content, lines)
-            return True, pos
+            _judge_torn_frame(data, pos, lines, trailers)
+            return True, pos, trailers
         if scan.kind == "skippable":
+            if trailers and data.startswith(TRAILER_HEAD, pos):
+                raise lines.corrupt(pos, "a frame trailer without its frame")
             pos = scan.end
             continue
         if not scan.checksum:
@@ -317,19 +323,95 @@ def _parse_zstd(data: bytes, lines: _LineChecker) -> tuple[bool, int]:
             content = _decompress_frame(view[pos : scan.end])
         except zstandard.ZstdError as e:
             if lines.header is not None and _zero_filled_cut(data, pos, scan.end, lines):
-                return True, pos
+                return True, pos, trailers
             raise lines.corrupt(pos, f"frame does not decompress ({e})") from None
         if not content.endswith(b"\n"):
             raise lines.corrupt(pos, "frame does not end with a complete line")
         parts = content[:-1].split(b"\n")
-        if lines.header is None and len(parts) != 1:
-            raise lines.corrupt(pos, "the header frame holds more than one line")
+        if lines.header is None:
+            if len(parts) != 1:
+                raise lines.corrupt(pos, "the header frame holds more than one line")
+        # A trailer after a frame switches the log to trailers from here on (a log written
+        # before trailers gets them on the frames appended since).
+        trailers = trailers or data.startswith(TRAILER_HEAD, scan.end)
+        end = scan.end
+        if trailers or data.startswith(TRAILER_HEAD[:1], scan.end):
+            # (without trailers so far: the first appended frame's trailer may be cut)
+            verdict = _trailer_verdict(data, pos, scan.end)
+            if verdict == "cut" and lines.header is not None:
+                # The append stopped between the frame's end and its trailer's: not durable.
+                _keep_torn_lines(content, lines)
+                return True, pos, trailers
+            if verdict is not None and trailers:
+                raise lines.corrupt(pos, verdict if verdict != "cut" else
+                                    "the header frame's trailer is incomplete")
+            end += TRAILER_SIZE if verdict is None else 0
         for part in parts:
             lines.complete(part, pos)
-        pos = scan.end
+        pos = end
     if lines.header is None:
         raise lines.corrupt(0, "the log is empty")
-    return False, n
+    return False, n, trailers
+
+
+def _trailer_verdict(data: bytes, start: int, end: int) -> str | None:
+    """Of the trailer due at ``end`` after the complete frame ``data[start:end]``: None when it
+    is there and matches, ``"cut"`` when the file ends inside it (a prefix of it, then only
+    zeros: power loss), else why it is damaged."""
+    expected = encode_trailer(memoryview(data)[start:end])
+    present = data[end : end + TRAILER_SIZE]
+    if present == expected:
+        return None
+    same = 0
+    while same < len(present) and present[same] == expected[same]:
+        same += 1
+    if not data[end + same :].strip(b"\0"):
+        return "cut"
+    return f"the trailer at byte {end} does not match its frame (head, length or CRC-32)"
+
+
+def _ends_in_trailer_of(data: bytes, start: int) -> bool:
+    """True when the last 16 bytes are the trailer of a frame that starts at ``start`` and
+    fills the rest of the file: any one of its three parts (head, length, CRC-32) matching
+    counts, so flipped bits in the trailer too cannot make a complete append read as cut."""
+    n = len(data)
+    if n - TRAILER_SIZE <= start:
+        return False
+    tail = data[n - TRAILER_SIZE :]
+    length = n - TRAILER_SIZE - start
+    return (
+        tail[:8] == TRAILER_HEAD
+        or int.from_bytes(tail[8:12], "little") == length
+        or int.from_bytes(tail[12:], "little") == zlib.crc32(memoryview(data)[start : n - TRAILER_SIZE])
+    )
+
+
+def _judge_torn_frame(data: bytes, pos: int, lines: _LineChecker, trailers: bool) -> None:
+    """The file ends inside the frame at ``pos``: keep its complete blocks' lines when it is a
+    torn tail, raise `LogCorrupt` when it is damage (module doc)."""
+    view, n = memoryview(data), len(data)
+    if _complete_frame_after(data, pos):
+        raise lines.corrupt(pos, "a frame is cut short but complete frames follow it")
+    if lines.header is None:
+        raise lines.corrupt(pos, "the header frame is incomplete")
+    if data.find(TRAILER_HEAD, pos) != -1 or _ends_in_trailer_of(data, pos):
+        raise lines.corrupt(
+            pos, "the last frame looks cut short, but its append ended in a complete "
+            "trailer: its frame or block header is damaged"
+        )
+    if not trailers:
+        flipped = _flip_completes_frame(data, pos)
+        if flipped is not None:
+            raise lines.corrupt(
+                pos, f"the last frame is complete but its header is damaged (byte {flipped})"
+            )
+    content, problem = _torn_frame_problem(view, pos, n)
+    if problem is not None and data.endswith(b"\0"):
+        # Zeros at EOF (power loss): judge the bytes before them.
+        content, problem = _torn_frame_problem(view, pos, len(data.rstrip(b"\0")))
+    if problem is not None:
+        raise lines.corrupt(pos, f"the last frame is not a torn tail: {problem}")
+    _keep_torn_lines(content, lines)
 
 
 _RAW, _RLE, _COMPRESSED = 0, 1, 2

@@ -71,6 +71,7 @@ from .format import (
     Event,
     Header,
     encode_line,
+    encode_trailer,
 )
 from .lock import HeldLock
 from .reader import LogRead, find_log, parse_log, session_dir_for
@@ -540,7 +541,9 @@ class SessionLog:
     def _frames_of(self, payloads: list[bytes]) -> bytes:
         self._frames += len(payloads)
         if self.compression == "zstd":
-            return b"".join(self._compressor.compress(p) for p in payloads)
+            # Every frame is followed by its trailer (format.py): new logs and old ones alike.
+            frames = [self._compressor.compress(p) for p in payloads]
+            return b"".join(f + encode_trailer(f) for f in frames)
         return b"".join(payloads)
 
     def _append_sync(self, payloads: list[bytes]) -> None:

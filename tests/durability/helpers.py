@@ -37,13 +37,14 @@ def log_path(state_dir: Path, sid: str) -> Path:
 
 
 def frames(path: Path) -> list[tuple[int, int]]:
-    """(start, end) of every zstd frame in a log."""
+    """(start, end) of every zstd data frame in a log (their trailers are skipped)."""
     data = path.read_bytes()
     out, pos = [], 0
     while pos < len(data):
         scan = scan_zstd_frame(data, pos)
-        assert scan.kind == "frame", scan
-        out.append((pos, scan.end))
+        assert scan.kind in ("frame", "skippable"), scan
+        if scan.kind == "frame":
+            out.append((pos, scan.end))
         pos = scan.end
     return out
 

@@ -48,10 +48,13 @@ def _check_flip(data: bytes, bit: int, path: Path, compression: str, full: list)
 
 
 def _last_frame(data: bytes) -> tuple[int, list[int]]:
+    """Start of the last data frame (its trailer follows it), and [start, *pieces]."""
     pos, start = 0, 0
     while pos < len(data):
-        start = pos
-        pos = scan_zstd_frame(data, pos).end
+        scan = scan_zstd_frame(data, pos)
+        if scan.kind == "frame":
+            start = pos
+        pos = scan.end
     return start, [start, *scan_zstd_frame(data, start).pieces]
 
 

@@ -92,3 +92,23 @@ async def test_retract_takes_back_only_the_unwritten_tail(state_dir, monkeypatch
     assert log.statistics()["buffered"] == 0
     await log.aclose()
     assert [e.seq for e in read_log(state_dir / "sessions" / "s1", "s1").events] == [0, 1, 2]
+
+
+def test_daemon_lock_verify_notices_a_moved_state_directory(tmp_path):
+    from dshd.storage.errors import StateDirMoved
+
+    state = tmp_path / "state"
+    with DaemonLock(state) as held:
+        held.verify()
+        os.unlink(state / "dshd.lock")
+        held.verify()  # the directory lock is the one that counts
+        os.rename(state, tmp_path / "state.old")
+        os.mkdir(state)
+        with pytest.raises(StateDirMoved) as info:
+            held.verify()
+        assert str(state) in str(info.value) and "moved or replaced" in str(info.value)
+        with DaemonLock(state) as second:  # what a second dshd can now do
+            assert second.held
+        os.rename(state, tmp_path / "state.second")
+        os.rename(tmp_path / "state.old", state)
+        held.verify()  # moved back: ours again

@@ -16,11 +16,13 @@ from storage_helpers import make_header, turn_events, write_log
 
 
 def frame_starts(data: bytes) -> list[int]:
+    """Starts of the data frames (each followed by its trailer, which is skipped)."""
     starts, pos = [], 0
     while pos < len(data):
-        starts.append(pos)
         scan = scan_zstd_frame(data, pos)
-        assert scan.kind == "frame"
+        assert scan.kind in ("frame", "skippable")
+        if scan.kind == "frame":
+            starts.append(pos)
         pos = scan.end
     return starts
 
@@ -164,8 +166,12 @@ async def test_flipped_byte_in_an_earlier_frame_is_corruption(state_dir, tmp_pat
 async def test_damaged_last_complete_frame_is_corruption_not_torn(state_dir, tmp_path):
     path = await write_log(state_dir, [turn_events(3), turn_events(3, 3)])
     data = bytearray(path.read_bytes())
-    data[-1] ^= 0xFF  # checksum byte of the complete last frame
-    assert_corrupt(place(tmp_path, "last", bytes(data)), frame_starts(bytes(data))[-1])
+    last = frame_starts(bytes(data))[-1]
+    data[-17] ^= 0xFF  # checksum byte of the complete last frame (its 16-byte trailer follows)
+    assert_corrupt(place(tmp_path, "last", bytes(data)), last)
+    data[-17] ^= 0xFF
+    data[-1] ^= 0xFF  # the trailer's CRC-32: damage too, named at its frame
+    assert_corrupt(place(tmp_path, "trailer", bytes(data)), last)
 
 
 async def test_cut_frame_followed_by_complete_frames_is_corruption(state_dir, tmp_path):
@@ -231,13 +237,13 @@ async def test_list_session_dirs(state_dir):
 async def test_torn_tail_is_fixed_on_the_first_write_only(state_dir):
     path = await write_log(state_dir, [turn_events(2), turn_events(2, 2)])
     data = path.read_bytes()
-    cut = data[:-20]  # inside the last frame: nothing recoverable
+    cut = data[:-36]  # inside the last frame (before its checksum and trailer): nothing kept
     path.write_bytes(cut)
     log = await SessionLog.open_for_write(state_dir, "s1")
     assert log.last_seq == log.durable_seq == 1
     await log.aclose()  # nothing written, nothing to re-append: the file is untouched
     assert path.read_bytes() == cut
-    path.write_bytes(data[:-2])  # only checksum bytes missing: both records recovered
+    path.write_bytes(data[:-18])  # only checksum bytes missing: both records recovered
     log = await SessionLog.open_for_write(state_dir, "s1")
     assert log.last_seq == 3 and log.durable_seq == 1
     assert await log.flush() == 3  # the fix itself is a write: truncate, fsync, re-append

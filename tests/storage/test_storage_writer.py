@@ -23,7 +23,7 @@ from dshd.storage import (
     StorageWriteError,
     read_log,
 )
-from dshd.storage.format import ZSTD_MAGIC, decode_header, scan_zstd_frame
+from dshd.storage.format import TRAILER_SIZE, encode_trailer, ZSTD_MAGIC, decode_header, scan_zstd_frame
 from dshd.storage.reader import _decompress_frame
 
 from storage_helpers import make_header, turn_events, write_log
@@ -38,7 +38,10 @@ def frames_of(path) -> list[bytes]:
         scan = scan_zstd_frame(data, pos)
         assert scan.kind == "frame", scan
         out.append(_decompress_frame(data[pos : scan.end]))
-        pos = scan.end
+        # Every frame is followed by its trailer (format.encode_trailer).
+        trailer = data[scan.end : scan.end + TRAILER_SIZE]
+        assert trailer == encode_trailer(data[pos : scan.end])
+        pos = scan.end + TRAILER_SIZE
     return out
 
 
