@@ -136,7 +136,9 @@ async def session_create(conn: "Connection", p: rpc.SessionCreateParams) -> dict
                 "DSH_SESSION_ID, DSH_RUN mark a call and its processes)",
                 field="env",
             )
-    cwd = os.path.normpath(p.cwd)
+    # Stored resolved: each call pins this path by fd and refuses one that leads elsewhere
+    # (EXEC.md §3), so a symlinked cwd would be refused at every call.
+    cwd = os.path.realpath(p.cwd)
     if is_within(cwd, conn.daemon.state_dir):
         raise _bad(f"cwd {cwd!r} lies inside dshd's state directory; pick a project directory",
                    field="cwd")

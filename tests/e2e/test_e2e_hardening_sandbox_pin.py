@@ -224,3 +224,33 @@ async def test_concurrent_calls_under_a_budget_of_two(daemon_of, count):
         (work / f"stop-{running[1]}").touch()
         assert (await c.wait(sid, running[1]))["exitCode"] == 0
     assert tries >= 5
+
+
+def test_a_session_created_through_a_symlink_stores_the_resolved_directory(tmp_path):
+    """Each call pins the session directory by fd and refuses a path that leads elsewhere, so
+    session.create stores the cwd resolved: a client that sends a symlinked path (not the
+    CLI: it sends getcwd()) still gets a working session, at the real directory."""
+    from dshd.testing import DshdProcess
+
+    from .wire import Wire
+
+    real = tmp_path / "real"
+    real.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    (tmp_path / "d").mkdir()
+    d = DshdProcess(tmp_path / "d")
+    d.start()
+    try:
+        w = Wire(d.socket)
+        sid = w.result("session.create", {"cwd": str(link)})["sessionId"]
+        assert w.result("session.get", {"sessionId": sid})["cwd"] == str(real)
+        w.result("tool.run", {"sessionId": sid, "name": "bash", "callId": "c1", "approved": True,
+                              "arguments": {"command": "pwd; echo x > made"}})
+        result = w.result("tool.wait", {"sessionId": sid, "callId": "c1", "timeout": 60})
+        assert result["exitCode"] == 0, result
+        assert result["content"].splitlines()[0] == str(real)
+        assert (real / "made").read_text() == "x\n"
+        w.close()
+    finally:
+        d.stop()
