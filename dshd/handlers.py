@@ -45,6 +45,8 @@ log = structlog.get_logger("dshd.rpc")
 
 TOOLS = {"bash"}
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: Names dshd puts in every tool's environment; a session env must not override them (EXEC.md §1).
+RESERVED_ENV = frozenset({"DSH_CALL_ID", "DSH_SESSION_ID", "DSH_RUN"})
 
 
 def _bad(message: str, **data) -> rpc.RpcError:
@@ -130,10 +132,10 @@ async def session_create(conn: "Connection", p: rpc.SessionCreateParams) -> dict
                 "values have no NUL",
                 field="env",
             )
-        if key.startswith("DSH_"):
+        if key in RESERVED_ENV:
             raise _bad(
-                f"env may not set {key!r}: the DSH_ names belong to dshd (DSH_CALL_ID, "
-                "DSH_SESSION_ID, DSH_RUN mark a call and its processes)",
+                f"env may not set {key!r}: dshd sets DSH_CALL_ID, DSH_SESSION_ID and DSH_RUN "
+                "itself (they mark a call and its processes)",
                 field="env",
             )
     # Stored resolved: each call pins this path by fd and refuses one that leads elsewhere
@@ -142,7 +144,7 @@ async def session_create(conn: "Connection", p: rpc.SessionCreateParams) -> dict
     if is_within(cwd, conn.daemon.state_dir):
         raise _bad(f"cwd {cwd!r} lies inside dshd's state directory; pick a project directory",
                    field="cwd")
-    if refusal := refused_workspace(cwd):
+    if refusal := refused_workspace(os.path.normpath(p.cwd)) or refused_workspace(cwd):
         raise _bad(refusal, field="cwd")
     if not identity.can_enter(cwd, conn.uid):
         raise rpc.RpcError(rpc.PERMISSION_DENIED,

@@ -81,12 +81,13 @@ def test_a_landlock_command_dies_with_a_killed_daemon(workdir):
 
 def test_a_session_env_may_not_set_dshs_own_names(daemon, workdir):
     """A session env could set DSH_RUN and keep its own setsid children out of the kill sweep
-    (or forge DSH_CALL_ID for a tool that trusts it): the DSH_ names are refused at create."""
+    (or forge DSH_CALL_ID for a tool that trusts it): the names dshd sets are refused at
+    create; other DSH_ names are the session's to use."""
     from .wire import Wire, events
 
     w = Wire(daemon.socket)
-    for name in ("DSH_RUN", "DSH_CALL_ID", "DSH_SOCKET"):
+    for name in ("DSH_RUN", "DSH_CALL_ID", "DSH_SESSION_ID"):
         err = w.error("session.create", {"cwd": str(workdir), "env": {name: "x"}})
         assert err["code"] == -32602 and name in err["message"], err
-    ok = w.result("session.create", {"cwd": str(workdir), "env": {"MY_DSH_RUN": "x"}})
+    ok = w.result("session.create", {"cwd": str(workdir), "env": {"DSH_MY_TOKEN": "x"}})
     assert events(w, ok["sessionId"])  # an ordinary name is fine
