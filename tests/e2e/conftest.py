@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import os
 import shutil
 import subprocess
@@ -41,16 +43,29 @@ class DaemonProcess(DshdProcess):
         )
 
 
-@pytest.fixture
-def daemon():
-    root = Path(tempfile.mkdtemp(prefix="dsh-e2e-"))
-    d = DaemonProcess(root)
-    d.start()
+@contextlib.contextmanager
+def running_daemon(config: str = "", extra_args: tuple[str, ...] = (), prefix: str = "dsh-e2e-"):
+    """A started :class:`DaemonProcess` in a fresh directory, with ``config`` (TOML text) as its
+    config file when given; stopped and removed afterwards."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    args = list(extra_args)
+    if config:
+        cfg = root / "dshd.toml"
+        cfg.write_text(config)
+        args = ["--config", str(cfg), *args]
+    d = DaemonProcess(root, args or None)
     try:
+        d.start()
         yield d
     finally:
         d.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def daemon():
+    with running_daemon() as d:
+        yield d
 
 
 @pytest.fixture

@@ -14,17 +14,14 @@ answers, and its log has no crash. The seed is printed (replay: ``DSH_FUZZ_SEED=
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from bench.wire_fuzz import FUZZ_CONFIG, FuzzLoad, fd_count, status_latencies
 
-from .conftest import DaemonProcess
+from .conftest import running_daemon
 from .test_e2e_hardening_wire import RawClient
 
 SECONDS = float(os.environ.get("DSH_FUZZ_SECONDS", "45"))
@@ -32,16 +29,9 @@ SECONDS = float(os.environ.get("DSH_FUZZ_SECONDS", "45"))
 
 @pytest.fixture
 def fuzz_daemon():
-    root = Path(tempfile.mkdtemp(prefix="dsh-fuzz-"))
-    cfg = root / "dshd.toml"
-    cfg.write_text("".join(f"{k} = {v}\n" for k, v in FUZZ_CONFIG.items()))
-    d = DaemonProcess(root, ["--config", str(cfg), "--log-level", "warning"])
-    d.start()
-    try:
+    config = "".join(f"{k} = {v}\n" for k, v in FUZZ_CONFIG.items())
+    with running_daemon(config, ("--log-level", "warning"), prefix="dsh-fuzz-") as d:
         yield d
-    finally:
-        d.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def _settled_fds(pid: int, target: int, seconds: float = 15.0) -> int:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import DaemonProcess
+from .conftest import running_daemon
 
 STATUS = b'{"jsonrpc":"2.0","id":1,"method":"daemon.status"}'
 
@@ -120,16 +120,8 @@ def vm_kib(pid: int, field: str) -> int:
 @pytest.fixture
 def limited_daemon(request):
     """dshd with a small config (``request.param``: TOML text)."""
-    root = Path(tempfile.mkdtemp(prefix="dsh-wire-"))
-    cfg = root / "dshd.toml"
-    cfg.write_text(request.param)
-    d = DaemonProcess(root, ["--config", str(cfg)])
-    d.start()
-    try:
+    with running_daemon(request.param, prefix="dsh-wire-") as d:
         yield d
-    finally:
-        d.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def _session_with_running_call(path: Path, workdir: Path, command: str) -> tuple[str, str]:

@@ -4,30 +4,20 @@ UTF-16 surrogate escape is named as such — against a real dshd over raw socket
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
-from .conftest import DaemonProcess, daemon  # noqa: F401 (fixture)
+from .conftest import running_daemon
 from .test_e2e_hardening_wire import RawClient
 
 
 @pytest.fixture
 def init_daemon():
-    root = Path(tempfile.mkdtemp(prefix="dsh-init-"))
-    cfg = root / "dshd.toml"
-    cfg.write_text("max_connections = 4\ninitialize_timeout_seconds = 2\n")
-    d = DaemonProcess(root, ["--config", str(cfg)])
-    d.start()
-    try:
+    with running_daemon("max_connections = 4\ninitialize_timeout_seconds = 2\n",
+                        prefix="dsh-init-") as d:
         yield d
-    finally:
-        d.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_uninitialized_connections_are_closed_after_the_deadline(init_daemon):

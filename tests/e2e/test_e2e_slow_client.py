@@ -5,10 +5,7 @@ clients' mirrors correct, and is itself resynced by a base batch when it reads a
 from __future__ import annotations
 
 import json
-import shutil
 import socket
-import tempfile
-from pathlib import Path
 
 import pytest
 import trio
@@ -16,7 +13,7 @@ import trio
 from client.api import connect
 from client.mirror import Mirror
 
-from .conftest import DaemonProcess
+from .conftest import running_daemon
 
 #: Non-repetitive output (so every publish really changes the window) until a stop file appears.
 ENDLESS_OUTPUT = "n=0; while [ ! -e stop ]; do seq $n $((n+200000)); n=$((n+200001)); done"
@@ -27,16 +24,8 @@ STALL_SECONDS = 10
 def small_queue_daemon():
     """A daemon whose per-connection stream budget is 256 KiB, so a 10 s stall overflows it
     (the lane is paced to ~256 KiB/s per session, EXEC.md §2)."""
-    root = Path(tempfile.mkdtemp(prefix="dsh-slow-"))
-    cfg = root / "dshd.toml"
-    cfg.write_text("send_queue_stream_bytes = 262144\n")
-    d = DaemonProcess(root, ["--config", str(cfg)])
-    d.start()
-    try:
+    with running_daemon("send_queue_stream_bytes = 262144\n", prefix="dsh-slow-") as d:
         yield d
-    finally:
-        d.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 class StalledClient:
