@@ -236,15 +236,15 @@ async def test_a_confined_tool_cannot_drive_dshd_through_its_socket(home_of, pro
     """Issue 10 item 5: under Landlock a tool ran ``dsh run --sandbox danger-full-access --
     touch OUTSIDE`` through dshd's socket. The tool is told the socket's real path here, as if
     it had guessed it: environment scrubbing alone is no defence."""
-    import sys
-
     h = home_of(provider)
     work = h.root / "project"
     work.mkdir()
     outside = h.root / "OUTSIDE"
-    repo = Path(__file__).resolve().parents[2]
-    dsh = (f"cd {repo} && DSH_SOCKET={h.daemon.socket} {sys.executable} -m client.cli run "
-           f"--sandbox danger-full-access -- touch {outside}")
+    # The client is a stdlib-only script run by the system's python3 (DRIVE_DSHD below): the
+    # repository may lie under /tmp, which bwrap's private /tmp hides from the tool.
+    (work / "drive.py").write_text(DRIVE_DSHD.format(alias=h.daemon.socket, work=work,
+                                                     outside=outside))
+    dsh = f"/usr/bin/python3 -I {work}/drive.py"
     async with connect(h.daemon.socket) as c:
         sid = await c.create_session(str(work))
         direct = await _run(c, sid, _probe_socket_script(str(h.daemon.socket)))
@@ -350,6 +350,26 @@ async def test_the_sum_of_running_calls_tmp_is_bounded(home_of):
         await _daemon_alive(c)
 
 
+DRIVE_DSHD = """
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect("{alias}")
+f = s.makefile("rb")
+def call(i, method, params):
+    s.sendall(json.dumps({{"jsonrpc": "2.0", "id": i, "method": method, "params": params}}).encode() + b"\\n")
+    answer = json.loads(f.readline())
+    if "error" in answer:
+        print(answer["error"]["message"])
+        sys.exit(1)
+    return answer["result"]
+call(1, "initialize", {{"protocolVersion": 1}})
+sid = call(2, "session.create", {{"cwd": "{work}", "sandbox": "danger-full-access"}})["sessionId"]
+call(3, "tool.run", {{"sessionId": sid, "name": "bash", "callId": "x", "approved": True,
+                     "arguments": {{"command": "touch {outside}"}}}})
+sys.exit(call(4, "tool.wait", {{"sessionId": sid, "callId": "x", "timeout": 30}})["exitCode"])
+"""
+
+
 @pytest.mark.parametrize("provider", PROVIDERS)
 async def test_a_confined_tool_is_refused_even_through_an_alias_of_the_socket(home_of, provider):
     """Issue 10 item 5, the daemon's side: a hard link of dshd's socket inside the workspace
@@ -357,17 +377,16 @@ async def test_a_confined_tool_is_refused_even_through_an_alias_of_the_socket(ho
     the peer check recognises the connecting process as one of this daemon's sandboxes;
     Landlock: the seccomp filter refuses the socket. A client outside any sandbox is served on
     the same alias (the control)."""
-    import sys
-
     h = home_of(provider)
     work = h.root / "project"
     work.mkdir()
     alias = work / "alias.sock"
     os.link(h.daemon.socket, alias)
     outside = h.root / "OUTSIDE"
-    repo = Path(__file__).resolve().parents[2]
-    dsh = (f"cd {repo} && DSH_SOCKET={alias} {sys.executable} -m client.cli run "
-           f"--sandbox danger-full-access -- touch {outside}; echo rc=$?")
+    # A stdlib-only client in the workspace, run by the system's python3: the repository and
+    # its venv may lie under /tmp, which bwrap's private /tmp hides from the tool.
+    (work / "drive.py").write_text(DRIVE_DSHD.format(alias=alias, work=work, outside=outside))
+    dsh = f"/usr/bin/python3 -I {work}/drive.py; echo rc=$?"
     async with connect(alias) as c:  # the control: the alias reaches the daemon
         sid = await c.create_session(str(work))
         result = await _run(c, sid, dsh)
