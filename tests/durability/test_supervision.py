@@ -36,12 +36,14 @@ async def test_a_crash_in_the_writer_task_is_supervised(root, workdir, monkeypat
         async with connect(sock) as c:
             a = await c.create_session(str(workdir), approval_policy="never")
             b = await c.create_session(str(workdir), approval_policy="never")
-            sleeper = await c.run_tool(a, f"sleep 30; : {token}")
-            async with await c.subscribe(a) as sub:
-                with trio.fail_after(30):
-                    async for view in sub:
-                        if (view["tools"].get(sleeper) or {}).get("state") == "running":
-                            break
+            # Arm the crash once the command has really started (its marker file exists): a
+            # pre-approved call is "running" in the lane from admission, before its barrier,
+            # and a crash there is ABORTED_BEFORE_DISPATCH (nothing ran), not TOOL_CANCELLED.
+            started = workdir / f"started-{token}"
+            sleeper = await c.run_tool(a, f"touch {started}; sleep 30; : {token}")
+            with trio.fail_after(30):
+                while not started.exists():
+                    await trio.sleep(0.02)
             armed.add(a)
             with trio.fail_after(30):
                 result = await c.wait(a, sleeper)
