@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -100,3 +100,31 @@ def wait_until_gone(needle: str, attempts: int = 200) -> list[int]:
         time.sleep(0.05)
         left = live_processes_matching(needle)
     return left
+
+
+@contextlib.contextmanager
+def throwaway_user(name: str, *, system: bool = False, keep: bool = False,
+                   tools: tuple[str, ...] = ("useradd", "userdel", "setpriv")):
+    """The unprivileged user ``name`` (created when missing, removed afterwards unless it
+    existed or ``keep``), or a skip when this run cannot create users. Tolerates another
+    pytest-xdist worker creating the same user at the same moment (useradd exit 9)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create an unprivileged test user")
+    for tool in tools:
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not available")
+    created = False
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        cmd = ["useradd", *(["--system"] if system else []), "--no-create-home",
+               "--shell", "/usr/sbin/nologin", name]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode not in (0, 9):
+            raise RuntimeError(f"useradd {name}: {done.stderr.strip()}")
+        created = done.returncode == 0 and not keep
+    try:
+        yield pwd.getpwnam(name)
+    finally:
+        if created:
+            subprocess.run(["userdel", name], check=False, capture_output=True)

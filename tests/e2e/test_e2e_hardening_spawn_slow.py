@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import DaemonProcess
+from .conftest import DaemonProcess, throwaway_user
 from .spawn_rpc import Daemon
 
 pytestmark = pytest.mark.slow
@@ -64,22 +64,10 @@ NPROC = 48
 
 @pytest.fixture
 def bomb_user():
-    if os.geteuid() != 0:
-        pytest.skip("RLIMIT_NPROC is tested on a throw-away user, which needs root to create")
-    for tool in ("useradd", "userdel", "setpriv", "prlimit", "perl"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} is not available")
-    created = False
-    try:
-        pwd.getpwnam(BOMB_USER)
-    except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell",
-                        "/usr/sbin/nologin", BOMB_USER], check=True, capture_output=True)
-        created = True
-    entry = pwd.getpwnam(BOMB_USER)
-    yield entry
-    if created:
-        subprocess.run(["userdel", BOMB_USER], check=False, capture_output=True)
+    # RLIMIT_NPROC is tested on a throw-away user (root is exempt from it).
+    with throwaway_user(BOMB_USER, system=True,
+                        tools=("useradd", "userdel", "setpriv", "prlimit", "perl")) as entry:
+        yield entry
 
 
 def _interpreter_for(user: pwd.struct_passwd) -> tuple[str, dict[str, str]]:

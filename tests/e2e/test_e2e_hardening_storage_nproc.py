@@ -16,9 +16,7 @@ import pwd
 import secrets
 import shutil
 import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -28,6 +26,8 @@ from client.api import connect
 from dshd.storage import read_log
 from dshd.testing import DshdProcess
 from protocol.rpc import STORAGE_FAILURE, RpcError
+
+from .conftest import throwaway_user
 
 USER = "dshnproctest"
 BOMB_PYTHON = shutil.which("python3", path="/usr/bin:/bin") or "python3"  # the tool's own
@@ -61,19 +61,12 @@ print("held", len(kids))
 
 @pytest.fixture
 def limited_user():
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create a test user")
-    for tool in ("useradd", "userdel", "setpriv", "prlimit"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} is not available")
-    created = False
-    try:
-        pwd.getpwnam(USER)
-    except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell",
-                        "/usr/sbin/nologin", USER], check=True, capture_output=True)
-        created = True
-    entry = pwd.getpwnam(USER)
+    with throwaway_user(USER, system=True,
+                        tools=("useradd", "userdel", "setpriv", "prlimit")) as entry:
+        yield from _limited_root(entry)
+
+
+def _limited_root(entry: pwd.struct_passwd):
     root = Path(tempfile.mkdtemp(prefix="dsh-nproc-", dir="/var/tmp"))
     root.chmod(0o755)
     (root / "work").mkdir()
@@ -82,8 +75,6 @@ def limited_user():
     yield entry, root
     (root / "work" / "stop").touch()
     shutil.rmtree(root, ignore_errors=True)
-    if created:
-        subprocess.run(["userdel", USER], check=False, capture_output=True)
 
 
 class LimitedDshd(DshdProcess):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import shutil
 import signal
 import socket
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import running_daemon
+from .conftest import running_daemon, throwaway_user
 
 STATUS = b'{"jsonrpc":"2.0","id":1,"method":"daemon.status"}'
 
@@ -358,15 +357,8 @@ def test_a_client_that_closed_entirely_is_not_waited_for(daemon, workdir):
 
 @pytest.fixture
 def unprivileged_user():
-    if os.getuid() != 0 or not shutil.which("useradd") or not shutil.which("setpriv"):
-        pytest.skip("needs root, useradd and setpriv for an unprivileged peer")
-    name = "dshpeer"
-    try:
-        pwd.getpwnam(name)
-    except KeyError:
-        subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
-                       check=True)
-    return pwd.getpwnam(name)
+    with throwaway_user("dshpeer", keep=True, tools=("useradd", "setpriv")) as entry:
+        yield entry
 
 
 REFUSED_PEER = r'''

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import resource
 import shutil
 import socket
@@ -22,7 +21,7 @@ import trio
 from client.api import connect
 from protocol.rpc import RpcError
 
-from .conftest import DaemonProcess
+from .conftest import DaemonProcess, throwaway_user
 
 
 def _raw_subscriber(path, sid: str) -> socket.socket:
@@ -128,15 +127,8 @@ async def test_running_out_of_file_descriptors_is_survived(low_fd_daemon, workdi
 
 @pytest.fixture
 def unprivileged_user():
-    if os.getuid() != 0 or not shutil.which("useradd"):
-        pytest.skip("needs root and useradd to create an unprivileged user")
-    name = "dshpeer"
-    try:
-        pwd.getpwnam(name)
-    except KeyError:
-        subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
-                       check=True)
-    return pwd.getpwnam(name)
+    with throwaway_user("dshpeer", keep=True, tools=("useradd",)) as entry:
+        yield entry
 
 
 def test_a_foreign_peer_is_refused_and_closed(daemon, unprivileged_user):
