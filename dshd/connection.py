@@ -187,9 +187,9 @@ class Connection:
                 if self._resync:
                     pending, self._resync = self._resync, {}
                     for sub in pending.values():
-                        session = self.daemon.registry.open.get(sub.session_id)
+                        session = self.daemon.registry.opened(sub.session_id)
                         if session is not None and sub.id in self.subscriptions:
-                            session.publisher.rebase(sub)
+                            session.rebase(sub)
                     continue
                 self._wakeup = trio.Event()
                 await self._wakeup.wait()
@@ -236,7 +236,7 @@ class Connection:
             self.daemon.line_budget.give(self._held)
             self._held = 0
             for sub in list(self.subscriptions.values()):
-                session = self.daemon.registry.open.get(sub.session_id)
+                session = self.daemon.registry.opened(sub.session_id)
                 if session is not None:
                     session.unsubscribe(sub)
             self.subscriptions.clear()

@@ -172,7 +172,7 @@ async def session_get(conn: "Connection", p: rpc.SessionGetParams) -> dict:
 async def session_events(conn: "Connection", p: rpc.SessionEventsParams) -> dict:
     session = await _session(conn, p.sessionId)
     events = session.events(p.afterSeq, p.limit)
-    return {"events": events, "lastSeq": session.log.last_seq}
+    return {"events": events, "lastSeq": session.last_seq}
 
 
 async def session_set_policy(conn: "Connection", p: rpc.SetApprovalPolicyParams) -> dict:
@@ -204,7 +204,7 @@ async def tool_run(conn: "Connection", p: rpc.ToolRunParams) -> dict:
         raise rpc.RpcError(rpc.UNKNOWN_TOOL, f"unknown tool {p.name!r}; known: {sorted(TOOLS)}")
     _check_bash_arguments(p.arguments)
     call_id = p.callId or ("c-" + secrets.token_hex(6))
-    if call_id in session.call_ids:
+    if session.has_call(call_id):
         return {"callId": call_id, "existing": True}
     try:
         session.start_call(call_id, p.name, p.arguments, p.approved)
@@ -253,7 +253,7 @@ async def unsubscribe(conn: "Connection", p: rpc.UnsubscribeParams) -> dict:
     sub = conn.subscriptions.pop(p.subscriptionId, None)
     if sub is None:
         raise _bad(f"no subscription {p.subscriptionId!r} on this connection", field="subscriptionId")
-    session = conn.daemon.registry.open.get(sub.session_id)
+    session = conn.daemon.registry.opened(sub.session_id)
     if session is not None:
         session.unsubscribe(sub)
     return {}
@@ -272,7 +272,7 @@ class AfterResponse:
 async def approval_decide(conn: "Connection", p: rpc.ApprovalDecideParams) -> dict:
     session = await _session(conn, p.sessionId)
     try:
-        outcome = session.approvals.decide(p.approvalId, p.decision)
+        outcome = session.decide(p.approvalId, p.decision)
     except AlreadyDecided as exc:
         raise rpc.RpcError(
             rpc.ALREADY_DECIDED, f"approval {p.approvalId} was already decided: {exc.outcome}",

@@ -183,7 +183,7 @@ class Daemon:
             "version": __version__,
             "pid": self.pid,
             "startedAt": self.started_at,
-            "sessionsOpen": len(self.registry.open),
+            "sessionsOpen": len(self.registry.open_sessions()),
             "connections": len(self.connections),
             "subscriptions": sum(len(c.subscriptions) for c in self.connections),
             # Stream batches dropped for slow readers (each later replaced by a base batch).

@@ -136,8 +136,8 @@ class ServiceMonitor:
     def stuck_writer(self, now: float) -> str | None:
         """A sentence naming a session writer whose write has been in flight longer than the
         bound, or None when every writer makes progress."""
-        for session in list(self.daemon.registry.live.values()):
-            since = session.log.write_started
+        for session in self.daemon.registry.live_sessions():
+            since = session.write_started()
             if since is not None and now - since > self.stuck_bound:
                 return (f"session {session.id}: a log write (fsync) has not returned for "
                         f"{now - since:.1f} s")
@@ -145,8 +145,8 @@ class ServiceMonitor:
 
     def status_line(self) -> str:
         d = self.daemon
-        sessions = list(d.registry.open.values())
-        running = sum(len(s.calls) for s in sessions)
+        sessions = d.registry.open_sessions()
+        running = sum(s.running for s in sessions)
         text = (f"{len(sessions)} sessions open, {running} tool calls running, "
                 f"{len(d.connections)} connections")
         if self.withheld:

@@ -164,6 +164,17 @@ class SessionRegistry:
         self._last_used[session.id] = trio.current_time()
         return session
 
+    def opened(self, session_id: str) -> Session | None:
+        """The open session ``session_id``, or None (never opens one; ``get`` does)."""
+        return self.open.get(session_id)
+
+    def open_sessions(self) -> list[Session]:
+        return list(self.open.values())
+
+    def live_sessions(self) -> list[Session]:
+        """Every session whose task runs, a crashed one winding down included (the watchdog)."""
+        return list(self.live.values())
+
     def running_calls(self) -> int:
         """Unsettled tool calls over every open session (``max_calls`` counts these)."""
         return sum(len(session.calls) for session in self.open.values())

@@ -288,6 +288,35 @@ class Session:
             "owner": self.owner,
         }
 
+    # ----------------------------------------------------------------- the narrow port
+    # What rooms outside ``dshd/sessions`` may use besides the methods below: nothing else of
+    # a session (its log, tracker, publisher and private attributes stay inside).
+    @property
+    def last_seq(self) -> int:
+        """Seq of the newest event (unflushed tail included)."""
+        return self.log.last_seq
+
+    @property
+    def running(self) -> int:
+        """Tool calls of this session that have not settled."""
+        return len(self.calls)
+
+    def write_started(self) -> float | None:
+        """trio time the log write in flight began (None: none in flight; the watchdog)."""
+        return self.log.write_started
+
+    def has_call(self, call_id: str) -> bool:
+        """The session knows ``call_id`` (a ``tool/call`` or a ``tool/result`` names it)."""
+        return call_id in self.call_ids
+
+    def decide(self, approval_id: str, decision: str) -> str:
+        """Decide a pending approval (``dshd.approval``); the outcome recorded."""
+        return self.approvals.decide(approval_id, decision)
+
+    def rebase(self, sub: Subscription) -> None:
+        """Send ``sub`` a base batch at the next publish (a dropped or resynced stream)."""
+        self.publisher.rebase(sub)
+
     def events(self, after_seq: int, limit: int) -> list:
         """Events with seq > after_seq, oldest first, unflushed tail included."""
         evs = self.log.events

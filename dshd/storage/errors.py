@@ -21,9 +21,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from protocol import rpc
 
-class StorageError(Exception):
-    """Base of every error the storage layer raises on purpose."""
+from ..errors import StorageFailure
+
+
+class StorageError(StorageFailure):
+    """Base of every error the storage layer raises on purpose (a ``-32014`` when it reaches
+    a request, ``dshd.errors``)."""
 
 
 class StorageWriteError(StorageError):
@@ -51,6 +56,7 @@ class LogCorrupt(StorageError):
             f"session {session_id}: log {self.path} is damaged at byte {offset}: {reason}; "
             "it will not be opened for writing (run `dsh fsck`)"
         )
+        self.data = {"code": "LOG_DAMAGED"}
 
 
 class LogTooNew(StorageError):
@@ -68,6 +74,7 @@ class LogTooNew(StorageError):
             f"session {session_id}: log {self.path} was written by a newer dshd: upgrade "
             f"({detail}, at byte {offset})"
         )
+        self.data = {"code": "LOG_DAMAGED"}
 
 
 class LockHeld(StorageError):
@@ -75,8 +82,10 @@ class LockHeld(StorageError):
 
     Attributes: ``path`` (the lock file), ``holder``: the holder's pid (int) when the lock
     file names one, a description (str, e.g. ``"another handle in this process"``), or None
-    when it cannot be known.
+    when it cannot be known. A request that meets one is answered ``-32005``.
     """
+
+    CODE = rpc.SESSION_LOCKED
 
     def __init__(self, path: Path, holder: int | str | None, *, subject: str | None = None,
                  note: str = "") -> None:

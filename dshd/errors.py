@@ -1,0 +1,129 @@
+"""The daemon's exception tree: every error a request can end in, with its JSON-RPC code.
+
+Theory of operation: a room that refuses something raises a :class:`DshError` subclass whose
+class attribute ``CODE`` is the JSON-RPC error code of PROTOCOL.md §4 (pylsp-jsonrpc's
+``JsonRpcException.CODE``), with a message that says what to do next and optional ``data``
+(``field``, a symbolic ``code``, ...). No builtin exception stands for a protocol error: "call
+not found" is :class:`CallNotFound`, never ``KeyError``. The dispatcher turns an exception into
+an error response in one place, :func:`to_rpc_error`; everything else is a bug (``-32603``,
+logged with its traceback). The storage layer's own errors (``dshd.storage.errors``) are part
+of this tree, so a storage failure reaching a request is ``-32014`` without a per-site mapping.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from protocol import rpc
+
+__all__ = [
+    "AlreadyDecided", "ApprovalNotFound", "CallNotFound", "DshError", "InvalidParams",
+    "InvalidRequest", "LimitExceeded", "MethodNotFound", "NotInitialized", "PermissionDenied",
+    "SessionClosing", "SessionLocked", "SessionNotFound", "StillRunning", "StorageFailure",
+    "UnknownTool", "UnsupportedVersion", "to_rpc_error",
+]
+
+
+class DshError(Exception):
+    """Base of every error a request may end in; ``CODE`` is its JSON-RPC code."""
+
+    CODE: ClassVar[int] = rpc.INTERNAL_ERROR
+
+    def __init__(self, message: str, data: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.data = data
+
+
+class InvalidRequest(DshError):
+    CODE = rpc.INVALID_REQUEST
+
+
+class MethodNotFound(DshError):
+    CODE = rpc.METHOD_NOT_FOUND
+
+
+class InvalidParams(DshError):
+    """A param is wrong; ``field`` names it (``data.field``), ``code`` a symbolic reason."""
+
+    CODE = rpc.INVALID_PARAMS
+
+    def __init__(self, message: str, field: str | None = None, **data: Any) -> None:
+        if field is not None:
+            data["field"] = field
+        super().__init__(message, data or None)
+
+
+class PermissionDenied(DshError):
+    CODE = rpc.PERMISSION_DENIED
+
+
+class NotInitialized(DshError):
+    CODE = rpc.NOT_INITIALIZED
+
+
+class UnsupportedVersion(DshError):
+    CODE = rpc.UNSUPPORTED_VERSION
+
+
+class SessionNotFound(DshError):
+    CODE = rpc.SESSION_NOT_FOUND
+
+
+class SessionLocked(DshError):
+    CODE = rpc.SESSION_LOCKED
+
+
+class CallNotFound(DshError):
+    CODE = rpc.CALL_NOT_FOUND
+
+
+class ApprovalNotFound(DshError):
+    CODE = rpc.APPROVAL_NOT_FOUND
+
+
+class StillRunning(DshError):
+    """A wait timed out; the thing waited for goes on (``-32010``)."""
+
+    CODE = rpc.TIMEOUT
+
+
+class AlreadyDecided(DshError):
+    CODE = rpc.ALREADY_DECIDED
+
+
+class UnknownTool(DshError):
+    CODE = rpc.UNKNOWN_TOOL
+
+
+class LimitExceeded(DshError):
+    """A bound was reached; nothing was recorded (``-32013``)."""
+
+    CODE = rpc.LIMIT_EXCEEDED
+
+
+class StorageFailure(DshError):
+    """Something could not be made durable or opened (``-32014``; fail closed)."""
+
+    CODE = rpc.STORAGE_FAILURE
+
+
+class SessionClosing(StorageFailure):
+    """The session is winding down (daemon stop): no new work is accepted (``-32014``,
+    ``data.code`` ``SESSION_CLOSING``)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, {"code": "SESSION_CLOSING"})
+
+
+def to_rpc_error(exc: BaseException) -> rpc.RpcError | None:
+    """The error response for ``exc``, or None when it is a bug (answer ``-32603``, log it).
+
+    The one map from exceptions to JSON-RPC errors: a :class:`DshError` carries its code; an
+    ``RpcError`` (the params decoder's) is already one.
+    """
+    if isinstance(exc, rpc.RpcError):
+        return exc
+    if isinstance(exc, DshError):
+        return rpc.RpcError(exc.CODE, exc.message, exc.data)
+    return None
