@@ -37,8 +37,6 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("protocol", "dshd", "client")
 IO_MODULES = frozenset({

@@ -162,10 +162,12 @@ class FsyncGate:
                 with self._lock:
                     mode = self._mode
                 if mode == "fail":
-                    self.failed += 1
+                    with self._lock:
+                        self.failed += 1
                     raise OSError(errno.EIO, "injected EIO (tests/daemon FsyncGate)")
                 if mode == "hold":
-                    self.held += 1
+                    with self._lock:
+                        self.held += 1
                     self._signal_held()
                     self._release.wait(HOLD_REAL_CAP)
             real(fd)
@@ -303,7 +305,9 @@ class Wire:
         self._changed = trio.Event()
 
     async def wait_for(self, predicate: Callable[[], Any], what: str) -> Any:
-        """Wait until ``predicate()`` is truthy (re-checked on every line read); returns it."""
+        """Wait until ``predicate()`` is truthy; returns it. It is re-checked on every line this
+        wire reads, so it must be about what the wire shows: for daemon-side progress that
+        sends no line, ``await trio.testing.wait_all_tasks_blocked()`` first, then ask."""
         with trio.move_on_after(LIVENESS):
             while True:
                 value = predicate()

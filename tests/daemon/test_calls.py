@@ -126,7 +126,7 @@ LIMIT_SCRIPT = [
 
 @pytest.mark.parametrize("model_script", [LIMIT_SCRIPT])
 @pytest.mark.parametrize("daemon_overrides", [{"max_calls": 1}])
-async def test_model_calls_refused_by_a_limit_and_by_cancel_are_waitable(
+async def test_a_model_call_refused_by_turn_cancel_is_waitable(
         daemon, daemon_clock, nursery):
     """bash is not ``concurrent``: the step runs its calls one at a time. The first model call
     holds the daemon's one call slot (``max_calls`` = 1); turn.cancel then refuses the second
