@@ -1,0 +1,82 @@
+"""Graceful stop with calls in every state (PROTOCOL.md §3.6, EXEC.md §1, STORAGE.md §5):
+each call settles with the code of the state it was in, durably, so a restarted daemon reads
+the results from the log with nothing left for the crash repair. Harness: ``conftest.py``."""
+
+from __future__ import annotations
+
+import trio
+
+from .conftest import running_daemon
+
+
+def output(lane, call_id: str) -> str:
+    tool = lane.tool(call_id)
+    return tool["output"]["content"][0]["text"] if tool else ""
+
+
+async def _results(wire, session_id: str) -> dict[str, dict]:
+    events = (await wire.call("session.events", {"sessionId": session_id}))["events"]
+    return {e["data"]["callId"]: e["data"] for e in events if e["type"] == "tool/result"}
+
+
+async def test_shutdown_settles_calls_in_every_state(daemon, daemon_clock, nursery, fsync_gate,
+                                                      tmp_path):
+    wire = await daemon.connect(approvals=True, nursery=nursery)
+    sid = await daemon.create_session(wire, approvalPolicy="ask")
+    lane = await wire.subscribe(sid)
+    marker = daemon.workdir / "ran"
+
+    done = await wire.run(sid, "echo done")  # settled
+    assert (await wire.wait(sid, done))["content"] == "done\n"
+    running = await wire.run(sid, "echo started; sleep 1000")  # running
+    await wire.wait_lane(lane, lambda l: "started" in output(l, running), "the running call")
+    asking = await wire.run(sid, f"touch {marker}", approved=False)  # waiting for approval
+    await wire.wait_lane(lane, lambda l: l.approval_for(asking), "the approval request")
+    slow = await daemon.create_session(wire)  # a second session, its disk slow:
+    fsync_gate.hold(slow)
+    in_barrier = await wire.run(slow, f"touch {marker}")  # its call waits in the barrier
+    await fsync_gate.wait_held()
+
+    async with trio.open_nursery() as stopping:
+        stopping.start_soon(daemon.stop)
+        # The healthy session's calls settle on the lane while the slow disk still holds.
+        await wire.wait_lane(lane, lambda l: l.recent(running) and l.recent(asking),
+                             "the running and the asking call to settle")
+        assert lane.recent(running)["errorCode"] == "TOOL_CANCELLED"
+        assert lane.recent(asking)["errorCode"] == "APPROVAL_CANCELLED"
+        fsync_gate.release()
+    assert not marker.exists()
+
+    async with running_daemon(tmp_path, daemon.config, daemon_clock) as again:
+        reader = await again.connect(nursery=nursery)
+        results = await _results(reader, sid)
+        assert set(results) == {done, running, asking}
+        assert results[done].get("errorCode") is None and results[done]["exitCode"] == 0
+        assert results[running]["errorCode"] == "TOOL_CANCELLED"
+        assert results[running]["content"] == "started\n"
+        assert results[asking]["errorCode"] == "APPROVAL_CANCELLED"
+        slow_results = await _results(reader, slow)
+        assert set(slow_results) == {in_barrier}
+        assert slow_results[in_barrier]["errorCode"] == "ABORTED_BEFORE_DISPATCH"
+        # The same answers through tool.wait, at once.
+        assert (await reader.wait(sid, running, timeout=0))["errorCode"] == "TOOL_CANCELLED"
+        assert (await reader.wait(slow, in_barrier, timeout=0))["errorCode"] == (
+            "ABORTED_BEFORE_DISPATCH")
+
+
+async def test_shutdown_ends_a_running_turn_interrupted(daemon, daemon_clock, nursery, tmp_path):
+    wire = await daemon.connect(approvals=True, nursery=nursery)
+    sid = await daemon.create_session(wire)
+    lane = await wire.subscribe(sid)
+    turn_id = (await wire.call("turn.start", {"sessionId": sid, "input": "hello"}))["turnId"]
+    # The demo script's first step proposes a bash call: it waits at the gate.
+    await wire.wait_lane(lane, lambda l: l.value["approvals"], "the model call's gate")
+    await daemon.stop()
+    async with running_daemon(tmp_path, daemon.config, daemon_clock) as again:
+        reader = await again.connect(nursery=nursery)
+        events = (await reader.call("session.events", {"sessionId": sid}))["events"]
+        ends = [e["data"] for e in events if e["type"] == "turn/end"]
+        assert ends == [{"turnId": turn_id, "reason": "interrupted",
+                         "message": "dshd stopped during the turn"}]
+        [result] = [e["data"] for e in events if e["type"] == "tool/result"]
+        assert result["errorCode"] == "APPROVAL_CANCELLED"
