@@ -12,12 +12,15 @@ from dshd import handlers
 from dshd.handlers import AfterResponse
 from protocol import methods
 
-HANDLERS_DIR = Path(__file__).resolve().parents[2] / "dshd" / "handlers"
+DSHD = Path(__file__).resolve().parents[2] / "dshd"
 
 
 def _sources() -> dict[str, ast.AST]:
-    return {p.name: ast.parse(p.read_text(encoding="utf-8"), str(p))
-            for p in sorted(HANDLERS_DIR.glob("*.py"))}
+    """The handler modules (``dshd/handlers/*.py``; before the split, ``dshd/handlers.py``)."""
+    paths = sorted((DSHD / "handlers").glob("*.py")) or [DSHD / "handlers.py"]
+    sources = {p.name: ast.parse(p.read_text(encoding="utf-8"), str(p)) for p in paths}
+    assert sources
+    return sources
 
 
 def _called_name(node: ast.Call) -> str:
