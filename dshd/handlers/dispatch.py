@@ -1,4 +1,4 @@
-"""Dispatch: one classified message in, its encoded answer out; the one place errors are mapped.
+"""Dispatch: one classified message in, its encoded answer out; where a handler's error is mapped.
 
 Theory of operation: :func:`dispatch` first checks the envelope (only a request or a
 notification reaches a handler; a response object, or an element ``parse_message`` refused,
@@ -6,9 +6,12 @@ is answered ``-32600``), then refuses anything but ``initialize`` before the han
 (``-32002``), looks the method up in ``protocol.methods.METHODS`` (the params struct) and in
 :data:`HANDLERS` (the function), decodes the params (bad params: ``-32602`` naming the
 field), runs the handler and encodes its result struct. Whatever a handler raises goes through
-``dshd.errors.to_rpc_error`` here, once: a ``dshd.errors`` class carries its code, message and
-data; anything else is a bug, logged with its traceback and answered ``-32603`` without
-closing the connection. A notification is never answered. One canonical log line per message.
+``dshd.errors.to_rpc_error`` here, once (the only mapping of an exception to an error
+response in the daemon; what the connection refuses before a message is classified -- an
+oversize line, too many requests in flight -- it answers itself): a ``dshd.errors`` class
+carries its code, message and data; anything else is a bug, logged with its traceback and
+answered ``-32603`` without closing the connection. A notification is never answered. One
+canonical log line per message.
 """
 
 from __future__ import annotations
