@@ -72,10 +72,10 @@ from client.spill import CompleteOutput, command_ran
 from client.transport import ConnectionLost
 from dshd.paths import is_valid_id
 from dshd.paths import state_dir as resolve_state_dir
+from protocol.methods import MAX_TITLE_CHARS
 from protocol.rpc import (
     ALREADY_DECIDED,
     APPROVAL_NOT_FOUND,
-    MAX_TITLE_CHARS,
     STORAGE_FAILURE,
     RpcError,
 )

@@ -31,12 +31,12 @@ from typing import Any, AsyncIterator, Callable
 import msgspec
 import trio
 
+from protocol.methods import StreamParams
 from protocol.rpc import (
     ErrorResponse,
     Notification,
     Response,
     RpcError,
-    StreamParams,
     decode_params,
     encode_request,
     parse_message,
@@ -259,7 +259,7 @@ class Connection:
             params = decode_params(msg.params, StreamParams)
         except RpcError as exc:
             raise _BadMessage(f"dshd sent an invalid stream notification: {exc.message}") from None
-        inbox = self._inboxes.get(params.subscriptionId)
+        inbox = self._inboxes.get(params.subscription_id)
         if inbox is not None:
             inbox.put_nowait(params.seq, params.ops)
 

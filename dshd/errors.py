@@ -28,6 +28,8 @@ class DshError(Exception):
     """Base of every error a request may end in; ``CODE`` is its JSON-RPC code."""
 
     CODE: ClassVar[int] = rpc.INTERNAL_ERROR
+    #: Put before the message on the wire (the storage layer's own errors say what failed).
+    PREFIX: ClassVar[str] = ""
 
     def __init__(self, message: str, data: dict[str, Any] | None = None) -> None:
         super().__init__(message)
@@ -119,11 +121,12 @@ class SessionClosing(StorageFailure):
 def to_rpc_error(exc: BaseException) -> rpc.RpcError | None:
     """The error response for ``exc``, or None when it is a bug (answer ``-32603``, log it).
 
-    The one map from exceptions to JSON-RPC errors: a :class:`DshError` carries its code; an
-    ``RpcError`` (the params decoder's) is already one.
+    The one map from exceptions to JSON-RPC errors, applied by ``dshd.handlers``' dispatch and
+    nowhere else: a :class:`DshError` carries its code, message (after its ``PREFIX``) and
+    data; an ``RpcError`` (the params decoder's) is already one.
     """
     if isinstance(exc, rpc.RpcError):
         return exc
     if isinstance(exc, DshError):
-        return rpc.RpcError(exc.CODE, exc.message, exc.data)
+        return rpc.RpcError(exc.CODE, exc.PREFIX + exc.message, exc.data)
     return None

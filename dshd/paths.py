@@ -5,31 +5,24 @@ both import this module. Resolution order for the socket: an explicit path (``--
 ``DSH_SOCKET``), then system mode ``/run/dsh/dshd.sock``, then user mode
 ``$XDG_RUNTIME_DIR/dsh/dshd.sock``, else ``/tmp/dsh-$UID/dshd.sock``. The state directory is
 ``$XDG_STATE_HOME/dsh`` (default ``~/.local/state/dsh``) in user mode and ``/var/lib/dsh`` in
-system mode. Nothing here creates anything.
+system mode. Nothing here creates anything. The id rule (``is_valid_id``) is
+``protocol.ids``'s, re-exported for the rooms that already import it from here.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
+
+from protocol.ids import ID_RE, RESERVED_IDS, is_valid_id
+
+__all__ = [
+    "ID_RE", "RESERVED_IDS", "SYSTEM_SOCKET", "SYSTEM_STATE", "is_valid_id", "is_within",
+    "socket_path", "state_dir",
+]
 
 SYSTEM_SOCKET = Path("/run/dsh/dshd.sock")
 SYSTEM_STATE = Path("/var/lib/dsh")
-
-#: Client-supplied and daemon-minted ids (sessions, calls) must match this, and must not be
-#: one of the reserved segments (PROTOCOL.md §3.1, STORAGE.md §1).
-ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
-RESERVED_IDS = frozenset({"__proto__", "constructor", "prototype"})
-
-
-def is_valid_id(value: object) -> bool:
-    """True when ``value`` may name a session or a call (and so a file or directory)."""
-    return (
-        isinstance(value, str)
-        and ID_RE.fullmatch(value) is not None
-        and value not in RESERVED_IDS
-    )
 
 
 def socket_path(explicit: str | os.PathLike[str] | None = None, *, system: bool = False) -> Path:

@@ -2,14 +2,20 @@
 
 Theory of operation: everything in this package is a pure function or a plain state machine
 (sans-IO, after h11). It imports the standard library and msgspec only — never trio, socket,
-os, time or asyncio (``tests/protocol/test_purity.py`` walks the imports). The daemon owns all
+os, time or asyncio (``tests/protocol/test_protocol_purity.py`` walks the imports). The daemon owns all
 I/O and feeds bytes and values through here:
 
 * ``ops`` / ``errors``: the six verbs, path and value rules, ``OpError`` (OPS.md §1–§2);
 * ``apply``: a batch onto a plain JSON value, the only thing a mirroring client needs;
 * ``codec``: ``Encoder`` / ``Decoder`` for the wire form (path ids, shortened ops; OPS.md §3);
-* ``tracker``: ``Tracker`` turns writes to producer state into minimal batches (OPS.md §5);
-* ``rpc``: JSON-RPC 2.0 parse/encode, error codes, params structs (PROTOCOL.md §2–§4).
+* ``tracker``: ``Tracker`` turns writes to producer state into minimal batches (OPS.md §5),
+  ``diff`` the ops between a snapshot and the live value;
+* ``mirror``: the consumer half of a stream (decode + apply a lane's batches);
+* ``rpc``: the JSON-RPC 2.0 envelope: parse/encode, error codes, ``decode_params``
+  (PROTOCOL.md §1, §4);
+* ``methods``: every method's params and result structs and the one method table
+  (PROTOCOL.md §2–§3); ``events``: a session's events as a tagged union (STORAGE.md §3);
+  ``ids``: the id rule (PROTOCOL.md §3.1).
 """
 
 from .apply import apply, is_base

@@ -15,7 +15,7 @@ Nothing here reads, writes, or knows about connections or sessions.
   ``INVALID_REQUEST``. ``Messages.is_batch`` says whether the line was
   an array. ``params`` and ``result`` stay ``msgspec.Raw`` (undecoded bytes) until the handler
   knows what it expects.
-* ``decode_params(raw, Type)``: the method's params struct (below), or ``RpcError(-32602)``
+* ``decode_params(raw, Type)``: the method's params struct, or ``RpcError(-32602)``
   whose message names the field (``"invalid params: Expected `int` <= 10000 - at `$.limit`"``).
   Absent and ``null`` params decode as ``{}``. Unknown fields are ignored (new fields may be
   added, PROTOCOL.md intro).
@@ -23,21 +23,17 @@ Nothing here reads, writes, or knows about connections or sessions.
   compact JSON line ending in ``b"\\n"``. ``result``/``params`` may be any msgspec-encodable
   value (dicts, Structs, ``msgspec.Raw`` for pre-encoded JSON).
 
-Params structs are frozen msgspec Structs whose field names are the wire names (camelCase,
-exactly as in PROTOCOL.md §3); each camelCase field also reads under its snake_case name
-(``p.sessionId == p.session_id``). ``METHOD_PARAMS`` maps every method to its struct.
+The structs ``decode_params`` decodes into, and the one method table, are
+``protocol.methods``; this module knows no method.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, TypedDict
+from typing import Any
 
 import msgspec
-from msgspec import UNSET, Meta, Raw
-
-from .errors import OpError
-from .ops import check_json_value
+from msgspec import UNSET, Raw
 
 __all__ = [
     "ALREADY_DECIDED",
@@ -49,7 +45,6 @@ __all__ = [
     "INVALID_REQUEST",
     "LIMIT_EXCEEDED",
     "METHOD_NOT_FOUND",
-    "METHOD_PARAMS",
     "NOT_INITIALIZED",
     "PARSE_ERROR",
     "PERMISSION_DENIED",
@@ -59,42 +54,14 @@ __all__ = [
     "TIMEOUT",
     "UNKNOWN_TOOL",
     "UNSUPPORTED_VERSION",
-    "MAX_ARGUMENTS_BYTES",
-    "MAX_CWD_CHARS",
-    "MAX_ENV_ENTRIES",
-    "MAX_ENV_NAME_CHARS",
-    "MAX_ENV_VALUE_CHARS",
-    "MAX_INPUT_CHARS",
-    "MAX_TITLE_CHARS",
-    "ApprovalDecideParams",
-    "BashArguments",
-    "Capabilities",
-    "ClientInfo",
-    "DaemonStatusParams",
-    "EmptyParams",
     "ErrorObject",
     "ErrorResponse",
-    "InitializeParams",
     "Messages",
     "Notification",
     "Request",
     "Response",
     "RpcError",
-    "SessionCreateParams",
-    "SessionEventsParams",
-    "SessionGetParams",
-    "SessionListParams",
-    "SetApprovalPolicyParams",
-    "StreamParams",
-    "SubscribeParams",
-    "ToolCancelParams",
-    "ToolRunParams",
-    "ToolWaitParams",
-    "TurnCancelParams",
-    "TurnStartParams",
-    "TurnSteerParams",
-    "UnsubscribeParams",
-    "arguments_problem",
+    "bad_json_reason",
     "decode_params",
     "encode_batch",
     "encode_error",
@@ -394,237 +361,7 @@ def encode_batch(lines: list[bytes]) -> bytes:
     return b"[" + b",".join(line.rstrip(b"\n") for line in lines) + b"]\n"
 
 
-# --- params -------------------------------------------------------------------------------------
-
-_RESERVED_IDS = frozenset({"__proto__", "constructor", "prototype"})
-
-# Caps on what a request may record or have shown (PROTOCOL.md §3.1, §3.2). Strings count
-# characters (code points); arguments count the bytes of their compact JSON encoding. Past a
-# cap the request is -32602 naming the field and the cap, and nothing of it is recorded.
-MAX_TITLE_CHARS = 1024
-MAX_CWD_CHARS = 4096
-MAX_ENV_ENTRIES = 256
-MAX_ENV_NAME_CHARS = 256
-MAX_ENV_VALUE_CHARS = 32 * 1024
-MAX_INPUT_CHARS = 1024 * 1024
-MAX_ARGUMENTS_BYTES = 8 * 1024 * 1024
-
-_arguments_encoder = msgspec.json.Encoder()
-
-
-def arguments_problem(arguments: Any) -> str | None:
-    """What is wrong with a tool call's ``arguments`` as a recorded value, or None.
-
-    The one check of both a client's ``tool.run`` and a model's proposed call: an object
-    whose every value is a JSON value (OPS.md §1: ints within ±(2^53-1), finite floats, no
-    lone surrogates, checked iteratively), at most ``MAX_ARGUMENTS_BYTES`` encoded.
-    """
-    if type(arguments) is not dict:
-        return "arguments must be a JSON object"
-    try:
-        check_json_value(arguments)
-    except OpError as exc:
-        return f"arguments: {exc.detail} (OPS.md §1)"
-    size = len(_arguments_encoder.encode(arguments))
-    if size > MAX_ARGUMENTS_BYTES:
-        return (f"arguments are {size} bytes as JSON, more than the cap of "
-                f"{MAX_ARGUMENTS_BYTES} bytes (8 MiB); write large content to a file in steps")
-    return None
-
-ClientCallId = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
-Seconds = Annotated[float, Meta(ge=0)]
-ApprovalPolicy = Literal["ask", "never"]
-SandboxMode = Literal["read-only", "workspace-write", "danger-full-access"]
-
-
-def _snake(name: str) -> str:
-    return re.sub(r"(?<!^)([A-Z])", lambda m: "_" + m.group(1).lower(), name)
-
-
-class _Params(msgspec.Struct, frozen=True, kw_only=True):
-    """Base of params structs: camelCase wire fields, readable under snake_case too."""
-
-
-class ClientInfo(TypedDict, total=False):
-    """``initialize.client`` (decoded as a plain dict)."""
-
-    name: str
-    version: str
-
-
-class Capabilities(TypedDict, total=False):
-    """``initialize.capabilities`` (decoded as a plain dict); ``approvals`` makes the connection
-    an approval answerer (§3.4)."""
-
-    approvals: bool
-
-
-class InitializeParams(_Params):
-    """``initialize`` (§2). Unsupported ``protocolVersion`` is the daemon's ``-32003``.
-
-    ``client`` and ``capabilities`` are plain dicts (typed: ``ClientInfo``, ``Capabilities``).
-    """
-
-    protocolVersion: int
-    client: ClientInfo | None = None
-    capabilities: Capabilities | None = None
-
-
-class EmptyParams(_Params):
-    """Methods without params (``session.list``, ``daemon.status``); any fields are ignored."""
-
-
-class SessionCreateParams(_Params):
-    """``session.create`` (§3.1); ``cwd`` must be absolute (existence is the daemon's check).
-
-    Caps: ``cwd`` ≤ 4,096 chars, ``title`` ≤ 1,024, ``env`` ≤ 256 entries, names ≤ 256 chars,
-    values ≤ 32,768 chars."""
-
-    cwd: Annotated[str, Meta(pattern="^/", max_length=MAX_CWD_CHARS)]
-    title: Annotated[str, Meta(max_length=MAX_TITLE_CHARS)] | None = None
-    approvalPolicy: ApprovalPolicy | None = None
-    sandbox: SandboxMode | None = None
-    env: Annotated[
-        dict[Annotated[str, Meta(max_length=MAX_ENV_NAME_CHARS)],
-             Annotated[str, Meta(max_length=MAX_ENV_VALUE_CHARS)]],
-        Meta(max_length=MAX_ENV_ENTRIES),
-    ] | None = None
-
-
-SessionListParams = EmptyParams
-
-
-class SessionGetParams(_Params):
-    sessionId: str
-
-
-class SessionEventsParams(_Params):
-    """``session.events``: events with ``seq > afterSeq``, at most ``limit`` (≤ 10,000)."""
-
-    sessionId: str
-    afterSeq: Annotated[int, Meta(ge=-1)] = -1
-    limit: Annotated[int, Meta(ge=0, le=10_000)] = 1000
-
-
-class SetApprovalPolicyParams(_Params):
-    sessionId: str
-    policy: ApprovalPolicy
-
-
-class ToolRunParams(_Params):
-    """``tool.run`` (§3.2). ``callId``, when given, matches ``[A-Za-z0-9_-]{1,64}`` and is not
-    reserved; ``approved`` means the caller is the person approving this call. ``arguments``
-    must pass ``arguments_problem`` (JSON values only, ≤ 8 MiB encoded)."""
-
-    sessionId: str
-    name: str
-    arguments: dict[str, Any]
-    callId: ClientCallId | None = None
-    approved: bool = False
-
-    def __post_init__(self) -> None:
-        if self.callId in _RESERVED_IDS:
-            raise ValueError(f"callId {self.callId!r} is reserved - at `$.callId`")
-        problem = arguments_problem(self.arguments)
-        if problem is not None:
-            raise ValueError(f"{problem} - at `$.arguments`")
-
-
-class BashArguments(_Params):
-    """``arguments`` of the built-in ``bash`` tool; ``timeout`` in seconds."""
-
-    command: str
-    timeout: Seconds | None = None
-
-
-class ToolWaitParams(_Params):
-    """``tool.wait``; ``timeout`` in seconds (None: wait until the result is durable)."""
-
-    sessionId: str
-    callId: str
-    timeout: Seconds | None = None
-
-
-class ToolCancelParams(_Params):
-    sessionId: str
-    callId: str
-
-
-class SubscribeParams(_Params):
-    sessionId: str
-
-
-class UnsubscribeParams(_Params):
-    subscriptionId: str
-
-
-class ApprovalDecideParams(_Params):
-    sessionId: str
-    approvalId: str
-    decision: Literal["allow", "reject"]
-
-
-Input = Annotated[str, Meta(max_length=MAX_INPUT_CHARS)]
-
-
-class TurnStartParams(_Params):
-    """``turn.start``: ``input`` ≤ 1,048,576 chars (as ``turn.steer``)."""
-
-    sessionId: str
-    input: Input
-
-
-class TurnCancelParams(_Params):
-    sessionId: str
-
-
-class TurnSteerParams(_Params):
-    sessionId: str
-    input: Input
-
-
-DaemonStatusParams = EmptyParams
-
-
-class StreamParams(_Params):
-    """The ``stream`` notification (client side): ``ops`` is a wire batch (OPS.md §3)."""
-
-    subscriptionId: str
-    seq: Annotated[int, Meta(ge=0)]
-    ops: list[Any]
-
-
-#: Method name -> params struct (PROTOCOL.md §2–§3; ``stream`` is a server notification).
-METHOD_PARAMS: dict[str, type] = {
-    "initialize": InitializeParams,
-    "session.create": SessionCreateParams,
-    "session.list": SessionListParams,
-    "session.get": SessionGetParams,
-    "session.events": SessionEventsParams,
-    "session.setApprovalPolicy": SetApprovalPolicyParams,
-    "tool.run": ToolRunParams,
-    "tool.wait": ToolWaitParams,
-    "tool.cancel": ToolCancelParams,
-    "subscribe": SubscribeParams,
-    "unsubscribe": UnsubscribeParams,
-    "approval.decide": ApprovalDecideParams,
-    "turn.start": TurnStartParams,
-    "turn.cancel": TurnCancelParams,
-    "turn.steer": TurnSteerParams,
-    "daemon.status": DaemonStatusParams,
-    "stream": StreamParams,
-}
-
-
-def _add_snake_aliases() -> None:
-    for cls in _Params.__subclasses__():
-        for field in cls.__struct_fields__:
-            alias = _snake(field)
-            if alias != field and not hasattr(cls, alias):
-                setattr(cls, alias, property(lambda self, _f=field: getattr(self, _f)))
-
-
-_add_snake_aliases()
+# --- decoding params and results ------------------------------------------------------------
 
 _param_decoders: dict[type, msgspec.json.Decoder] = {}
 

@@ -30,6 +30,9 @@ class StorageError(StorageFailure):
     """Base of every error the storage layer raises on purpose (a ``-32014`` when it reaches
     a request, ``dshd.errors``)."""
 
+    #: One that reaches a request as it was raised reads "storage failure: ..." on the wire.
+    PREFIX = "storage failure: "
+
 
 class StorageWriteError(StorageError):
     """A durable write failed (STORAGE.md §4).

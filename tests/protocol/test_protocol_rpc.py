@@ -1,4 +1,6 @@
-"""JSON-RPC 2.0 messages (PROTOCOL.md §1–§4): parse, encode, params structs."""
+"""JSON-RPC 2.0 messages (PROTOCOL.md §1–§4): parse, encode, decode_params (the envelope).
+
+The methods' params and result structs are tests/protocol/test_protocol_methods.py's."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from protocol import methods as m
 from protocol import rpc
 from protocol.rpc import (
     ErrorResponse,
@@ -54,13 +57,13 @@ def test_request_notification_response():
     req = one(b'{"jsonrpc":"2.0","id":7,"method":"session.get","params":{"sessionId":"s1"}}\n')
     assert isinstance(req, Request) and req.id == 7 and req.method == "session.get"
     assert msgspec.json.decode(req.params) == {"sessionId": "s1"}
-    assert decode_params(req.params, rpc.SessionGetParams).sessionId == "s1"
+    assert decode_params(req.params, m.SessionGetParams).session_id == "s1"
     req = one(' {"jsonrpc":"2.0","id":"a","method":"session.list"} ')
     assert req == Request("a", "session.list") and not req.params
     assert one(b'{"jsonrpc":"2.0","id":null,"method":"m"}').id is None
     note = one(b'{"jsonrpc":"2.0","method":"stream","params":{"subscriptionId":"x","seq":0,"ops":[["r",{}]]}}')
     assert isinstance(note, Notification)
-    assert decode_params(note.params, rpc.StreamParams).ops == [["r", {}]]
+    assert decode_params(note.params, m.StreamParams).ops == [["r", {}]]
     resp = one(b'{"jsonrpc":"2.0","id":1,"result":null}')
     assert isinstance(resp, Response) and bytes(resp.result) == b"null"
     err = one(b'{"jsonrpc":"2.0","id":1,"error":{"code":-32011,"message":"no","data":{"outcome":"rejected"}}}')
@@ -147,13 +150,6 @@ def test_encoders_give_one_line_each():
     assert encode_batch([]) == b""
 
 
-def test_encode_struct_params():
-    params = rpc.SessionEventsParams(sessionId="s", afterSeq=4)
-    req = one(encode_request(1, "session.events", params))
-    assert decode_params(req.params, rpc.SessionEventsParams) == params
-    assert json.loads(bytes(req.params)) == {"sessionId": "s", "afterSeq": 4, "limit": 1000}
-
-
 ids = st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1), st.text(max_size=8))
 params_st = st.dictionaries(st.text(max_size=4), st.one_of(st.none(), st.integers(-5, 5), st.text(max_size=5)), max_size=4)
 
@@ -166,81 +162,6 @@ def test_request_round_trip(id_, method, params):
     assert msgspec.json.decode(msg.params) == params
 
 
-def test_params_defaults_and_aliases():
-    p = decode_params(b'{"sessionId":"s"}', rpc.SessionEventsParams)
-    assert (p.sessionId, p.afterSeq, p.limit) == ("s", -1, 1000)
-    assert (p.session_id, p.after_seq) == ("s", -1)
-    assert decode_params(b'{"sessionId":"s","limit":10000}', rpc.SessionEventsParams).limit == 10000
-    t = decode_params(b'{"sessionId":"s","name":"bash","arguments":{"command":"ls"},"future":1}', rpc.ToolRunParams)
-    assert (t.callId, t.approved, t.arguments) == (None, False, {"command": "ls"})
-    assert t.call_id is None
-    i = decode_params(b'{"protocolVersion":1}', rpc.InitializeParams)
-    assert i.protocolVersion == 1 and i.capabilities is None and i.client is None
-    i = decode_params(b'{"protocolVersion":1,"client":{"name":"dsh","version":"0.1"},"capabilities":{"approvals":true}}',
-                      rpc.InitializeParams)
-    assert i.capabilities == {"approvals": True} and dict(i.client) == {"name": "dsh", "version": "0.1"}
-    assert decode_params(msgspec.Raw(), rpc.SessionListParams) == rpc.SessionListParams()
-    assert decode_params(b'{"extra":1}', rpc.EmptyParams) == rpc.EmptyParams()
-    assert decode_params(b"null", rpc.DaemonStatusParams) == rpc.DaemonStatusParams()
-    assert decode_params('{"sessionId":"s","policy":"never"}', rpc.SetApprovalPolicyParams).policy == "never"
-    w = decode_params(b'{"sessionId":"s","callId":"c","timeout":1}', rpc.ToolWaitParams)
-    assert w.timeout == 1.0
-    b = decode_params(b'{"command":"ls","timeout":2.5}', rpc.BashArguments)
-    assert (b.command, b.timeout) == ("ls", 2.5)
-    c = decode_params(b'{"cwd":"/w","approvalPolicy":"never","sandbox":"read-only","env":{"A":"1"}}',
-                      rpc.SessionCreateParams)
-    assert (c.approval_policy, c.sandbox, c.env) == ("never", "read-only", {"A": "1"})
-
-
-@pytest.mark.parametrize(
-    "raw, type_, field",
-    [
-        (b'{"sessionId":"s","limit":10001}', rpc.SessionEventsParams, "limit"),
-        (b'{"sessionId":"s","limit":-1}', rpc.SessionEventsParams, "limit"),
-        (b'{"sessionId":"s","afterSeq":-2}', rpc.SessionEventsParams, "afterSeq"),
-        (b'{"sessionId":"s","limit":"10"}', rpc.SessionEventsParams, "limit"),
-        (b'{"limit":10}', rpc.SessionEventsParams, "sessionId"),
-        (b"{}", rpc.SessionGetParams, "sessionId"),
-        (b"[]", rpc.SessionGetParams, "object"),
-        (b'{"sessionId":"s","name":"bash","arguments":{},"callId":"has space"}', rpc.ToolRunParams, "callId"),
-        (b'{"sessionId":"s","name":"bash","arguments":{},"callId":""}', rpc.ToolRunParams, "callId"),
-        (b'{"sessionId":"s","name":"bash","arguments":{},"callId":"' + b"x" * 65 + b'"}', rpc.ToolRunParams, "callId"),
-        (b'{"sessionId":"s","name":"bash","arguments":{},"callId":"__proto__"}', rpc.ToolRunParams, "callId"),
-        (b'{"sessionId":"s","name":"bash","arguments":{},"callId":"constructor"}', rpc.ToolRunParams, "callId"),
-        (b'{"sessionId":"s","name":"bash","arguments":[]}', rpc.ToolRunParams, "arguments"),
-        (b'{"sessionId":"s","name":"bash"}', rpc.ToolRunParams, "arguments"),
-        (b'{"sessionId":"s","name":"bash","arguments":{},"approved":"yes"}', rpc.ToolRunParams, "approved"),
-        (b'{"sessionId":"s","callId":"c","timeout":-1}', rpc.ToolWaitParams, "timeout"),
-        (b'{"sessionId":"s","policy":"sometimes"}', rpc.SetApprovalPolicyParams, "policy"),
-        (b'{"cwd":"relative/dir"}', rpc.SessionCreateParams, "cwd"),
-        (b'{"cwd":"/w","sandbox":"none"}', rpc.SessionCreateParams, "sandbox"),
-        (b'{"cwd":"/w","env":{"A":1}}', rpc.SessionCreateParams, "env"),
-        (b'{"protocolVersion":"1"}', rpc.InitializeParams, "protocolVersion"),
-        (b'{"protocolVersion":1,"capabilities":{"approvals":"yes"}}', rpc.InitializeParams, "approvals"),
-        (b'{"protocolVersion":1,"client":{"name":7}}', rpc.InitializeParams, "name"),
-        (b'{"sessionId":"s","approvalId":"a","decision":"maybe"}', rpc.ApprovalDecideParams, "decision"),
-        (b'{"subscriptionId":"q","seq":-1,"ops":[]}', rpc.StreamParams, "seq"),
-        (b'{"sessionId":', rpc.SessionGetParams, "malformed"),
-    ],
-)
-def test_bad_params_name_the_field(raw, type_, field):
-    with pytest.raises(RpcError) as info:
-        decode_params(raw, type_)
-    assert info.value.code == rpc.INVALID_PARAMS
-    assert field in info.value.message
-
-
-def test_method_params_cover_the_protocol():
-    methods = {
-        "initialize", "session.create", "session.list", "session.get", "session.events",
-        "session.setApprovalPolicy", "tool.run", "tool.wait", "tool.cancel", "subscribe",
-        "unsubscribe", "approval.decide", "turn.start", "turn.cancel", "turn.steer", "daemon.status",
-    }
-    assert methods <= set(rpc.METHOD_PARAMS)
-    for type_ in rpc.METHOD_PARAMS.values():
-        assert issubclass(type_, msgspec.Struct)
-
-
 def test_rpc_error():
     err = RpcError(rpc.SESSION_NOT_FOUND, "no session s; list them with session.list", {"code": "X"}, id=4)
     assert isinstance(err, Exception) and (err.code, err.data, err.id) == (-32004, {"code": "X"}, 4)
@@ -248,20 +169,3 @@ def test_rpc_error():
     line = encode_error(err.id, err.code, err.message, err.data)
     back = one(line)
     assert isinstance(back, ErrorResponse) and back.id == 4 and back.error.data == {"code": "X"}
-
-
-@pytest.mark.parametrize("raw, field", [
-    (b'{"sessionId": "s1", "limit": 10001}', "limit"),
-    (b'{"sessionId": 5}', "sessionId"),
-    (b'{"sessionId": "s1", "name": "bash", "arguments": {}, "callId": 7}', "callId"),
-])
-def test_invalid_params_name_the_field_in_data(raw, field):
-    """A client finds the bad field in ``data.field`` without parsing the message (a client
-    written from docs/ alone could not)."""
-    type_ = rpc.SessionEventsParams if b"limit" in raw or raw == b'{"sessionId": 5}' \
-        else rpc.ToolRunParams
-    with pytest.raises(rpc.RpcError) as info:
-        decode_params(raw, type_)
-    assert info.value.code == rpc.INVALID_PARAMS
-    assert "detail" in info.value.data
-    assert info.value.data["field"] == field

@@ -1,0 +1,108 @@
+"""Session methods (PROTOCOL.md §3.1): create, list, get, events, setApprovalPolicy.
+
+Theory of operation: what ``session.create`` is given is checked before anything is made: the
+params struct checks shapes and caps (``protocol.methods``), the handler what needs the
+machine (the cwd exists, is not dshd's state directory nor a refused workspace, the caller
+can enter it; env names are shell names, none of dshd's own). A session's info is the
+registry's, typed as ``SessionInfo``; a list shows only the sessions the caller may use.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import msgspec
+
+from protocol import methods as m
+
+from .. import identity
+from ..errors import InvalidParams, PermissionDenied
+from ..execution.sandbox import refused_workspace
+from ..paths import is_within
+from . import port
+from .context import ConnectionPort, may_use
+
+__all__ = [
+    "RESERVED_ENV", "session_create", "session_events", "session_get", "session_list",
+    "session_set_policy",
+]
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: Names dshd puts in every tool's environment; a session env must not override them (EXEC.md §1).
+RESERVED_ENV = frozenset({"DSH_CALL_ID", "DSH_SESSION_ID", "DSH_RUN"})
+
+
+def _check_env(env: dict[str, str]) -> None:
+    for key, value in env.items():
+        if not ENV_NAME.fullmatch(key) or "\0" in value:
+            raise InvalidParams(
+                f"env has an invalid entry {key!r}: names are shell names ([A-Za-z_][A-Za-z0-9_]*), "
+                "values have no NUL",
+                field="env",
+            )
+        if key in RESERVED_ENV:
+            raise InvalidParams(
+                f"env may not set {key!r}: dshd sets DSH_CALL_ID, DSH_SESSION_ID and DSH_RUN "
+                "itself (they mark a call and its processes)",
+                field="env",
+            )
+
+
+def _resolved_cwd(conn: ConnectionPort, given: str) -> str:
+    """``given`` (an existing absolute directory) resolved, once it is a directory a session
+    may work in (else raise)."""
+    # Stored resolved: each call pins this path by fd and refuses one that leads elsewhere
+    # (EXEC.md §3), so a symlinked cwd would be refused at every call.
+    cwd = os.path.realpath(given)
+    if is_within(cwd, conn.daemon.state_dir):
+        raise InvalidParams(
+            f"cwd {cwd!r} lies inside dshd's state directory; pick a project directory",
+            field="cwd")
+    if refusal := refused_workspace(os.path.normpath(given)) or refused_workspace(cwd):
+        raise InvalidParams(refusal, field="cwd")
+    if not identity.can_enter(cwd, conn.uid):
+        raise PermissionDenied(f"cwd {cwd!r} is not a directory you can enter; tools run as you")
+    return cwd
+
+
+async def session_create(conn: ConnectionPort,
+                         p: m.SessionCreateParams) -> m.SessionCreateResult:
+    if not os.path.isabs(p.cwd):
+        raise InvalidParams(f"cwd must be an absolute directory, got {p.cwd!r}", field="cwd")
+    if not os.path.isdir(p.cwd):
+        raise InvalidParams(f"cwd {p.cwd!r} is not an existing directory", field="cwd")
+    _check_env(p.env or {})
+    cwd = _resolved_cwd(conn, p.cwd)
+    session = await port.create_session(conn, cwd, p.title, p.approval_policy, p.sandbox, p.env)
+    return m.SessionCreateResult(session_id=session.id)
+
+
+def session_info(info: dict) -> m.SessionInfo:
+    """A SessionInfo dict of the registry as the struct (the key order is the struct's)."""
+    return msgspec.convert(info, m.SessionInfo)
+
+
+async def session_list(conn: ConnectionPort, p: m.EmptyParams) -> m.SessionListResult:
+    infos = await conn.daemon.registry.list()
+    return m.SessionListResult(
+        sessions=[session_info(i) for i in infos if may_use(conn, i.get("owner"))])
+
+
+async def session_get(conn: ConnectionPort, p: m.SessionGetParams) -> m.SessionInfo:
+    return session_info((await port.open_session(conn, p.session_id)).info())
+
+
+async def session_events(conn: ConnectionPort,
+                         p: m.SessionEventsParams) -> m.SessionEventsResult:
+    session = await port.open_session(conn, p.session_id)
+    # The log's own event structs: encoded as they are (the result's Raw is the reading side).
+    events = session.events(p.after_seq, p.limit)
+    return m.SessionEventsResult(events=events, last_seq=session.last_seq)
+
+
+async def session_set_policy(conn: ConnectionPort,
+                             p: m.SetApprovalPolicyParams) -> m.EmptyResult:
+    session = await port.open_session(conn, p.session_id)
+    await session.set_policy(p.policy, source="session.setApprovalPolicy")
+    return m.EmptyResult()

@@ -1,0 +1,127 @@
+"""The tool registry: every tool dshd runs, its arguments struct, and the one argument check.
+
+Theory of operation: :data:`TOOLS` maps a tool's name to its :class:`ToolSpec`: the msgspec
+struct its ``arguments`` decode into (``protocol.methods.BashArguments``: the rule of
+PROTOCOL.md §3.2 written once, as struct constraints), the description and JSON schema a
+model is shown (the schema is ``msgspec.json.schema`` of that struct, so what the model is
+told and what is checked cannot drift apart), whether calls of it may run side by side with
+their neighbours in one step (``concurrent``), and the sentence for each field that has the
+wrong shape. :func:`check_arguments` is the ONE check of a tool call's arguments, used by a
+client's ``tool.run`` (``dshd.handlers``) and by a model's proposed call (``dshd.agent``): an
+unknown tool is :class:`dshd.errors.UnknownTool`, arguments that are not JSON values or over
+the cap (``protocol.methods.arguments_problem``) or that break the tool's struct are
+:class:`dshd.errors.InvalidParams` naming the field (``arguments.timeout``). The client gets
+the error as ``-32602`` / ``-32012``; the turn loop settles the model's call with the same
+sentence (``INVALID_ARGUMENTS`` / ``UNKNOWN_TOOL``).
+
+Adding a tool: its arguments struct (in ``protocol.methods`` when clients build it), one
+:data:`TOOLS` entry here, and its implementation (``dshd/execution/``); ``initialize`` lists
+it and the model sees it from this table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from protocol.methods import BashArguments, arguments_problem
+
+from .errors import InvalidParams, UnknownTool
+
+__all__ = ["BASH", "TOOLS", "ToolSpec", "check_arguments", "tool_names"]
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """One tool. ``arguments``: its msgspec struct; ``sentences``: field -> what to say when
+    the field has the wrong type or range (msgspec's own message otherwise)."""
+
+    name: str
+    description: str
+    arguments: type
+    #: May run at the same time as other concurrent calls of the same step.
+    concurrent: bool
+    sentences: Mapping[str, str] = field(default_factory=dict)
+
+    def parameters(self) -> dict[str, Any]:
+        """The JSON schema of the arguments, inline (``msgspec.json.schema`` of the struct)."""
+        schema = msgspec.json.schema(self.arguments)
+        ref = schema.get("$ref", "")
+        body = dict(schema.get("$defs", {}).get(ref.rsplit("/", 1)[-1], schema))
+        body.pop("title", None)  # the struct's name and docstring are not for the model
+        body.pop("description", None)
+        return body
+
+    def schema(self) -> dict[str, Any]:
+        """The chat-completions ``tools`` entry."""
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters(),
+            },
+        }
+
+
+BASH = ToolSpec(
+    name="bash",
+    description=(
+        "Run a shell command with bash in the session's working directory, confined by the "
+        "session's sandbox, after a person approves it. stdout and stderr come back merged; "
+        "long output keeps its last 2,000 lines / 50 KB. Non-interactive: stdin is empty."
+    ),
+    arguments=BashArguments,
+    concurrent=False,  # it may write: one at a time
+    sentences={
+        "command": "bash needs arguments.command, a non-empty string",
+        "timeout": "arguments.timeout is seconds, a number > 0 (at most 7 days)",
+    },
+)
+
+#: Tool name -> spec: the tools ``initialize`` lists, ``tool.run`` runs and the model sees.
+TOOLS: dict[str, ToolSpec] = {BASH.name: BASH}
+
+#: msgspec's own sentences start so; anything else came from a struct's ``__post_init__``
+#: and is already the sentence to show.
+_MSGSPEC_WORDING = ("Expected ", "Object missing required field")
+
+
+def tool_names() -> list[str]:
+    return sorted(TOOLS)
+
+
+def check_arguments(name: str, arguments: Any, *, values_checked: bool = False) -> Any:
+    """The arguments struct of a call of tool ``name`` (module doc), or raise.
+
+    ``values_checked``: ``arguments_problem`` already passed (``tool.run``'s params struct
+    runs it while decoding), so it is not run twice on up to 8 MiB.
+    """
+    spec = TOOLS.get(name)
+    if spec is None:
+        raise UnknownTool(f"unknown tool {name!r}; known: {tool_names()}")
+    if not values_checked:
+        problem = arguments_problem(arguments)
+        if problem is not None:
+            raise InvalidParams(problem, field="arguments")
+    try:
+        return msgspec.convert(arguments, spec.arguments)
+    except msgspec.ValidationError as exc:
+        raise _invalid(spec, str(exc)) from None
+
+
+def _invalid(spec: ToolSpec, detail: str) -> InvalidParams:
+    text, _, where = detail.partition(" - at `$.")
+    if where:
+        path = where.rstrip("`")
+    elif detail.startswith("Object missing required field `"):
+        path = detail.split("`")[1]
+    else:
+        path = ""
+    top = path.split(".")[0].split("[")[0]
+    if text.startswith(_MSGSPEC_WORDING):
+        text = spec.sentences.get(top, f"{spec.name} arguments: {detail}")
+    return InvalidParams(text, field=f"arguments.{path}" if path else "arguments")

@@ -1,0 +1,396 @@
+"""The methods of the dshd client protocol: params AND result structs, and the one table.
+
+Theory of operation: every method of PROTOCOL.md §2–§3 is one entry of :data:`METHODS`,
+``name -> Method(params, result)``; the daemon's dispatcher decodes a request's params into
+``params`` and its handler returns a ``result``, and a client encodes ``params`` and decodes
+``result`` with the same structs (msgspec's ``asyncio-kv`` pattern), so the wire shape is
+written once. ``stream`` is the daemon's one notification (:data:`NOTIFICATIONS`).
+
+Structs use snake_case attribute names and ``rename="camel"``: the wire names of PROTOCOL.md
+(``sessionId``) are msgspec's encoded names, so a validation error names the wire field
+(``- at `$.afterSeq```). A field the wire leaves out when it has no value is ``UNSET`` by
+default (msgspec omits it); ``None`` is sent as ``null``. Params structs ignore unknown fields
+(new fields may be added, PROTOCOL.md intro) and carry the caps of what a request may record
+(``MAX_*``: strings count characters, ``arguments`` the bytes of compact JSON); past a cap the
+request is ``-32602`` naming the field. What needs the daemon's state (a cwd that exists, a
+tool's own argument rule) is the handler's check, not the struct's.
+
+Adding a method: its params and result struct and one :data:`METHODS` entry here, one handler
+in ``dshd/handlers/``, one client method. Pure: msgspec and ``protocol`` only.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, NamedTuple
+
+import msgspec
+from msgspec import UNSET, Meta, UnsetType
+
+from .errors import OpError
+from .ids import ID_PATTERN, RESERVED_IDS
+from .ops import check_json_value
+
+__all__ = [
+    "MAX_ARGUMENTS_BYTES", "MAX_CWD_CHARS", "MAX_ENV_ENTRIES", "MAX_ENV_NAME_CHARS",
+    "MAX_ENV_VALUE_CHARS", "MAX_INPUT_CHARS", "MAX_TITLE_CHARS", "METHODS", "NOTIFICATIONS",
+    "PROTOCOL_VERSION",
+    "ApprovalDecideParams", "ApprovalDecideResult", "BashArguments", "CancelledResult",
+    "ClientCapabilities", "ClientInfo", "DaemonCapabilities", "DaemonStatus", "EmptyParams",
+    "EmptyResult", "InitializeParams", "InitializeResult", "Method", "SandboxInfo",
+    "ServerInfo", "SessionCreateParams", "SessionCreateResult", "SessionEventsParams",
+    "SessionEventsResult", "SessionGetParams", "SessionInfo", "SessionListResult",
+    "SetApprovalPolicyParams", "StreamParams", "SubscribeParams", "SubscribeResult",
+    "ToolCancelParams", "ToolResult", "ToolRunParams", "ToolRunResult", "ToolWaitParams",
+    "TurnCancelParams", "TurnStartParams", "TurnStartResult", "TurnSteerParams",
+    "TurnSteerResult", "UnsubscribeParams", "arguments_problem",
+]
+
+PROTOCOL_VERSION = 1
+
+# Caps on what a request may record or have shown (PROTOCOL.md §3.1, §3.2).
+MAX_TITLE_CHARS = 1024
+MAX_CWD_CHARS = 4096
+MAX_ENV_ENTRIES = 256
+MAX_ENV_NAME_CHARS = 256
+MAX_ENV_VALUE_CHARS = 32 * 1024
+MAX_INPUT_CHARS = 1024 * 1024
+MAX_ARGUMENTS_BYTES = 8 * 1024 * 1024
+#: ``bash``'s ``timeout`` cap: 7 days in seconds (PROTOCOL.md §3.2).
+MAX_BASH_TIMEOUT_SECONDS = 7 * 86400
+
+_arguments_encoder = msgspec.json.Encoder()
+
+
+def arguments_problem(arguments: Any) -> str | None:
+    """What is wrong with a tool call's ``arguments`` as a recorded value, or None.
+
+    The one check of both a client's ``tool.run`` and a model's proposed call: an object
+    whose every value is a JSON value (OPS.md §1: ints within ±(2^53-1), finite floats, no
+    lone surrogates, checked iteratively), at most ``MAX_ARGUMENTS_BYTES`` encoded.
+    """
+    if type(arguments) is not dict:
+        return "arguments must be a JSON object"
+    try:
+        check_json_value(arguments)
+    except OpError as exc:
+        return f"arguments: {exc.detail} (OPS.md §1)"
+    size = len(_arguments_encoder.encode(arguments))
+    if size > MAX_ARGUMENTS_BYTES:
+        return (f"arguments are {size} bytes as JSON, more than the cap of "
+                f"{MAX_ARGUMENTS_BYTES} bytes (8 MiB); write large content to a file in steps")
+    return None
+
+
+ClientCallId = Annotated[str, Meta(pattern=ID_PATTERN)]
+Seconds = Annotated[float, Meta(ge=0)]
+ApprovalPolicy = Literal["ask", "never"]
+SandboxMode = Literal["read-only", "workspace-write", "danger-full-access"]
+Input = Annotated[str, Meta(max_length=MAX_INPUT_CHARS)]
+
+
+class _Params(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """Base of params structs: snake_case attributes, camelCase on the wire."""
+
+
+class _Result(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """Base of result structs: snake_case attributes, camelCase on the wire, fields in the
+    order the daemon has always sent them; ``UNSET`` fields are left out."""
+
+
+# ---------------------------------------------------------------------- initialize (§2)
+class ClientInfo(_Params):
+    """``initialize.client``."""
+
+    name: str | UnsetType = UNSET
+    version: str | UnsetType = UNSET
+
+
+class ClientCapabilities(_Params):
+    """``initialize.capabilities``; ``approvals`` makes the connection an approval answerer
+    (§3.4)."""
+
+    approvals: bool = False
+
+
+class InitializeParams(_Params):
+    """``initialize`` (§2). Unsupported ``protocolVersion`` is the daemon's ``-32003``."""
+
+    protocol_version: int
+    client: ClientInfo | None = None
+    capabilities: ClientCapabilities | None = None
+
+
+class ServerInfo(_Result):
+    name: str
+    version: str
+
+
+class SandboxInfo(_Result):
+    provider: str
+    completeness: str
+
+
+class DaemonCapabilities(_Result):
+    """What this daemon can do beyond the methods it lists: ``approvals``, it takes the
+    approval-answerer role of §3.4 (``capabilities.approvals`` in ``initialize``)."""
+
+    approvals: bool = True
+
+
+class InitializeResult(_Result):
+    """``tools``: the built-in tools; ``methods``: every method this daemon answers;
+    ``capabilities``: what else it supports (a client degrades on an older daemon)."""
+
+    protocol_version: int
+    server: ServerInfo
+    sandbox: SandboxInfo
+    tools: list[str]
+    methods: list[str]
+    capabilities: DaemonCapabilities
+
+
+class EmptyParams(_Params):
+    """Methods without params (``session.list``, ``daemon.status``); any fields are ignored."""
+
+
+class EmptyResult(_Result):
+    """``{}``."""
+
+
+class DaemonStatus(_Result):
+    """``daemon.status``; ``sandbox`` is the probe's full description."""
+
+    version: str
+    pid: int
+    started_at: Any
+    sessions_open: int
+    connections: int
+    subscriptions: int
+    dropped_batches: int
+    sandbox: dict[str, Any]
+    state_dir: str
+
+
+# ---------------------------------------------------------------------- sessions (§3.1)
+class SessionCreateParams(_Params):
+    """``session.create``; ``cwd`` must be absolute (existence is the daemon's check).
+
+    Caps: ``cwd`` ≤ 4,096 chars, ``title`` ≤ 1,024, ``env`` ≤ 256 entries, names ≤ 256 chars,
+    values ≤ 32,768 chars."""
+
+    cwd: Annotated[str, Meta(pattern="^/", max_length=MAX_CWD_CHARS)]
+    title: Annotated[str, Meta(max_length=MAX_TITLE_CHARS)] | None = None
+    approval_policy: ApprovalPolicy | None = None
+    sandbox: SandboxMode | None = None
+    env: Annotated[
+        dict[Annotated[str, Meta(max_length=MAX_ENV_NAME_CHARS)],
+             Annotated[str, Meta(max_length=MAX_ENV_VALUE_CHARS)]],
+        Meta(max_length=MAX_ENV_ENTRIES),
+    ] | None = None
+
+
+class SessionCreateResult(_Result):
+    session_id: str
+
+
+class SessionInfo(_Result):
+    """SessionInfo (§3.1). A session whose log cannot be read has ``sessionId`` and
+    ``damaged`` (the reason) only."""
+
+    session_id: str
+    title: str | None | UnsetType = UNSET
+    cwd: str | UnsetType = UNSET
+    created_at: int | None | UnsetType = UNSET
+    approval_policy: str | UnsetType = UNSET
+    sandbox: str | UnsetType = UNSET
+    running: int | UnsetType = UNSET
+    last_seq: int | UnsetType = UNSET
+    owner: int | None | UnsetType = UNSET
+    damaged: str | UnsetType = UNSET
+
+
+class SessionListResult(_Result):
+    sessions: list[SessionInfo]
+
+
+class SessionGetParams(_Params):
+    session_id: str
+
+
+class SessionEventsParams(_Params):
+    """``session.events``: events with ``seq > afterSeq``, at most ``limit`` (≤ 10,000)."""
+
+    session_id: str
+    after_seq: Annotated[int, Meta(ge=-1)] = -1
+    limit: Annotated[int, Meta(ge=0, le=10_000)] = 1000
+
+
+class SessionEventsResult(_Result):
+    """``events``: log records (STORAGE.md §3) as raw JSON; ``protocol.events.decode_events``
+    types them (an event type this client does not know stays readable)."""
+
+    events: list[msgspec.Raw]
+    last_seq: int
+
+
+class SetApprovalPolicyParams(_Params):
+    session_id: str
+    policy: ApprovalPolicy
+
+
+# ---------------------------------------------------------------------- tools (§3.2)
+class ToolRunParams(_Params):
+    """``tool.run``. ``callId``, when given, matches ``protocol.ids`` and is not reserved;
+    ``approved`` means the caller is the person approving this call. ``arguments`` must pass
+    ``arguments_problem`` (JSON values only, ≤ 8 MiB encoded); the tool's own rule is the
+    daemon's tool registry's (``dshd.tools``)."""
+
+    session_id: str
+    name: str
+    arguments: dict[str, Any]
+    call_id: ClientCallId | None = None
+    approved: bool = False
+
+    def __post_init__(self) -> None:
+        if self.call_id in RESERVED_IDS:
+            raise ValueError(f"callId {self.call_id!r} is reserved - at `$.callId`")
+        problem = arguments_problem(self.arguments)
+        if problem is not None:
+            raise ValueError(f"{problem} - at `$.arguments`")
+
+
+class ToolRunResult(_Result, omit_defaults=True):
+    """``existing`` is sent only when true (the call id was already known)."""
+
+    call_id: str
+    existing: bool = False
+
+
+class BashArguments(msgspec.Struct, frozen=True, kw_only=True):
+    """``arguments`` of the built-in ``bash`` tool, for a client and a model alike (§3.2):
+    ``command`` a non-empty string without NUL, ``timeout`` seconds > 0 and ≤ 604,800; other
+    keys are ignored. Its JSON schema is what the model is shown."""
+
+    command: Annotated[str, Meta(min_length=1, description="The command line, run as `bash -c`.")]
+    timeout: Annotated[float, Meta(
+        gt=0, le=MAX_BASH_TIMEOUT_SECONDS,
+        description="Seconds before the command's process group is killed.",
+    )] | None = None
+
+    def __post_init__(self) -> None:
+        if "\0" in self.command:
+            raise ValueError("arguments.command must not contain a NUL character (a shell "
+                             "cannot run one) - at `$.command`")
+
+
+#: ``tool.wait``'s answer: the ToolResult of §3.2 as the session recorded it (a struct of
+#: ``protocol.lane`` once that module exists).
+ToolResult = dict[str, Any]
+
+
+class ToolWaitParams(_Params):
+    """``tool.wait``; ``timeout`` in seconds (None: wait until the result is durable)."""
+
+    session_id: str
+    call_id: str
+    timeout: Seconds | None = None
+
+
+class ToolCancelParams(_Params):
+    session_id: str
+    call_id: str
+
+
+class CancelledResult(_Result):
+    """``tool.cancel`` and ``turn.cancel``: whether there was something to cancel."""
+
+    cancelled: bool
+
+
+# ---------------------------------------------------------------------- streams (§3.3)
+class SubscribeParams(_Params):
+    session_id: str
+
+
+class SubscribeResult(_Result):
+    subscription_id: str
+
+
+class UnsubscribeParams(_Params):
+    subscription_id: str
+
+
+class StreamParams(_Params):
+    """The ``stream`` notification: ``ops`` is a wire batch (OPS.md §3)."""
+
+    subscription_id: str
+    seq: Annotated[int, Meta(ge=0)]
+    ops: list[Any]
+
+
+# ---------------------------------------------------------------------- approvals (§3.4)
+class ApprovalDecideParams(_Params):
+    session_id: str
+    approval_id: str
+    decision: Literal["allow", "reject"]
+
+
+class ApprovalDecideResult(_Result):
+    outcome: str
+
+
+# ---------------------------------------------------------------------- turns (§3.5)
+class TurnStartParams(_Params):
+    """``turn.start``: ``input`` ≤ 1,048,576 chars (as ``turn.steer``)."""
+
+    session_id: str
+    input: Input
+
+
+class TurnStartResult(_Result):
+    turn_id: str
+
+
+class TurnCancelParams(_Params):
+    session_id: str
+
+
+class TurnSteerParams(_Params):
+    session_id: str
+    input: Input
+
+
+class TurnSteerResult(_Result):
+    turn_id: str
+    queued: bool = True
+
+
+class Method(NamedTuple):
+    """One method: the struct its params decode into and the struct its result is."""
+
+    params: type
+    result: Any
+
+
+#: Method name -> (params, result): PROTOCOL.md §2–§3, the one table of the protocol.
+METHODS: dict[str, Method] = {
+    "initialize": Method(InitializeParams, InitializeResult),
+    "daemon.status": Method(EmptyParams, DaemonStatus),
+    "session.create": Method(SessionCreateParams, SessionCreateResult),
+    "session.list": Method(EmptyParams, SessionListResult),
+    "session.get": Method(SessionGetParams, SessionInfo),
+    "session.events": Method(SessionEventsParams, SessionEventsResult),
+    "session.setApprovalPolicy": Method(SetApprovalPolicyParams, EmptyResult),
+    "tool.run": Method(ToolRunParams, ToolRunResult),
+    "tool.wait": Method(ToolWaitParams, ToolResult),
+    "tool.cancel": Method(ToolCancelParams, CancelledResult),
+    "subscribe": Method(SubscribeParams, SubscribeResult),
+    "unsubscribe": Method(UnsubscribeParams, EmptyResult),
+    "approval.decide": Method(ApprovalDecideParams, ApprovalDecideResult),
+    "turn.start": Method(TurnStartParams, TurnStartResult),
+    "turn.cancel": Method(TurnCancelParams, CancelledResult),
+    "turn.steer": Method(TurnSteerParams, TurnSteerResult),
+}
+
+#: Notifications the daemon sends: name -> params struct (§3.3).
+NOTIFICATIONS: dict[str, type] = {"stream": StreamParams}
