@@ -116,7 +116,8 @@ class LineBuffer:
 
     def next_event(self) -> Event:
         """The next complete line, :class:`Oversize`, :class:`OverBudget`, or NEED_DATA."""
-        self._give_handed()
+        if self._handed:
+            self._give_handed()
         while not self._finished:
             chunk, start = self._chunk, self._pos
             nl = chunk.find(b"\n", start)
@@ -124,6 +125,11 @@ class LineBuffer:
                 self._chunk, self._pos = b"", 0
                 return self._keep_tail(chunk, start)
             self._pos = nl + 1
+            if not self._buf and not self._discarding and nl - start <= self.max_line_bytes:
+                line = chunk[start:nl]  # the common case: a whole line inside the chunk
+                if line and not line.isspace():
+                    return line
+                continue
             event = self._end_line(chunk, start, nl)
             if event is not None:
                 return event
@@ -161,14 +167,11 @@ class LineBuffer:
             self._give(len(self._buf))
             self._buf = bytearray()
             return Oversize(self.max_line_bytes)
-        if not self._buf:
-            line = chunk[start:nl]
-            return None if line.isspace() or not line else line
         if n and not self._take(n):
             return self._over_budget(n)
         line, self._buf = self._buf, bytearray()
         line += memoryview(chunk)[start:nl]
-        if line.isspace():
+        if not line or line.isspace():
             self._give(len(line))
             return None
         self._handed = len(line)
