@@ -50,7 +50,7 @@ import functools
 import math
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 import trio
@@ -78,9 +78,27 @@ READ_BYTES = 65536
 #: after it is queued (None, or e.g. a subscription's base batch).
 Answer = tuple[bytes | None, Callable[[], None] | None]
 #: ``dshd.handlers.dispatch``: runs one parsed message for a connection.
-Dispatch = Callable[["Connection", Any], Awaitable[Answer]]
+Dispatch = Callable[["Peer", Any], Awaitable[Answer]]
 
 _CLOSED = (trio.BrokenResourceError, trio.ClosedResourceError)
+
+
+class Peer(Protocol):
+    """What a handler sees of its connection (``dshd.handlers``): who the peer is, what it said
+    in ``initialize``, its subscriptions, and the sink they send through. :class:`Connection`
+    is one; a handler needs nothing else of it."""
+
+    id: int
+    uid: int | None
+    daemon: Daemon
+    initialized: bool
+    client: dict
+    capabilities: dict
+    subscriptions: dict[str, "Subscription"]
+
+    def offer_stream(self, line: bytes, subscription: "Subscription") -> bool: ...
+
+    def want_resync(self, subscription: "Subscription") -> None: ...
 
 
 async def half_close_and_drain(stream: trio.abc.HalfCloseableStream, budget: StopBudget) -> None:
