@@ -90,6 +90,22 @@ async def test_an_oversize_line_is_answered_and_the_connection_goes_on(daemon, a
         nursery.cancel_scope.cancel()
 
 
+async def test_the_initialize_deadline_refuses_a_trickling_peer(daemon, autojump_clock):
+    async with trio.open_nursery() as nursery:
+        peer = await _serve(nursery, daemon)
+        start = trio.current_time()
+        for _ in range(30):  # a byte now and then, never a whole line
+            await peer.send(b" ")
+            await trio.sleep(1)
+            if daemon.connections == set():
+                break
+        refused = await peer.line()
+        assert refused["error"]["code"] == rpc.NOT_INITIALIZED and refused["id"] is None
+        assert await peer.line() is None
+        took = trio.current_time() - start
+        assert daemon.config.initialize_timeout_seconds <= took < 30
+
+
 async def test_a_foreign_uid_gets_one_line_and_a_close(daemon, autojump_clock):
     async with trio.open_nursery() as nursery:
         peer = await _serve(nursery, daemon, uid=os.getuid() + 12345)
