@@ -153,6 +153,10 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
                     r"[A-Za-z_][A-Za-z0-9_]{0,127}$")]],
         msgspec.Meta(max_length=256),
     ] = msgspec.field(default_factory=list)
+    # -- wire shell room (issue 11): the one stop budget (dshd.daemon.StopBudget) ---------
+    #: A graceful stop (SIGTERM, SIGINT) ends within this, seconds: every stop timeout of the
+    #: daemon is a share of it; the units' TimeoutStopSec= is it plus a 5 s margin.
+    stop_timeout_seconds: Annotated[float, msgspec.Meta(ge=1, le=3600)] = 10.0
     #: Log output: "auto" (console on a TTY, JSON otherwise), "console" or "json".
     log_format: Literal["auto", "console", "json"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"

@@ -1,12 +1,17 @@
-"""One client connection: a reader that dispatches, one writer task with a bounded queue.
+"""One client connection, a pump: lines in, dispatch, answers out through one bounded queue.
 
-Theory of operation (PROTOCOL.md §1–§2):
+Theory of operation (PROTOCOL.md §1–§2). A :class:`Connection` serves one
+``trio.abc.HalfCloseableStream`` (a Unix socket in the daemon, a memory stream in the daemon
+tests) for a peer whose uid it is given; who may connect, and how many at once, is the
+server's business (``dshd.server``), and what a request does is ``dispatch``'s
+(``dshd.handlers``), handed in as a callable. What it owns:
 
-* The reader splits the byte stream into lines. A line longer than ``max_message_bytes`` is
-  discarded through its newline and answered ``-32600`` (``id: null``); invalid JSON gets
-  ``-32700``; the connection stays open after both. The bytes of unfinished lines count
-  against one daemon-wide :class:`LineBudget` (``max_buffered_bytes``); the connection whose
-  bytes would pass it gets one ``-32013`` line and is closed (:meth:`Connection._refuse`).
+* The reader feeds the byte stream to a ``protocol.framing.LineBuffer``. A line longer than
+  ``max_message_bytes`` is discarded through its newline and answered ``-32600``
+  (``id: null``); invalid JSON gets ``-32700``; the connection stays open after both. The bytes
+  of unfinished lines count against the daemon's one ``LineBudget`` (``max_buffered_bytes``);
+  the connection whose bytes would pass it gets one ``-32013`` line and is closed (the refusal
+  below).
 * A line of ``offload_parse_bytes`` or more is parsed on a worker thread (at most
   ``PARSE_THREADS`` at once, daemon-wide), so one huge line never stalls the event loop; a
   worker that cannot be started is answered ``-32603`` with the reason. A batch of more than
@@ -14,83 +19,92 @@ Theory of operation (PROTOCOL.md §1–§2):
 * ``initialize`` is handled in line (it must come first; anything else before it gets
   ``-32002``). A connection that has not completed it ``initialize_timeout_seconds`` after it
   was accepted gets one ``-32002`` line and is closed (the refusal below): else a client that
-  trickles a byte now and then without ever finishing a line holds a ``max_connections``
-  slot for ever, and enough of them lock everyone out. Every other request runs as its own task in the connection's handler nursery, so
-  a ``tool.wait`` never holds up the requests behind it; at most ``max_requests_per_connection``
-  run at once (more get ``-32013``). A batch is one such task, and its answers are one array
-  line, always; what a request runs after its answer (``subscribe``'s base batch) runs after
-  the array is queued.
+  trickles a byte now and then without ever finishing a line holds a ``max_connections`` slot
+  for ever, and enough of them lock everyone out. Every other request runs as its own task in
+  the connection's handler nursery, so a ``tool.wait`` never holds up the requests behind it;
+  at most ``max_requests_per_connection`` run at once (more get ``-32013``). A batch is one such
+  task, and its answers are one array line, always; what a request runs after its answer
+  (``subscribe``'s base batch) runs after the array is queued.
 * End of input (a half-close, ``shutdown(SHUT_WR)``) stops reading, not answering: the
   requests in flight finish and their answers are sent, then the connection closes. A peer
-  that closed its socket entirely (``POLLHUP``) is not waited for: its requests are cancelled.
+  that closed its socket entirely is not waited for: its requests are cancelled. Telling the
+  two apart needs the socket (``POLLHUP``), so the server passes that check in (``peer_gone``);
+  without it the connection waits for its answers (the writer closes a peer that stops reading).
 * One writer task drains one FIFO send queue. Responses are never dropped: when the bytes of
   queued responses pass their bound, the connection is closed. Stream batches have their own
   byte budget; a batch that does not fit is dropped for its subscription, which waits for a base
-  batch that the writer triggers once the queue has drained (``Publisher.rebase``). A peer that
+  batch that the writer asks for once the queue has drained (``Daemon.rebase``). A peer that
   does not read for ``stalled_client_seconds`` is closed with a logged reason.
 * A refusal (a peer that may not connect, a connection over a limit) is one error line, then
   :func:`half_close_and_drain`: our side shuts its writing half and reads what the peer sent
-  (at most ``REFUSE_DRAIN_BYTES``, ``REFUSE_DRAIN_SECONDS``) before closing, so the peer reads
-  the line instead of a connection reset.
-* Closing the connection ends its subscriptions; the sessions' tool calls keep running.
+  (bounded in bytes, ``REFUSE_DRAIN_BYTES``, and in time, a share of the stop budget) before
+  closing, so the peer reads the line instead of a connection reset. Every time bound of a
+  refusal or a close is a share of ``stop_timeout_seconds`` (``dshd.daemon.StopBudget``).
+* When the connection ends, the server ends its subscriptions (``Daemon.forget``); the
+  sessions' tool calls keep running.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import select
 from collections import deque
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 import trio
 
 from protocol import rpc
+from protocol.framing import NEED_DATA, LineBuffer, Oversize, OverBudget
 
-from .handlers import dispatch
+from .daemon import Daemon, StopBudget
 
 if TYPE_CHECKING:
-    from .server import Daemon
     from .sessions.streams import Subscription
 
 log = structlog.get_logger("dshd.connection")
 
-#: Worker threads that parse long lines at once, daemon-wide.
-PARSE_THREADS = 2
-#: What a refused peer may still send before the close, bytes and seconds (its unread input
-#: would otherwise reset the connection before it reads its error line).
+#: What a refused peer may still send before the close, bytes (its unread input would
+#: otherwise reset the connection before it reads its error line).
 REFUSE_DRAIN_BYTES = 64 * 1024
-REFUSE_DRAIN_SECONDS = 1.0
-#: After end of input, how often to look whether the peer closed entirely, seconds.
+#: After end of input, how often to look whether the peer closed entirely, seconds (a poll
+#: interval, not a stop timeout).
 PEER_CHECK_SECONDS = 0.5
-#: Sending one refusal line, seconds.
-REFUSE_SEND_SECONDS = 2.0
+#: Bytes asked of the stream per read.
+READ_BYTES = 65536
 
-_next_conn_id = 0
+#: One answer of ``dispatch``: the line to send (None for a notification) and what to run
+#: after it is queued (None, or e.g. a subscription's base batch).
+Answer = tuple[bytes | None, Callable[[], None] | None]
+#: ``dshd.handlers.dispatch``: runs one parsed message for a connection.
+Dispatch = Callable[["Peer", Any], Awaitable[Answer]]
 
-
-class LineBudget:
-    """Bytes of unfinished lines buffered by all connections together (``max_buffered_bytes``)."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
-
-    def take(self, n: int) -> bool:
-        if self.used + n > self.limit:
-            return False
-        self.used += n
-        return True
-
-    def give(self, n: int) -> None:
-        self.used -= n
+_CLOSED = (trio.BrokenResourceError, trio.ClosedResourceError)
 
 
-async def half_close_and_drain(stream: trio.SocketStream) -> None:
+class Peer(Protocol):
+    """What a handler sees of its connection (``dshd.handlers``): who the peer is, what it said
+    in ``initialize``, its subscriptions, and the sink they send through. :class:`Connection`
+    is one; a handler needs nothing else of it."""
+
+    id: int
+    uid: int | None
+    daemon: Daemon
+    initialized: bool
+    client: dict
+    capabilities: dict
+    subscriptions: dict[str, "Subscription"]
+
+    def offer_stream(self, line: bytes, subscription: "Subscription") -> bool: ...
+
+    def want_resync(self, subscription: "Subscription") -> None: ...
+
+
+async def half_close_and_drain(stream: trio.abc.HalfCloseableStream, budget: StopBudget) -> None:
     """Shut our writing half, then read (bounded) what the peer still sends, so that closing
     does not reset a connection whose peer has not read our last line yet."""
-    with trio.move_on_after(REFUSE_DRAIN_SECONDS):
+    with trio.move_on_after(budget.refuse_drain):
         try:
             await stream.send_eof()
             drained = 0
@@ -99,30 +113,37 @@ async def half_close_and_drain(stream: trio.SocketStream) -> None:
                 if not data:
                     return
                 drained += len(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError, OSError):
+        except (*_CLOSED, trio.BusyResourceError, OSError):
             return  # gone, or the writer still sends to a peer that does not read: just close
 
 
-async def refuse(stream: trio.SocketStream, line: bytes) -> None:
+async def close_stream(stream: trio.abc.AsyncResource, budget: StopBudget) -> None:
+    """Close ``stream``, shielded (it runs when cancelled too) and bounded."""
+    with trio.move_on_after(budget.close_stream) as cs:
+        cs.shield = True
+        await stream.aclose()
+
+
+async def refuse(stream: trio.abc.HalfCloseableStream, line: bytes, budget: StopBudget) -> None:
     """Send one error line to a connection that is not served, drain (bounded), close."""
     try:
-        with trio.move_on_after(REFUSE_SEND_SECONDS):
+        with trio.move_on_after(budget.refuse_send):
             try:
                 await stream.send_all(line)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
+            except _CLOSED:
                 return
-            await half_close_and_drain(stream)
+            await half_close_and_drain(stream, budget)
     finally:
-        with trio.move_on_after(1) as cs:
-            cs.shield = True
-            await stream.aclose()
+        await close_stream(stream, budget)
 
 
 class Connection:
-    def __init__(self, daemon: "Daemon", stream: trio.SocketStream, uid: int | None) -> None:
-        global _next_conn_id
-        _next_conn_id += 1
-        self.id = _next_conn_id
+    """The pump of one connection (see the module docstring). ``uid`` is the peer's, already
+    admitted by the server; ``peer_gone`` tells a full close from a half-close (optional)."""
+
+    def __init__(self, daemon: Daemon, stream: trio.abc.HalfCloseableStream, uid: int | None,
+                 dispatch: Dispatch, *, peer_gone: Callable[[], bool] | None = None) -> None:
+        self.id = daemon.mint_connection_id()
         self.daemon = daemon
         self.config = daemon.config
         self.stream = stream
@@ -131,6 +152,8 @@ class Connection:
         self.client: dict = {}
         self.capabilities: dict = {}
         self.subscriptions: dict[str, "Subscription"] = {}
+        self._dispatch = dispatch
+        self._peer_gone = peer_gone
         self._queue: deque[tuple[bytes, "Subscription | None"]] = deque()
         self._stream_bytes = 0
         self._response_bytes = 0
@@ -138,7 +161,7 @@ class Connection:
         self._resync: dict[str, "Subscription"] = {}
         self._in_flight = 0
         self._progress = trio.Event()  # set when a request finishes or a response is sent
-        self._held = 0  # bytes this connection holds of the daemon's LineBudget
+        self._lines = LineBuffer(self.config.max_message_bytes, daemon.line_budget)
         self._closing = False
         self._nursery: trio.Nursery | None = None
         self._init_deadline: trio.CancelScope | None = None  # until initialize is completed
@@ -187,9 +210,8 @@ class Connection:
                 if self._resync:
                     pending, self._resync = self._resync, {}
                     for sub in pending.values():
-                        session = self.daemon.registry.opened(sub.session_id)
-                        if session is not None and sub.id in self.subscriptions:
-                            session.rebase(sub)
+                        if sub.id in self.subscriptions:
+                            self.daemon.rebase(sub)
                     continue
                 self._wakeup = trio.Event()
                 await self._wakeup.wait()
@@ -198,7 +220,7 @@ class Connection:
             with trio.move_on_after(stalled) as scope:
                 try:
                     await self.stream.send_all(line)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                except _CLOSED:
                     self.close("the client went away")
                     return
             if sub is None:
@@ -212,37 +234,21 @@ class Connection:
 
     # ------------------------------------------------------------------ receiving
     async def run(self) -> None:
+        """Serve until end of input and the answers in flight are sent, a refusal, or a close."""
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._writer)
-                if not self.daemon.peer_allowed(self.uid):
-                    await self._refuse(
-                        rpc.PERMISSION_DENIED,
-                        "permission denied: this daemon serves its own user "
-                        "(and, in system mode, the configured group)",
-                    )
-                    self.log.warning("connection.refused", reason="peer uid not allowed")
-                    nursery.cancel_scope.cancel()
-                    return
                 try:
                     if await self._read_with_init_deadline(nursery):
                         await self._answer_in_flight()
                 finally:
                     nursery.cancel_scope.cancel()
-        except* (trio.BrokenResourceError, trio.ClosedResourceError):
+        except* _CLOSED:
             pass  # the peer went away: nothing to answer
         finally:
-            self.daemon.line_budget.give(self._held)
-            self._held = 0
-            for sub in list(self.subscriptions.values()):
-                session = self.daemon.registry.opened(sub.session_id)
-                if session is not None:
-                    session.unsubscribe(sub)
-            self.subscriptions.clear()
-            with trio.move_on_after(1) as cs:
-                cs.shield = True
-                await self.stream.aclose()
+            self._lines.close()
+            await close_stream(self.stream, self.daemon.stop_budget)
 
     async def _read_with_init_deadline(self, nursery: trio.Nursery) -> bool:
         """:meth:`_reader` under the ``initialize`` deadline (see the module doc); False when
@@ -265,28 +271,21 @@ class Connection:
         response is sent (the writer closes a peer that stops reading). A peer that closed
         both halves (not a half-close) is not waited for: its requests are cancelled."""
         while (self._in_flight or self._response_bytes) and not self._closing:
-            if self._peer_gone():
+            if self._peer_gone is not None and self._peer_gone():
                 return
             self._progress = trio.Event()
             with trio.move_on_after(PEER_CHECK_SECONDS):
                 await self._progress.wait()
 
-    def _peer_gone(self) -> bool:
-        """True when the peer closed its socket (POLLHUP: both directions shut), not only its
-        writing half."""
-        poller = select.poll()
-        poller.register(self.stream.socket.fileno(), select.POLLHUP)
-        return any(ev & (select.POLLHUP | select.POLLERR | select.POLLNVAL)
-                   for _, ev in poller.poll(0))
-
     async def _refuse(self, code: int, message: str) -> None:
         """Queue one error line, let the writer send it (bounded), then half-close and drain."""
+        budget = self.daemon.stop_budget
         self.send_line(rpc.encode_error(None, code, message))
-        with trio.move_on_after(REFUSE_SEND_SECONDS):
+        with trio.move_on_after(budget.refuse_send):
             await self._wait_responses_sent()
         self._closing = True
         self._queue.clear()  # nothing more goes out; the writer finishes at most one line
-        await half_close_and_drain(self.stream)
+        await half_close_and_drain(self.stream, budget)
 
     async def _wait_responses_sent(self) -> None:
         while self._response_bytes and not self._closing:
@@ -296,52 +295,24 @@ class Connection:
     async def _reader(self, nursery: trio.Nursery) -> bool:
         """Read and handle lines until end of input (True), or until this connection is
         refused for passing the daemon's line budget (False)."""
-        limit = self.config.max_message_bytes
-        budget = self.daemon.line_budget
-        buf = bytearray()
-        discarding = False
+        lines = self._lines
         while True:
-            try:
-                data = await self.stream.receive_some(65536)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                return True
-            if not data:
-                return True
-            start = 0
-            while True:
-                nl = data.find(b"\n", start)
-                end = len(data) if nl < 0 else nl
-                if discarding:
-                    pass
-                elif len(buf) + end - start > limit:
-                    self._release(len(buf))
-                    buf = bytearray()
-                    discarding = True
-                elif nl >= 0 and not buf:
-                    await self._on_line(data[start:nl], nursery)  # the common case: not buffered
-                elif end > start:
-                    if not budget.take(end - start):
-                        self._release(len(buf))
-                        await self._refuse(rpc.LIMIT_EXCEEDED, self._over_budget())
-                        return False
-                    self._held += end - start
-                    buf += memoryview(data)[start:end]
-                if nl < 0:
-                    break
-                if discarding:
-                    discarding = False
-                    self._oversize(limit)
-                elif buf:
-                    line, buf = buf, bytearray()
-                    try:
-                        await self._on_line(line, nursery)
-                    finally:
-                        self._release(len(line))
-                start = nl + 1
-
-    def _release(self, n: int) -> None:
-        self.daemon.line_budget.give(n)
-        self._held -= n
+            event = lines.next_event()
+            if event is NEED_DATA:
+                try:
+                    data = await self.stream.receive_some(READ_BYTES)
+                except _CLOSED:
+                    return True
+                if not data:
+                    return True
+                lines.feed(data)
+            elif isinstance(event, Oversize):
+                self._oversize(event.limit)
+            elif isinstance(event, OverBudget):
+                await self._refuse(rpc.LIMIT_EXCEEDED, self._over_budget())
+                return False
+            else:
+                await self._on_line(event, nursery)
 
     def _over_budget(self) -> str:
         return (
@@ -376,8 +347,6 @@ class Connection:
             return out
 
     async def _on_line(self, line: bytes | bytearray, nursery: trio.Nursery) -> None:
-        if not line or line.isspace():
-            return
         parsed = await self._parse(line)
         if parsed.is_batch:
             if not self._admit(None):
@@ -389,7 +358,7 @@ class Connection:
             self.send_line(rpc.encode_error(item.id, item.code, item.message, item.data))
             return
         if isinstance(item, rpc.Request) and item.method == "initialize":
-            self._deliver(await dispatch(self, item))
+            self._deliver(await self._dispatch(self, item))
             if self.initialized and self._init_deadline is not None:
                 self._init_deadline.deadline = math.inf
             return
@@ -422,7 +391,7 @@ class Connection:
 
     async def _run_one(self, item) -> None:
         try:
-            self._deliver(await dispatch(self, item))
+            self._deliver(await self._dispatch(self, item))
         finally:
             self._done()
 
@@ -433,7 +402,7 @@ class Connection:
             answers: list = [None] * len(items)
 
             async def one(i: int, item) -> None:
-                answers[i] = await dispatch(self, item)
+                answers[i] = await self._dispatch(self, item)
 
             async with trio.open_nursery() as n:
                 for i, item in enumerate(items):

@@ -1,28 +1,41 @@
-"""The daemon: listen, check peers, accept, shut down (PROTOCOL.md §1, §3.6).
+"""The daemon: listen, admit peers, serve connections, stop within one budget (PROTOCOL.md §1, §3.6).
 
-Theory of operation: :func:`serve` builds every long-lived object once (config, daemon lock,
-sandbox verdict, session registry) and runs them in one nursery: the registry (which owns the
-sessions and their tool calls), the accept loop and the signal watcher. Each accepted
-connection is a task in a separate handler nursery (the accept loop never waits for one) so
+Theory of operation: :func:`serve` takes the state directory (its lock), probes the sandbox,
+builds the one :class:`~dshd.daemon.Daemon` every connection shares and opens the listening
+socket (:func:`_listener`: under socket activation, ``LISTEN_FDS``, the passed socket as is;
+otherwise one the daemon binds). :func:`_run` then runs, in one nursery, the session registry
+(which owns the sessions and their tool calls), the service monitor (``dshd.service``: watchdog
+pings, ``STATUS=``, reload) and ``trio.serve_listeners`` with a handler nursery of its own, so
 that a graceful stop can stop accepting first, then tell the sessions to settle their calls and
-flush, then put a deadline on the handlers. Under socket activation (``LISTEN_FDS``) the passed
-socket is used as is; otherwise the daemon binds its own. Bounds shared by all connections live
-on :class:`Daemon`: at most ``max_connections`` are served (the next one is answered -32013 and
-closed), their unfinished lines share one ``LineBudget``, and long lines are parsed on at most
-``PARSE_THREADS`` worker threads. Talking to systemd is ``dshd.service``'s job: ``READY=1`` once
-the socket listens, watchdog pings and ``STATUS=`` lines from its monitor task, and SIGHUP (a
-config reload: RELOADING=1 … READY=1) handled by the signal watcher between graceful stops.
+flush, and then cancel the handlers.
+
+Each accepted connection runs :func:`_serve_socket`, the handler wrapper: it reads the peer's
+credentials off the socket (a process inside one of this daemon's sandboxes counts as a foreign
+uid) and hands the stream to :func:`serve_stream`, which works over any half-closeable stream:
+past ``max_connections`` it answers one ``-32013`` line and closes (at most ``MAX_REFUSING`` such
+refusals at once; past that, a close without the line); a peer uid that may not connect gets one
+``-32001`` line; anything else is a :class:`~dshd.connection.Connection`, whose failure is logged
+and stays in it. Accepting out of file descriptors (or memory): ``trio.serve_listeners`` backs
+off and retries; :class:`_Listening` logs one line per episode instead of trio's one per retry.
+
+The stop: SIGTERM or SIGINT starts it; SIGHUP reloads the config between stops. One deadline,
+``stop_timeout_seconds`` from the signal (``dshd.daemon.StopBudget``), bounds it: the sessions get
+their share (``registry.aclose(deadline)``), then the handlers are cancelled and each
+connection's close runs shielded within its share. ``EXTEND_TIMEOUT_USEC=`` with ``STOPPING=1``
+tells systemd the same budget plus the margin.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
+import logging
 import os
 import signal
 import socket as stdsocket
 import struct
-import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import structlog
@@ -30,12 +43,12 @@ import trio
 
 from protocol import rpc
 
-from . import __version__
 from .config import Config
-from .connection import PARSE_THREADS, Connection, LineBudget, refuse
-from .service import Notifier, ServiceMonitor, watchdog_interval
+from .connection import Connection, refuse
+from .daemon import Daemon
 from .execution.peers import refuse_confined
-from .sessions.registry import SessionRegistry
+from .handlers import dispatch
+from .service import Notifier, ServiceMonitor, stopping_message, watchdog_interval
 from .storage.lock import DaemonLock
 
 log = structlog.get_logger("dshd")
@@ -61,24 +74,14 @@ def peer_uid(sock: trio.socket.SocketType) -> int | None:
     return uid
 
 
-def _group_members(group: str) -> set[int]:
-    import grp
-    import pwd
+def peer_gone(sock: trio.socket.SocketType) -> bool:
+    """True when the peer closed its socket (POLLHUP: both directions shut), not only its
+    writing half."""
+    import select
 
-    try:
-        g = grp.getgrnam(group)
-    except KeyError:
-        return set()
-    uids = set()
-    for name in g.gr_mem:
-        try:
-            uids.add(pwd.getpwnam(name).pw_uid)
-        except KeyError:
-            pass
-    for p in pwd.getpwall():
-        if p.pw_gid == g.gr_gid:
-            uids.add(p.pw_uid)
-    return uids
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLHUP)
+    return any(ev & (select.POLLHUP | select.POLLERR | select.POLLNVAL) for _, ev in poller.poll(0))
 
 
 def _activated_socket() -> stdsocket.socket | None:
@@ -151,62 +154,71 @@ def _bind_socket(path: Path, system: bool, group: str) -> stdsocket.socket:
     return sock
 
 
-class Daemon:
-    """Everything the connection handlers share; built once, passed down."""
+class _Listening(trio.abc.Listener[trio.SocketStream]):
+    """The daemon's listener as ``trio.serve_listeners`` sees it. ``accept`` logs its resource
+    errors once per episode, and the recovery (serve_listeners backs off and retries).
+    ``aclose`` leaves the socket open: serve_listeners closes its listeners when the stop
+    cancels it, but the socket stays until the stop is done (:meth:`close`, by ``_listener``),
+    so a client that connects meanwhile waits in the backlog as before."""
 
-    def __init__(self, config: Config, state_dir: Path, sandbox, daemon_lock=None) -> None:
-        self.config = config
-        self.state_dir = state_dir
-        self.sandbox = sandbox
-        self.registry = SessionRegistry(config, state_dir, sandbox, daemon_lock)
-        self.connections: set[Connection] = set()
-        self.refusing = 0  # connections being refused for max_connections (MAX_REFUSING)
-        self.line_budget = LineBudget(config.max_buffered_bytes)
-        self.parse_limiter = trio.CapacityLimiter(PARSE_THREADS)
-        self.started_at = time.time_ns() // 1_000_000
-        self.pid = os.getpid()
-        self.stopping = False
-        self._allowed_uids = {os.getuid(), 0}
-        if config.system:
-            self._allowed_uids |= _group_members(config.group)
-        self._next_sub = 0
+    def __init__(self, inner: trio.SocketListener) -> None:
+        self.inner = inner
+        self.starved = 0
 
-    def peer_allowed(self, uid: int | None) -> bool:
-        return uid is not None and uid in self._allowed_uids
+    async def accept(self) -> trio.SocketStream:
+        try:
+            stream = await self.inner.accept()
+        except OSError as exc:
+            if exc.errno in ACCEPT_CAPACITY_ERRNOS:
+                if not self.starved:
+                    log.error("accept.out_of_resources", error=exc.strerror,
+                              hint="raise LimitNOFILE= or close idle clients")
+                self.starved += 1
+            raise
+        if self.starved:
+            log.info("accept.recovered", retries=self.starved)
+            self.starved = 0
+        return stream
 
-    def mint_subscription_id(self) -> str:
-        self._next_sub += 1
-        return f"sub-{self._next_sub}"
+    async def aclose(self) -> None:
+        await trio.lowlevel.checkpoint()
 
-    def status(self) -> dict:
-        return {
-            "version": __version__,
-            "pid": self.pid,
-            "startedAt": self.started_at,
-            "sessionsOpen": len(self.registry.open_sessions()),
-            "connections": len(self.connections),
-            "subscriptions": sum(len(c.subscriptions) for c in self.connections),
-            # Stream batches dropped for slow readers (each later replaced by a base batch).
-            "droppedBatches": sum(
-                sub.dropped_batches for c in self.connections for sub in c.subscriptions.values()
-            ),
-            "sandbox": self.sandbox.describe(),
-            "stateDir": str(self.state_dir),
-        }
+    async def close(self) -> None:
+        await self.inner.aclose()
 
 
 async def serve(config: Config, *, reload_config: Callable[[], Config] | None = None,
                 task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Run the daemon until SIGTERM/SIGINT; then stop gracefully (bounded by 10 s). SIGHUP
-    reloads the config through ``reload_config`` (``dshd.service.ServiceMonitor.reload``).
+    """Run the daemon until SIGTERM/SIGINT; then stop gracefully within
+    ``stop_timeout_seconds``. SIGHUP reloads the config through ``reload_config``
+    (``dshd.service.ServiceMonitor.reload``).
 
     Raises StartupError (with a sentence a person can act on) when it cannot start.
     """
     from .execution.sandbox import probe
-    from .storage.errors import LockHeld
 
     nofile, _ = raise_fd_limit()
     state_dir = config.state_path()
+    daemon_lock = _lock_state_dir(state_dir)
+    try:
+        sandbox = await probe(config.sandbox_provider, scratch_dir=state_dir / "sandbox",
+                              tmp_size_bytes=config.tmp_size_bytes,
+                              tmp_total_bytes=None if config.system else config.tmp_total_bytes)
+        log.info("sandbox.probed", **sandbox.describe())
+        daemon = Daemon(config, state_dir, sandbox, daemon_lock)
+        async with _listener(config) as (listener, path):
+            ready = dict(socket=str(path), state_dir=str(state_dir), pid=daemon.pid,
+                         max_open_files=nofile, sandbox=sandbox.describe())
+            await _run(daemon, listener, ready, reload_config, task_status)
+    finally:
+        daemon_lock.release()
+    log.info("dshd.stopped")
+
+
+def _lock_state_dir(state_dir: Path) -> DaemonLock:
+    """Create the state directory and take its daemon lock (one dshd per state directory)."""
+    from .storage.errors import LockHeld
+
     daemon_lock = DaemonLock(state_dir)
     try:
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -218,83 +230,142 @@ async def serve(config: Config, *, reload_config: Callable[[], Config] | None = 
             f"cannot use the state directory {state_dir}: {exc.strerror or exc}; "
             "pass --state-dir (or DSH_STATE_DIR) with a writable directory"
         ) from None
-    try:
-        sandbox = await probe(config.sandbox_provider, scratch_dir=state_dir / "sandbox",
-                              tmp_size_bytes=config.tmp_size_bytes,
-                              tmp_total_bytes=None if config.system else config.tmp_total_bytes)
-        log.info("sandbox.probed", **sandbox.describe())
-        daemon = Daemon(config, state_dir, sandbox, daemon_lock)
-        sock = _activated_socket()
-        path = config.socket_path()
-        if sock is None:
-            try:
-                sock = _bind_socket(path, config.system, config.group)
-            except OSError as exc:
-                if exc.errno in (errno.EACCES, errno.EPERM):
-                    raise StartupError(f"cannot create the socket {path}: {exc.strerror}") from None
-                raise
-            own_socket = True
-        else:
-            own_socket = False
-            name = sock.getsockname()  # bytes for an abstract address
-            path = Path(name if isinstance(name, str) and name else "(abstract or unnamed socket)")
-        listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
-        notifier = Notifier.from_environ()
-        monitor = ServiceMonitor(daemon, notifier, reload_config=reload_config,
-                                 watchdog=watchdog_interval())
+    return daemon_lock
+
+
+@asynccontextmanager
+async def _listener(config: Config) -> AsyncIterator[tuple[_Listening, Path]]:
+    """The listening socket (passed by systemd, else bound here) and its path; closed (and a
+    bound one unlinked) on the way out."""
+    sock = _activated_socket()
+    path = config.socket_path()
+    if sock is None:
         try:
-            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
-                async with trio.open_nursery() as outer:
-                    await outer.start(daemon.registry.run)
-                    await outer.start(monitor.run)
-                    async with trio.open_nursery() as handlers:
-                        accept_scope = trio.CancelScope()
-
-                        async def accept_loop() -> None:
-                            with accept_scope:
-                                await _accept_forever(listener, handlers, daemon)
-
-                        handlers.start_soon(accept_loop)
-                        log.info(
-                            "dshd.ready",
-                            socket=str(path),
-                            state_dir=str(state_dir),
-                            pid=daemon.pid,
-                            max_open_files=nofile,
-                            sandbox=sandbox.describe(),
-                            watchdog_seconds=monitor.watchdog,
-                        )
-                        notifier.send(f"READY=1\nSTATUS={monitor.status_line()}")
-                        task_status.started(daemon)
-                        async for signum in signals:
-                            if signum == signal.SIGHUP:
-                                await monitor.reload()
-                                continue
-                            log.info("dshd.stopping", signal=signal.Signals(signum).name)
-                            break
-                        # Graceful stop: stop accepting; sessions settle their calls
-                        # (TOOL_CANCELLED) and flush; then the handlers get a deadline.
-                        daemon.stopping = True
-                        notifier.send("STOPPING=1")
-                        accept_scope.cancel()
-                        with trio.move_on_after(8):
-                            await daemon.registry.aclose()
-                        handlers.cancel_scope.cancel()
-                    outer.cancel_scope.cancel()
-        finally:
-            notifier.close()
-            await listener.aclose()
-            if own_socket:
-                try:
-                    path.unlink()
-                except FileNotFoundError:
-                    pass
+            sock = _bind_socket(path, config.system, config.group)
+        except OSError as exc:
+            if exc.errno in (errno.EACCES, errno.EPERM):
+                raise StartupError(f"cannot create the socket {path}: {exc.strerror}") from None
+            raise
+        own_socket = True
+    else:
+        own_socket = False
+        name = sock.getsockname()  # bytes for an abstract address
+        path = Path(name if isinstance(name, str) and name else "(abstract or unnamed socket)")
+    listener = _Listening(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
+    try:
+        yield listener, path
     finally:
-        daemon_lock.release()
-    log.info("dshd.stopped")
+        await listener.close()
+        if own_socket:
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
 
 
-async def _refuse_over_limit(daemon: Daemon, stream: trio.SocketStream) -> None:
+async def _run(daemon: Daemon, listener: _Listening, ready: dict,
+               reload_config: Callable[[], Config] | None, task_status) -> None:
+    """Registry, service monitor and the listener in one nursery, until a stop signal."""
+    # Out of fds, trio logs one error (with a traceback) per 100 ms retry; _Listening logs
+    # the episode once instead.
+    logging.getLogger("trio.serve_listeners").setLevel(logging.CRITICAL)
+    notifier = Notifier.from_environ()
+    monitor = ServiceMonitor(daemon, notifier, reload_config=reload_config,
+                             watchdog=watchdog_interval())
+    try:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+            async with trio.open_nursery() as outer:
+                await outer.start(daemon.registry.run)
+                await outer.start(monitor.run)
+                async with trio.open_nursery() as handlers:
+                    accepting = trio.CancelScope()
+                    handlers.start_soon(_accept, daemon, listener, handlers, accepting)
+                    log.info("dshd.ready", **ready, watchdog_seconds=monitor.watchdog)
+                    notifier.send(f"READY=1\nSTATUS={monitor.status_line()}")
+                    task_status.started(daemon)
+                    await _until_stop(signals, monitor)
+                    await _stop(daemon, notifier, accepting)
+                    handlers.cancel_scope.cancel()
+                outer.cancel_scope.cancel()
+    finally:
+        notifier.close()
+
+
+async def _accept(daemon: Daemon, listener: _Listening, handlers: trio.Nursery,
+                  scope: trio.CancelScope) -> None:
+    """``trio.serve_listeners`` under ``scope`` (the stop cancels it); the handlers run in
+    ``handlers``."""
+    with scope:
+        await trio.serve_listeners(functools.partial(_serve_socket, daemon), [listener],
+                                   handler_nursery=handlers)
+
+
+async def _until_stop(signals, monitor: ServiceMonitor) -> None:
+    """Wait for SIGTERM or SIGINT; a SIGHUP on the way reloads the config."""
+    async for signum in signals:
+        if signum == signal.SIGHUP:
+            await monitor.reload()
+            continue
+        log.info("dshd.stopping", signal=signal.Signals(signum).name)
+        return
+
+
+async def _stop(daemon: Daemon, notifier: Notifier, accepting: trio.CancelScope) -> None:
+    """The graceful stop, within ``stop_timeout_seconds``: stop accepting, then the sessions
+    settle their calls (TOOL_CANCELLED) and flush within their share of it. The caller then
+    cancels the handlers; each connection's close is bounded by its own share."""
+    budget = daemon.stop_budget
+    daemon.stopping = True
+    notifier.send(stopping_message(budget))
+    accepting.cancel()
+    deadline = trio.current_time() + budget.sessions
+    with trio.CancelScope(deadline=deadline):
+        await _close_registry(daemon, deadline)
+
+
+async def _close_registry(daemon: Daemon, deadline: float) -> None:
+    """``registry.aclose(deadline)`` (room B's signature, issue 11). Until that branch is
+    merged the registry takes no deadline and the CancelScope around this call bounds it:
+    drop the fallback then."""
+    import inspect
+
+    aclose = daemon.registry.aclose
+    if "deadline" in inspect.signature(aclose).parameters:
+        await aclose(deadline=deadline)
+    else:
+        await aclose()
+
+
+async def _serve_socket(daemon: Daemon, stream: trio.SocketStream) -> None:
+    """The handler of one accepted socket: the peer's uid (a confined process counts as a
+    foreign one) and the POLLHUP check, then :func:`serve_stream`."""
+    sock = stream.socket
+    uid = None if refuse_confined(sock, daemon.sandbox, log) else peer_uid(sock)
+    await serve_stream(daemon, stream, uid, peer_gone=lambda: peer_gone(sock))
+
+
+async def serve_stream(daemon: Daemon, stream: trio.abc.HalfCloseableStream, uid: int | None,
+                       *, peer_gone: Callable[[], bool] | None = None) -> None:
+    """Serve one connection over any half-closeable stream for the peer ``uid``: refused past
+    ``max_connections`` (-32013) or for a uid that may not connect (-32001), else a
+    :class:`Connection` until it ends. Whatever goes wrong in it stays in it: logged."""
+    if daemon.slots_used() >= daemon.config.max_connections:
+        await _refuse_over_limit(daemon, stream)
+        return
+    if not daemon.peer_allowed(uid):
+        await _refuse_peer(daemon, stream, uid)
+        return
+    conn = Connection(daemon, stream, uid, dispatch, peer_gone=peer_gone)
+    daemon.connections.add(conn)
+    try:
+        await conn.run()
+    except Exception:
+        log.exception("connection.crashed", conn=conn.id)
+    finally:
+        daemon.forget(conn)
+
+
+async def _refuse_over_limit(daemon: Daemon, stream: trio.abc.HalfCloseableStream) -> None:
     """``max_connections`` are served: this one gets one -32013 line (bounded) and is closed."""
     limit = daemon.config.max_connections
     if daemon.refusing >= MAX_REFUSING:
@@ -307,47 +378,25 @@ async def _refuse_over_limit(daemon: Daemon, stream: trio.SocketStream) -> None:
             None, rpc.LIMIT_EXCEEDED,
             f"limit exceeded: dshd serves at most {limit} connections at once (max_connections); "
             "close idle clients and retry",
-        ))
+        ), daemon.stop_budget)
     finally:
         daemon.refusing -= 1
 
 
-async def _handle(daemon: Daemon, stream: trio.SocketStream) -> None:
-    """One connection. Whatever goes wrong in it stays in it: logged, never fatal."""
-    if len(daemon.connections) >= daemon.config.max_connections:
-        await _refuse_over_limit(daemon, stream)
-        return
-    # A process inside one of this daemon's sandboxes is refused like a foreign uid (-32001).
-    uid = None if refuse_confined(stream.socket, daemon.sandbox, log) else peer_uid(stream.socket)
-    conn = Connection(daemon, stream, uid)
-    daemon.connections.add(conn)
+async def _refuse_peer(daemon: Daemon, stream: trio.abc.HalfCloseableStream,
+                       uid: int | None) -> None:
+    """A peer uid that may not connect: one -32001 line (bounded), closed. It holds a
+    ``max_connections`` slot meanwhile, as a served connection would."""
+    daemon.refusing_peers += 1
     try:
-        await conn.run()
-    except Exception:
-        log.exception("connection.crashed", conn=conn.id)
+        log.warning("connection.refused", reason="peer uid not allowed", uid=uid)
+        await refuse(stream, rpc.encode_error(
+            None, rpc.PERMISSION_DENIED,
+            "permission denied: this daemon serves its own user "
+            "(and, in system mode, the configured group)",
+        ), daemon.stop_budget)
     finally:
-        daemon.connections.discard(conn)
-
-
-async def _accept_forever(listener: trio.SocketListener, handlers: trio.Nursery, daemon: Daemon) -> None:
-    """Accept connections; out of file descriptors (or memory) → log, back off, go on."""
-    starved = 0
-    while True:
-        try:
-            stream = await listener.accept()
-        except OSError as exc:
-            if exc.errno in ACCEPT_CAPACITY_ERRNOS:
-                if not starved:  # one line per episode, not one per retry
-                    log.error("accept.out_of_resources", error=exc.strerror,
-                              hint="raise LimitNOFILE= or close idle clients")
-                starved += 1
-                await trio.sleep(0.1)
-                continue
-            raise
-        if starved:
-            log.info("accept.recovered", retries=starved)
-            starved = 0
-        handlers.start_soon(_handle, daemon, stream)
+        daemon.refusing_peers -= 1
 
 
 def raise_fd_limit() -> tuple[int, int]:

@@ -27,10 +27,16 @@ systemd, under ``systemd-socket-activate`` and in a terminal).
   shared Config; each refused field is named in a ``config.reload_refused`` line and keeps its
   old value), reconfigures logging when its fields changed, then sends ``READY=1``. A file
   that does not load changes nothing (``config.reload_failed``), and READY=1 still follows.
+- **Stop budget.** A graceful stop ends within ``stop_timeout_seconds`` (``dshd.daemon.
+  StopBudget``); the units' ``TimeoutStopSec=`` is its default plus :data:`STOP_MARGIN_SECONDS`
+  (:func:`unit_timeout_stop_sec`, rendered by ``systemd/install.sh``), and ``STOPPING=1``
+  carries ``EXTEND_TIMEOUT_USEC=`` with the current budget plus the margin
+  (:func:`stopping_message`), so a raised key needs no edit of the unit.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import socket as stdsocket
 import time
@@ -44,7 +50,7 @@ from .config import Config, ConfigError, apply_reload
 from .logging import configure
 
 if TYPE_CHECKING:
-    from .server import Daemon
+    from .daemon import Daemon, StopBudget
 
 log = structlog.get_logger("dshd.service")
 
@@ -54,6 +60,23 @@ STATUS_SECONDS = 5.0
 STUCK_SECONDS_WITHOUT_WATCHDOG = 30.0
 #: Longest notify message dshd sends, bytes (systemd reads at most a page per datagram).
 MAX_NOTIFY_BYTES = 4096
+#: What the service manager allows past ``stop_timeout_seconds`` before it kills dshd: the
+#: process's own exit after the graceful stop (listener, lock, interpreter teardown), seconds.
+STOP_MARGIN_SECONDS = 5.0
+
+
+def unit_timeout_stop_sec(config: Config | None = None) -> int:
+    """``TimeoutStopSec=`` of the units: ``stop_timeout_seconds`` plus the margin, in whole
+    seconds (``systemd/install.sh`` renders it from the default: ``python -m dshd.service``)."""
+    total = (config or Config()).stop_timeout_seconds
+    return math.ceil(total + STOP_MARGIN_SECONDS)
+
+
+def stopping_message(budget: StopBudget) -> str:
+    """``STOPPING=1`` with this stop's budget plus the margin (``EXTEND_TIMEOUT_USEC=``): a
+    ``stop_timeout_seconds`` raised past the unit's ``TimeoutStopSec=`` is honoured too."""
+    usec = math.ceil((budget.total + STOP_MARGIN_SECONDS) * 1_000_000)
+    return f"STOPPING=1\nEXTEND_TIMEOUT_USEC={usec}"
 
 
 def monotonic_usec() -> int:
@@ -215,3 +238,7 @@ class ServiceMonitor:
 
 def _show(value: object) -> object:
     return value if isinstance(value, (str, int, float, bool, type(None))) else repr(value)
+
+
+if __name__ == "__main__":  # systemd/install.sh: the TimeoutStopSec= it renders into the units
+    print(unit_timeout_stop_sec())

@@ -5,7 +5,8 @@
 # Theory of operation: dshd gets a virtualenv of its own (`python3 -m venv`, then a non-editable
 # `pip install .` into it), so Debian's python is never touched (PEP 668). The units are
 # generated from the templates in systemd/ (@BINDIR@ = the venv's bin, @DOCDIR@ = where the
-# README and docs/ are installed, so Documentation= exists). Every path the install creates
+# README and docs/ are installed, so Documentation= exists, @TIMEOUT_STOP_SEC@ = dshd's
+# stop_timeout_seconds default plus its margin, asked of the installed dshd). Every path the install creates
 # (files, symlinks, directories, the venv, the group) is appended to a manifest in the prefix
 # as it is created; uninstall reads it and removes exactly those, newest first, and nothing
 # else: session state (/var/lib/dsh, ~/.local/state/dsh) and config files are never touched.
@@ -80,8 +81,12 @@ claim() {
   fi
 }
 
-render() {  # template → unit with @BINDIR@ and @DOCDIR@ filled in
-  sed -e "s|@BINDIR@|$venv/bin|g" -e "s|@DOCDIR@|$docdir|g" "$1" >"$2.tmp"
+render() {  # template → unit with @BINDIR@, @DOCDIR@ and @TIMEOUT_STOP_SEC@ filled in
+  local timeout_stop
+  # stop_timeout_seconds' default plus the margin, from the dshd just installed (dshd.service).
+  timeout_stop=$("$venv/bin/python" -m dshd.service) || die "cannot read dshd's stop timeout"
+  sed -e "s|@BINDIR@|$venv/bin|g" -e "s|@DOCDIR@|$docdir|g" \
+      -e "s|@TIMEOUT_STOP_SEC@|$timeout_stop|g" "$1" >"$2.tmp"
   chmod 0644 "$2.tmp"
   mv -f "$2.tmp" "$2"
 }

@@ -114,6 +114,8 @@ def _install_system_and_serve(short_dir: Path, locs: list[str]) -> None:
     assert argv[0] == f"{short_dir}/opt/dsh/venv/bin/dshd" and "--system" in argv
     assert _unit_value(service, "Wants") == "dshd.socket"
     assert not [ln for ln in service.read_text().splitlines() if ln.startswith("Requires=")]
+    # The one stop budget: stop_timeout_seconds' default (10 s) plus dshd's 5 s margin.
+    assert _unit_value(service, "TimeoutStopSec") == "15"
     # Not editable: the venv holds its own copy of the code.
     py = f"{short_dir}/opt/dsh/venv/bin/python"
     where = subprocess.run([py, "-c", "import dshd; print(dshd.__file__)"], cwd="/",
@@ -151,7 +153,9 @@ def _install_system_and_serve(short_dir: Path, locs: list[str]) -> None:
         assert f'"socket": "{sock}"' in log  # the passed socket, not /run/dsh/dshd.sock
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
-        notify.wait_for(lambda m: m.get("STOPPING") == "1", 30, since=0)
+        stopping = notify.wait_for(lambda m: m.get("STOPPING") == "1", 30, since=0)
+        # ... and tells systemd the same budget (a raised key needs no edit of the unit).
+        assert stopping.get("EXTEND_TIMEOUT_USEC") == "15000000", stopping
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -182,6 +186,7 @@ def test_install_user_then_uninstall_leaves_home_as_it_was(short_dir):
     assert r.returncode == 0, r.stdout + r.stderr
     units = home / ".config/systemd/user"
     verify_units(units / "dshd.service", units / "dshd.socket", user=True)
+    assert _unit_value(units / "dshd.service", "TimeoutStopSec") == "15"
     argv = shlex.split(_unit_value(units / "dshd.service", "ExecStart"))
     venv_bin = home / ".local/share/dsh/venv/bin"
     assert argv[0] == str(venv_bin / "dshd")

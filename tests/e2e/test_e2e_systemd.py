@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from client.api import connect
+from dshd.service import unit_timeout_stop_sec
 
 
 @pytest.fixture
@@ -92,10 +93,12 @@ async def test_socket_activation_uses_the_passed_socket(short_dir):
 
 
 def _render(template: Path, out: Path) -> Path:
-    """The substitution systemd/install.sh makes (@BINDIR@: a bin directory holding dshd)."""
+    """The substitution systemd/install.sh makes (@BINDIR@: a bin directory holding dshd;
+    @TIMEOUT_STOP_SEC@: ``python -m dshd.service``)."""
     text = template.read_text()
     text = text.replace("@BINDIR@", str(Path(sys.executable).parent))
     text = text.replace("@DOCDIR@", "/usr/share/doc/dsh")
+    text = text.replace("@TIMEOUT_STOP_SEC@", str(unit_timeout_stop_sec()))
     assert not re.search(r"@[A-Z_]+@", text), "a placeholder install.sh does not fill in"
     out.write_text(text)
     return out
@@ -116,6 +119,8 @@ def test_units_are_well_formed(scope, short_dir):
     d = _directives(service)
     assert d["Type"] == "notify" and d["Wants"] == "dshd.socket" and "Requires" not in d
     assert d["WatchdogSec"] == "30" and d["ExecReload"] == "/bin/kill -HUP $MAINPID"
+    # The one stop budget: stop_timeout_seconds' default (10 s) plus the 5 s margin.
+    assert d["TimeoutStopSec"] == "15" == str(unit_timeout_stop_sec())
     assert d["ExecStart"].startswith(str(Path(sys.executable).parent / "dshd"))
     assert ("--system" in d["ExecStart"]) == (scope == "system")
     # Tools run in workspaces anywhere (/tmp too) and full-access tools inherit the namespaces.
