@@ -29,12 +29,11 @@ import structlog
 from protocol import rpc
 
 from . import __version__, identity
-from .agent import NoTurn, SteerLimit, TurnBusy, TurnDriver
-from .approval import AlreadyDecided, ApprovalNotFound
+from .agent import TurnDriver
+from .errors import DshError, to_rpc_error
 from .execution.sandbox import refused_workspace
 from .paths import is_valid_id, is_within
 from .sessions.registry import SessionLimit, SessionNotFound
-from .sessions.session import CallLimit
 from .sessions.streams import Subscription
 from .storage.errors import LockHeld, LogCorrupt, LogTooNew, StateDirMoved, StorageError
 
@@ -207,12 +206,7 @@ async def tool_run(conn: "Connection", p: rpc.ToolRunParams) -> dict:
     if session.has_call(call_id):
         return {"callId": call_id, "existing": True}
     try:
-        session.start_call(call_id, p.name, p.arguments, p.approved)
-    except CallLimit as exc:
-        raise rpc.RpcError(
-            rpc.LIMIT_EXCEEDED, f"{exc}; nothing was recorded. Wait for a call to settle "
-            "(tool.wait) and retry", {"code": "CALL_LIMIT"},
-        ) from None
+        session.start_call(call_id, p.name, p.arguments, p.approved)  # CallLimit: -32013
     except StorageError as exc:
         raise rpc.RpcError(rpc.STORAGE_FAILURE, str(exc)) from None
     return {"callId": call_id}
@@ -220,10 +214,7 @@ async def tool_run(conn: "Connection", p: rpc.ToolRunParams) -> dict:
 
 async def tool_wait(conn: "Connection", p: rpc.ToolWaitParams) -> dict:
     session = await _session(conn, p.sessionId)
-    try:
-        result = await session.wait_result(p.callId, p.timeout)
-    except KeyError:
-        raise rpc.RpcError(rpc.CALL_NOT_FOUND, f"call {p.callId} not found in session {p.sessionId}") from None
+    result = await session.wait_result(p.callId, p.timeout)  # CallNotFound: -32006
     if result is None:
         raise rpc.RpcError(rpc.TIMEOUT, f"call {p.callId} is still running after {p.timeout} s; wait again")
     return result
@@ -231,10 +222,7 @@ async def tool_wait(conn: "Connection", p: rpc.ToolWaitParams) -> dict:
 
 async def tool_cancel(conn: "Connection", p: rpc.ToolCancelParams) -> dict:
     session = await _session(conn, p.sessionId)
-    try:
-        return {"cancelled": session.cancel_call(p.callId)}
-    except KeyError:
-        raise rpc.RpcError(rpc.CALL_NOT_FOUND, f"call {p.callId} not found in session {p.sessionId}") from None
+    return {"cancelled": session.cancel_call(p.callId)}  # CallNotFound: -32006
 
 
 # ---------------------------------------------------------------------- streams
@@ -271,17 +259,8 @@ class AfterResponse:
 # ---------------------------------------------------------------------- approvals
 async def approval_decide(conn: "Connection", p: rpc.ApprovalDecideParams) -> dict:
     session = await _session(conn, p.sessionId)
-    try:
-        outcome = session.decide(p.approvalId, p.decision)
-    except AlreadyDecided as exc:
-        raise rpc.RpcError(
-            rpc.ALREADY_DECIDED, f"approval {p.approvalId} was already decided: {exc.outcome}",
-            {"outcome": exc.outcome},
-        ) from None
-    except ApprovalNotFound:
-        raise rpc.RpcError(
-            rpc.APPROVAL_NOT_FOUND, f"approval {p.approvalId} not found in session {p.sessionId}"
-        ) from None
+    # AlreadyDecided (-32011) and ApprovalNotFound (-32007) pass through to dispatch.
+    outcome = session.decide(p.approvalId, p.decision)
     return {"outcome": outcome}
 
 
@@ -290,15 +269,7 @@ async def turn_start(conn: "Connection", p: rpc.TurnStartParams) -> dict:
     if not p.input.strip():
         raise _bad("input must be a non-empty string", field="input")
     session = await _session(conn, p.sessionId)
-    try:
-        return {"turnId": TurnDriver.of(session).start(p.input)}
-    except TurnBusy as exc:
-        raise rpc.RpcError(
-            rpc.LIMIT_EXCEEDED,
-            f"session {p.sessionId} already runs turn {exc.turn_id}; steer it with turn.steer "
-            "or stop it with turn.cancel",
-            {"code": "TURN_RUNNING", "turnId": exc.turn_id},
-        ) from None
+    return {"turnId": TurnDriver.of(session).start(p.input)}  # TurnBusy: -32013
 
 
 async def turn_cancel(conn: "Connection", p: rpc.TurnCancelParams) -> dict:
@@ -310,13 +281,8 @@ async def turn_steer(conn: "Connection", p: rpc.TurnSteerParams) -> dict:
     if not p.input.strip():
         raise _bad("input must be a non-empty string", field="input")
     session = await _session(conn, p.sessionId)
-    try:
-        return {"turnId": TurnDriver.of(session).steer(p.input), "queued": True}
-    except NoTurn:
-        raise _bad(f"no turn is running in session {p.sessionId}; start one with turn.start",
-                   code="NO_TURN") from None
-    except SteerLimit as exc:
-        raise rpc.RpcError(rpc.LIMIT_EXCEEDED, f"{exc}; wait for the next step") from None
+    # NoTurn (-32602) and SteerLimit (-32013) pass through to dispatch.
+    return {"turnId": TurnDriver.of(session).steer(p.input), "queued": True}
 
 
 Handler = Callable[["Connection", object], Awaitable[object]]
@@ -387,6 +353,11 @@ async def dispatch(conn: "Connection", item) -> Answer:
     except StorageError as exc:
         code = rpc.STORAGE_FAILURE
         return (rpc.encode_error(rid, code, f"storage failure: {exc}") if is_request else None), None
+    except DshError as exc:  # the sessions' and the agent's refusals (dshd.errors)
+        err = to_rpc_error(exc)
+        assert err is not None
+        code = err.code
+        return (rpc.encode_error(rid, err.code, err.message, err.data) if is_request else None), None
     except Exception:
         code = rpc.INTERNAL_ERROR
         log.exception("rpc.internal_error", method=item.method)

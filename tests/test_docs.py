@@ -147,7 +147,7 @@ def test_tool_error_codes_are_in_the_exec_table():
     table = section(doc("EXEC"), "1")
     rows = {c for line in table.splitlines() if line.startswith("| `")
             for c in re.findall(r"`([A-Z_]+)`", line.split("|")[1])}
-    from dshd.approval import WHY
+    from dshd.sessions.approval import WHY
     from dshd.results import SENTENCES
     from dshd.storage import repair
 

@@ -7,7 +7,8 @@ Everything a model proposes goes through the same tool pipeline as a frontend's 
 """
 
 from .model import ModelError, ModelRequest, ModelResponse, StreamHooks, open_provider
-from .turn import NoTurn, SteerLimit, TurnBusy, TurnDriver
+from ..errors import NoTurn, SteerLimit, TurnBusy
+from .turn import TurnDriver
 
 __all__ = [
     "ModelError",
