@@ -68,8 +68,9 @@ from ..results import sentence
 from ..sessions import barrier
 from ..storage.errors import StorageError
 from .history import build_messages, default_system_prompt
-from .model import ModelError, ModelRequest, ModelResponse, Provider, StreamHooks, open_provider
+from .model import ModelError, ModelRequest, ModelResponse, Provider, StreamHooks
 from .port import SessionPort
+from .providers import open_provider
 from .tools import TOOLS, parse_arguments, schemas
 
 log = structlog.get_logger("dshd.agent")

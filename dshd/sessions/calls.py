@@ -125,6 +125,10 @@ class CallHost(Protocol):
     mode: str
     owner: int | None
 
+    def accepting(self) -> bool:
+        """New work is accepted (the session runs and is not closing)."""
+        ...
+
     def spawn(self, fn: Callable[..., Awaitable[None]], *args: object) -> None:
         """Run ``fn(*args)`` as a supervised task of the session; SessionClosing if closing."""
         ...
@@ -252,7 +256,7 @@ class CallTable:
         are valid. ``turn_id`` / ``step_id`` tie a model-proposed call to its step (STORAGE.md
         §3). Raises ``errors.SessionClosing`` or ``errors.CallLimit``, nothing recorded.
         """
-        if self.stopping:
+        if self.stopping or not self.host.accepting():
             raise errors.SessionClosing("the session is closing; no new calls are accepted")
         self.admit()
         encoded = _json.encode(arguments).decode()

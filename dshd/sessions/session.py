@@ -203,7 +203,11 @@ class Session:
         self._work.start_soon(self._guard, fn, *args)
 
     def deadline(self) -> float:
-        """The trio time the wind-down must end by (inf while no stop has begun)."""
+        """The trio time the wind-down must end by: the one :meth:`close` was given, else
+        (a crash, or a cancellation from outside that no close announced) ``WIND_DOWN_SECONDS``
+        from the first time it is asked."""
+        if self._deadline == math.inf:
+            self._deadline = trio.current_time() + WIND_DOWN_SECONDS
         return self._deadline
 
     def has_call(self, call_id: str) -> bool:
@@ -274,7 +278,7 @@ class Session:
             self.crashed(exc)
         finally:
             self._work = None
-            with trio.CancelScope(shield=True), trio.move_on_at(self._deadline):
+            with trio.CancelScope(shield=True), trio.move_on_at(self.deadline()):
                 await self._wind_down()
             self._calls.wake_all()  # nobody waits forever: wait_result says what is missing
             self.finished.set()

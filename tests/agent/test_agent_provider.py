@@ -13,8 +13,8 @@ from dshd.agent.model import (
     ModelRequest,
     ModelUnavailable,
     StreamHooks,
-    open_provider,
 )
+from dshd.agent.providers import open_provider
 from dshd.agent.tools import schemas
 from dshd.sessions.barrier import BarrierFailed
 from tests.agent.fake_model_server import Reply, chunk, error_reply, text_reply, tool_reply
