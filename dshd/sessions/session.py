@@ -92,19 +92,19 @@ class Session:
         self.env: dict[str, str] = {}
         #: uid that created the session (None: written before owners were recorded).
         self.owner: int | None = None
-        self.approvals = ApprovalDesk(self, self.id)
-        self._calls = CallTable(self, log_, self.approvals, config, sandbox, session_dir,
+        self._approvals = ApprovalDesk(self, self.id)
+        self._calls = CallTable(self, log_, self._approvals, config, sandbox, session_dir,
                                 running_calls=running_calls, fault=fault)
         #: The agent loop (``dshd.agent.TurnDriver``), made on the first ``turn.*`` request.
         self.agent: AgentSlot | None = None
         self._policy_seq = -1  # seq of the approval/policy event in force
         recent = self._absorb_log()
         h = log_.header
-        self.lane = Lane(LaneSession(self.id, h.title, h.cwd, self.policy, self.mode), recent,
+        self._lane = Lane(LaneSession(self.id, h.title, h.cwd, self.policy, self.mode), recent,
                          before_flush=self._sync_outputs,
                          interval=config.publish_interval_seconds,
                          rate=config.publish_rate_bytes)
-        self._calls.bind_lane(self.lane)
+        self._calls.bind_lane(self._lane)
         self._work: trio.Nursery | None = None
         self._scope: trio.CancelScope | None = None
         self._publisher_task = None
@@ -121,7 +121,7 @@ class Session:
         for ev in self._log.events:
             type_, data = ev.type, ev.data
             if type_ == "approval/decided":
-                self.approvals.absorb(type_, data)
+                self._approvals.absorb(type_, data)
             elif type_ == "approval/policy":
                 self.policy = data.get("policy", self.policy)
                 self._policy_seq = ev.seq
@@ -155,7 +155,7 @@ class Session:
 
     # ----------------------------------------------------------------- the port
     # What rooms outside ``dshd/sessions`` may use: these methods and ``id``, ``owner``,
-    # ``config``, ``agent``, ``crash``, ``finished`` (nothing else of a session).
+    # ``policy``, ``mode``, ``config``, ``agent``, ``crash``, ``finished`` (nothing else).
     @property
     def last_seq(self) -> int:
         """Seq of the newest event (unflushed tail included)."""
@@ -238,23 +238,23 @@ class Session:
 
     def decide(self, approval_id: str, decision: str) -> str:
         """Decide a pending approval (``dshd.sessions.approval``); the outcome recorded."""
-        return self.approvals.decide(approval_id, decision)
+        return self._approvals.decide(approval_id, decision)
 
     def rebase(self, sub: Subscription) -> None:
         """Send ``sub`` a base batch at the next publish (a dropped or resynced stream)."""
-        self.lane.publisher.rebase(sub)
+        self._lane.publisher.rebase(sub)
 
     @property
     def turn_lane(self) -> Lane:
         """The lane, for the agent loop's ``turn`` value (``dshd.agent.port.TurnLane``)."""
-        return self.lane
+        return self._lane
 
     # ----------------------------------------------------------------- the approval port
     def show_approval(self, approval_id: str, request: ApprovalRequest) -> None:
-        self.lane.show_approval(approval_id, request)
+        self._lane.show_approval(approval_id, request)
 
     def hide_approval(self, approval_id: str) -> None:
-        self.lane.hide_approval(approval_id)
+        self._lane.hide_approval(approval_id)
 
     # ----------------------------------------------------------------- lifetime
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -288,7 +288,7 @@ class Session:
         await self._calls.settle_orphans()
         if self.crash is None:
             try:
-                self.lane.publish_now()
+                self._lane.publish_now()
             except Exception as exc:
                 self.crashed(exc)
         try:
@@ -337,7 +337,7 @@ class Session:
 
     async def _publish(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         self._publisher_task = trio.lowlevel.current_task()
-        await self.lane.publisher.run(task_status=task_status)
+        await self._lane.publisher.run(task_status=task_status)
 
     def _sync_outputs(self) -> None:
         """The publisher's ``before_flush``: running calls' output onto the lane."""
@@ -359,8 +359,8 @@ class Session:
 
     def idle(self) -> bool:
         """No running call or turn, no subscriber, no pending approval: safe to close."""
-        return (not self._calls.running and not self.lane.publisher.subscriptions
-                and not self.approvals.pending and (self.agent is None or not self.agent.busy()))
+        return (not self._calls.running and not self._lane.publisher.subscriptions
+                and not self._approvals.pending and (self.agent is None or not self.agent.busy()))
 
     # ----------------------------------------------------------------- settings
     async def record_settings(
@@ -387,7 +387,7 @@ class Session:
             self.env = dict(env)
         self.policy = policy
         self.mode = mode
-        self.lane.show_settings(policy=policy, sandbox=mode)
+        self._lane.show_settings(policy=policy, sandbox=mode)
 
     async def set_policy(self, policy: str, source: str) -> None:
         """Change the approval policy once the change is durable; StorageError changes
@@ -400,7 +400,7 @@ class Session:
             return  # a later change became durable with us and already applied
         self._policy_seq = seq
         self.policy = policy
-        self.lane.show_settings(policy=policy)
+        self._lane.show_settings(policy=policy)
 
     async def _record_durably(
         self, change: list[tuple[str, dict, bool]], undo: list[tuple[str, dict, bool]]
@@ -431,19 +431,19 @@ class Session:
     def subscribe(self, sub: Subscription, *, answerer: bool = False) -> None:
         """Attach a subscription (base batch first); an answerer may decide approvals."""
         if answerer:
-            self.approvals.answerer_joined(sub.id)
-        self.lane.publisher.attach(sub)
+            self._approvals.answerer_joined(sub.id)
+        self._lane.publisher.attach(sub)
 
     def unsubscribe(self, sub: Subscription) -> None:
-        self.lane.publisher.detach(sub)
-        self.approvals.answerer_left(sub.id)
+        self._lane.publisher.detach(sub)
+        self._approvals.answerer_left(sub.id)
 
     # ----------------------------------------------------------------- for the registry
     def subscriptions(self) -> list[Subscription]:
-        return list(self.lane.publisher.subscriptions.values())
+        return list(self._lane.publisher.subscriptions.values())
 
     def is_answerer(self, sub: Subscription) -> bool:
-        return sub.id in self.approvals.answerers
+        return sub.id in self._approvals.answerers
 
     def discard_unpublished(self) -> None:
         """Drop a new session that was never published (its settings could not be recorded)."""
