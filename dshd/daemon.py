@@ -129,7 +129,6 @@ class Daemon:
         self.parse_limiter = trio.CapacityLimiter(PARSE_THREADS)
         self.started_at = time.time_ns() // 1_000_000
         self.pid = os.getpid()
-        self.stopping = False
         self._allowed_uids = {os.getuid(), 0}
         if config.system:
             self._allowed_uids |= _group_members(config.group)

@@ -17,9 +17,10 @@ from typing import Any, ClassVar
 from protocol import rpc
 
 __all__ = [
-    "AlreadyDecided", "ApprovalNotFound", "CallNotFound", "DshError", "InvalidParams",
-    "InvalidRequest", "LimitExceeded", "MethodNotFound", "NotInitialized", "PermissionDenied",
-    "SessionClosing", "SessionLocked", "SessionNotFound", "StillRunning", "StorageFailure",
+    "AlreadyDecided", "ApprovalNotFound", "CallLimit", "CallNotFound", "DshError",
+    "InvalidParams", "InvalidRequest", "LimitExceeded", "MethodNotFound", "NoTurn",
+    "NotInitialized", "PermissionDenied", "SessionClosing", "SessionLimit", "SessionLocked",
+    "SessionNotFound", "SteerLimit", "StillRunning", "StorageFailure", "TurnBusy",
     "UnknownTool", "UnsupportedVersion", "to_rpc_error",
 ]
 
@@ -102,6 +103,52 @@ class LimitExceeded(DshError):
     """A bound was reached; nothing was recorded (``-32013``)."""
 
     CODE = rpc.LIMIT_EXCEEDED
+
+
+# -- room B (issue 11): the sessions' and the turn loop's refusals ----------------------------
+class CallLimit(LimitExceeded):
+    """A call past ``max_calls_per_session`` or ``max_calls`` (``data.code`` ``CALL_LIMIT``);
+    ``limit`` is the sentence naming the limit (a model's refused call quotes it)."""
+
+    def __init__(self, limit: str) -> None:
+        super().__init__(f"{limit}; nothing was recorded. Wait for a call to settle "
+                         "(tool.wait) and retry", {"code": "CALL_LIMIT"})
+        self.limit = limit
+
+
+class SessionLimit(LimitExceeded):
+    """``max_sessions`` are open and busy."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+
+
+class TurnBusy(LimitExceeded):
+    """A turn runs already (``data.code`` ``TURN_RUNNING``, ``data.turnId``)."""
+
+    def __init__(self, session_id: str, turn_id: str) -> None:
+        super().__init__(
+            f"session {session_id} already runs turn {turn_id}; steer it with turn.steer "
+            "or stop it with turn.cancel",
+            {"code": "TURN_RUNNING", "turnId": turn_id},
+        )
+        self.turn_id = turn_id
+
+
+class SteerLimit(LimitExceeded):
+    """The running turn has its maximum of queued steers."""
+
+    def __init__(self, turn_id: str, max_steers: int) -> None:
+        super().__init__(f"turn {turn_id} already has {max_steers} queued steers; "
+                         "wait for the next step")
+
+
+class NoTurn(InvalidParams):
+    """``turn.steer`` while no turn runs (``-32602``, ``data.code`` ``NO_TURN``)."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"no turn is running in session {session_id}; start one with "
+                         "turn.start", code="NO_TURN")
 
 
 class StorageFailure(DshError):

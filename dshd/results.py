@@ -1,19 +1,16 @@
-"""ToolResults, and the one table of the sentences a person reads when a call ends early.
+"""The one table of the sentences a person reads when a call ends early.
 
-Theory of operation: a ToolResult (PROTOCOL.md §3.2) is ``{"callId", "isError", "content",
-"details", "errorCode"?, "exitCode"?, "message"?}`` with ``details = {"truncation",
-"spillPath"?, "exitCode"?, "sandbox"?}``. ``details.truncation`` is always present: a call
-that never ran has zero totals (with the limits it would have had), so a client never needs a
-special case. Every failed result dshd builds takes its sentence from :data:`SENTENCES`, one
-entry per errorCode (and per variant where one code has several causes), through
-:func:`sentence`; :func:`failed` builds the result. When the command never started,
-``content`` is the sentence; when it started, ``content`` is its output and ``message`` the
-sentence. The builders that use it: ``dshd.sessions.session`` (a call's own pipeline:
-early exits, timeout, cancel, spawn failure, internal error), ``dshd.approval`` (the gate's
-outcomes), ``dshd.barrier`` (storage failure, aborted before dispatch) and ``dshd.agent.turn``
-(model calls refused before a ``tool/call``: unknown tool, invalid arguments, limits,
-cancelled turn). The crash repair's sentences (TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN) are
-defined by ``dshd.storage.repair`` and listed here so that the table is complete.
+Theory of operation: a ToolResult (PROTOCOL.md §3.2; its shape is ``protocol.lane.ToolResult``)
+that ends early carries an ``errorCode`` and a sentence from :data:`SENTENCES`, one entry per
+errorCode (and per variant where one code has several causes), through :func:`sentence`. When
+the command never started, ``content`` is the sentence; when it started, ``content`` is its
+output and ``message`` the sentence. Results are built in one place,
+``dshd.sessions.calls``; the rooms that end a call early raise :class:`CallFailed` with their
+code and sentence instead: the approval gate (``dshd.sessions.approval``), the checkpoint
+barrier (``dshd.sessions.barrier``) and the turn loop (``dshd.agent.turn``: model calls refused
+before a ``tool/call``: unknown tool, invalid arguments, limits, cancelled turn). The crash
+repair's sentences (TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN) are defined by
+``dshd.storage.repair`` and listed here so that the table is complete.
 
 Pure: no I/O, no trio.
 """
@@ -24,7 +21,7 @@ from typing import Any
 
 from .storage.repair import NOT_GRANTED_TEXT, NOT_STARTED_TEXT, OUTCOME_UNKNOWN_TEXT
 
-__all__ = ["SENTENCES", "failed", "sentence", "zero_truncation"]
+__all__ = ["SENTENCES", "CallFailed", "sentence"]
 
 #: errorCode -> variant -> sentence template (``str.format`` fields in braces). The variant
 #: ``""`` is the code's usual cause. EXEC.md §1 carries this table.
@@ -99,21 +96,11 @@ def sentence(code: str, variant: str = "", **fields: Any) -> str:
     return SENTENCES[code][variant].format(**fields)
 
 
-def zero_truncation(max_bytes: int, max_lines: int) -> dict:
-    """``details.truncation`` of a call that wrote nothing (or never ran)."""
-    return {"truncated": False, "truncatedBy": None, "totalBytes": 0, "totalLines": 0,
-            "maxBytes": max_bytes, "maxLines": max_lines}
+class CallFailed(Exception):
+    """A call ends before or instead of running: ``code`` is its errorCode, ``sentence`` the
+    text from :data:`SENTENCES` (raised by the gate, the barrier, the call pipeline)."""
 
-
-def failed(call_id: str, code: str, text: str, truncation: dict, *,
-           output: str | None = None, spill_path: str | None = None) -> dict:
-    """A failed ToolResult: ``text`` (from :func:`sentence`) is the content when the command
-    never started (``output`` None), else the ``message`` next to its output."""
-    details: dict = {"truncation": dict(truncation)}
-    if spill_path:
-        details["spillPath"] = spill_path
-    result = {"callId": call_id, "isError": True, "content": text if output is None else output,
-              "details": details, "errorCode": code}
-    if output is not None:
-        result["message"] = text
-    return result
+    def __init__(self, code: str, sentence: str) -> None:
+        super().__init__(sentence)
+        self.code = code
+        self.sentence = sentence

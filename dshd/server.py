@@ -314,26 +314,17 @@ async def _stop(daemon: Daemon, notifier: Notifier, accepting: trio.CancelScope)
     """The graceful stop, within ``stop_timeout_seconds``: stop accepting, then the sessions
     settle their calls (TOOL_CANCELLED) and flush within their share of it. The caller then
     cancels the handlers; each connection's close is bounded by its own share."""
-    budget = daemon.stop_budget
-    daemon.stopping = True
-    notifier.send(stopping_message(budget))
+    notifier.send(stopping_message(daemon.stop_budget))
     accepting.cancel()
-    deadline = trio.current_time() + budget.sessions
+    await stop_sessions(daemon)
+
+
+async def stop_sessions(daemon: Daemon) -> None:
+    """The sessions' share of a graceful stop: every session cancels its calls (they settle
+    TOOL_CANCELLED), ends its turn and flushes, by ``stop_budget.sessions`` from now."""
+    deadline = trio.current_time() + daemon.stop_budget.sessions
     with trio.CancelScope(deadline=deadline):
-        await _close_registry(daemon, deadline)
-
-
-async def _close_registry(daemon: Daemon, deadline: float) -> None:
-    """``registry.aclose(deadline)`` (room B's signature, issue 11). Until that branch is
-    merged the registry takes no deadline and the CancelScope around this call bounds it:
-    drop the fallback then."""
-    import inspect
-
-    aclose = daemon.registry.aclose
-    if "deadline" in inspect.signature(aclose).parameters:
-        await aclose(deadline=deadline)
-    else:
-        await aclose()
+        await daemon.registry.aclose(deadline=deadline)
 
 
 async def _serve_socket(daemon: Daemon, stream: trio.SocketStream) -> None:

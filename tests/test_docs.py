@@ -145,7 +145,7 @@ def test_tool_error_codes_are_in_the_exec_table():
     table = section(doc("EXEC"), "1")
     rows = {c for line in table.splitlines() if line.startswith("| `")
             for c in re.findall(r"`([A-Z_]+)`", line.split("|")[1])}
-    from dshd.approval import WHY
+    from dshd.sessions.approval import WHY
     from dshd.results import SENTENCES
     from dshd.storage import repair
 
@@ -185,10 +185,10 @@ def _written_event_types() -> tuple[set[str], set[str]]:
     """(types appended by the daemon, those appended with ignorable=True)."""
     written, ignorable = set(), set()
     type_re = re.compile(r"^[a-z]+/[a-z]+$")
-    for path in py_sources("dshd"):
+    for path in py_sources("dshd"):  # log.append(...), or the session port's record(...)
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and node.func.attr == "append" and node.args
+                    and node.func.attr in ("append", "record") and node.args
                     and isinstance(node.args[0], ast.Constant)
                     and isinstance(node.args[0].value, str) and type_re.match(node.args[0].value)):
                 written.add(node.args[0].value)

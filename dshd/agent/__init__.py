@@ -6,8 +6,10 @@ provider interface and its error tree, ``openai`` and ``scripted`` are the provi
 Everything a model proposes goes through the same tool pipeline as a frontend's call.
 """
 
-from .model import ModelError, ModelRequest, ModelResponse, StreamHooks, open_provider
-from .turn import NoTurn, SteerLimit, TurnBusy, TurnDriver
+from .model import ModelError, ModelRequest, ModelResponse, StreamHooks
+from .providers import open_provider
+from ..errors import NoTurn, SteerLimit, TurnBusy
+from .turn import TurnDriver
 
 __all__ = [
     "ModelError",

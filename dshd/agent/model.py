@@ -10,8 +10,8 @@ arguments, usage). While it streams it reports through :class:`StreamHooks`:
 * ``on_text(delta)`` for every piece of assistant text, in order (the lane grows with it);
 * ``on_restart()`` when a retry throws away what an earlier attempt streamed.
 
-A provider is opened for one turn (``async with open_provider(config) as provider``), so that
-its HTTP connection pool lives exactly as long as the turn that uses it.
+A provider is opened for one turn (``async with dshd.agent.providers.open_provider(config)``),
+so that its HTTP connection pool lives exactly as long as the turn that uses it.
 
 Errors, one tree, mapped once at the provider boundary (nothing else leaves ``complete``
 except cancellation and what a hook raised, e.g. the barrier's ``BarrierFailed``)::
@@ -25,12 +25,8 @@ except cancellation and what a hook raised, e.g. the barrier's ``BarrierFailed``
 
 from __future__ import annotations
 
-from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable, Protocol
-
-if TYPE_CHECKING:
-    from ..config import ModelConfig
+from typing import Awaitable, Callable, Protocol
 
 
 class ModelError(Exception):
@@ -93,18 +89,3 @@ class Provider(Protocol):
     name: str
 
     async def complete(self, request: ModelRequest, hooks: StreamHooks) -> ModelResponse: ...
-
-
-@asynccontextmanager
-async def open_provider(config: "ModelConfig") -> AsyncIterator[Provider]:
-    """The configured provider, open for one turn. Raises ModelError when it cannot start
-    (a missing or malformed script, for instance)."""
-    if config.provider == "openai-compatible":
-        from .openai import OpenAICompatible
-
-        async with OpenAICompatible.open(config) as provider:
-            yield provider
-    else:
-        from .scripted import Scripted
-
-        yield Scripted.load(config.script)

@@ -1,9 +1,10 @@
 """The turn loop: one user input, model steps, tool calls, until a final answer (issue 5 §1–§3).
 
 Theory of operation: each session has at most one :class:`TurnDriver` (``session.agent``,
-made on the first ``turn.*`` request) and at most one running :class:`Turn`. ``turn.start``
-appends ``turn/start`` + ``message/user`` and starts the loop as a task in the session's calls
-nursery, so a turn lives as long as the session, never as long as the connection that asked.
+made on the first ``turn.*`` request) and at most one running :class:`Turn`. The driver talks
+to its session only through ``dshd.agent.port.SessionPort``. ``turn.start`` appends
+``turn/start`` + ``message/user`` and starts the loop as a task of the session (``spawn``), so
+a turn lives as long as the session, never as long as the connection that asked.
 One step is::
 
     [steers → message/user]  step/start ─► agent/pre-step barrier (flush)
@@ -20,14 +21,21 @@ step limit is hit (``error``, ``STEP_LIMIT``), ``turn.cancel`` (``cancelled``), 
 failed — fail closed, nothing was sent — ``MODEL_*`` from the provider), or the daemon
 stopping (``interrupted``). Model calls are never pre-approved: they pass the approval gate.
 
-Cancel: the model request's cancel scope is cancelled (what streamed so far is kept as a
-``partial`` assistant message), running calls are cancelled (``TOOL_CANCELLED``; one still
-waiting at the gate or its barrier settles ``APPROVAL_CANCELLED`` / ``ABORTED_BEFORE_DISPATCH``),
-and proposed calls that had not started settle ``ABORTED_BEFORE_DISPATCH`` without a
-``tool/call``. A proposed call refused before it starts (unknown tool, invalid arguments,
-``LIMIT_EXCEEDED`` past ``max_calls_per_session`` / ``max_calls``) is settled the same way,
-through ``Session.refuse_call``: in ``recent``, and ``tool.wait`` answers it at once. ``turn.steer`` queues text (bounded) that becomes a ``message/user`` at the next
-step boundary; a steer that comes while the model gives its final answer earns one more step.
+Cancel: the step's cancel scope (its barriers and the model request) is cancelled (what
+streamed so far is kept as a ``partial`` assistant message), running calls are cancelled
+(``TOOL_CANCELLED``; one still waiting at the gate or its barrier settles
+``APPROVAL_CANCELLED`` / ``ABORTED_BEFORE_DISPATCH``), and proposed calls that had not started
+settle ``ABORTED_BEFORE_DISPATCH`` without a ``tool/call``.
+
+Every call the model proposes is known to the session (``propose_call``) as soon as the answer
+naming it is recorded, so ``tool.wait`` on it waits instead of answering ``-32006``. One the
+loop refuses before it starts (unknown tool, invalid arguments: at once, before any call of
+the step runs; ``LIMIT_EXCEEDED`` past ``max_calls_per_session`` / ``max_calls`` when its turn
+comes) is settled through ``settle_unstarted``: in ``recent``, and ``tool.wait`` answers it at
+once. Whatever ends the turn, a proposed call that never started is settled before
+``turn/end`` (``ABORTED_BEFORE_DISPATCH``). ``turn.steer`` queues text (bounded) that becomes a
+``message/user`` at the next step boundary; a steer that comes while the model gives its final
+answer earns one more step.
 
 Lane ``turn`` value: ``null`` between turns, else ``{"turnId", "state", "step", "stepId",
 "text", "calls"}``; ``text`` is the current step's assistant text (reset at each step start).
@@ -47,24 +55,23 @@ from __future__ import annotations
 import secrets
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import structlog
 import trio
 
 from protocol.errors import OpError
+from protocol.lane import TurnView
 from protocol.ops import check_json_value
 
-from .. import barrier
+from .. import errors
 from ..results import sentence
-from ..sessions.session import CallLimit
+from ..sessions import barrier
 from ..storage.errors import StorageError
 from .history import build_messages, default_system_prompt
-from .model import ModelError, ModelRequest, ModelResponse, Provider, StreamHooks, open_provider
+from .model import ModelError, ModelRequest, ModelResponse, Provider, StreamHooks
+from .port import SessionPort
+from .providers import open_provider
 from .tools import TOOLS, parse_arguments, schemas
-
-if TYPE_CHECKING:
-    from ..sessions.session import Session
 
 log = structlog.get_logger("dshd.agent")
 
@@ -72,20 +79,6 @@ log = structlog.get_logger("dshd.agent")
 MAX_STEERS = 16
 
 ABORTED_SENTENCE = sentence("ABORTED_BEFORE_DISPATCH", "turn")
-
-
-class TurnBusy(Exception):
-    def __init__(self, turn_id: str) -> None:
-        super().__init__(turn_id)
-        self.turn_id = turn_id
-
-
-class NoTurn(Exception):
-    pass
-
-
-class SteerLimit(Exception):
-    pass
 
 
 def clean(text: str) -> str:
@@ -109,68 +102,80 @@ def _json_value(value) -> bool:
 @dataclass
 class Turn:
     id: str
-    cancel: trio.Event = field(default_factory=trio.Event)
+    #: turn.cancel (or the session's stop) came: the loop unwinds at its next boundary.
+    cancelled: bool = False
     steers: deque[str] = field(default_factory=deque)
     step_id: str | None = None
     steps: int = 0
-    #: Cancel scope of the model request in flight (cancelled by turn.cancel).
+    #: Cancel scope of the current step's barriers and model request (cancelled by cancel).
     scope: trio.CancelScope | None = None
     #: Calls of the current step that were started and have not settled.
     running: set[str] = field(default_factory=set)
+    #: Proposed calls (callId -> tool name) not started nor settled yet (settled at the end).
+    unstarted: dict[str, str] = field(default_factory=dict)
     #: The daemon is stopping: the turn ends ``interrupted`` rather than ``cancelled``.
     stopping: bool = False
     #: The loop has decided how the turn ends: steers are refused from here on.
     closing: bool = False
 
 
+@dataclass
+class Proposed:
+    """A model's call the loop will try to start: its minted id, name and parsed arguments."""
+
+    call_id: str
+    name: str
+    raw_name: str
+    arguments: dict
+    concurrent: bool
+
+
 class TurnDriver:
     """The agent loop of one session (module doc). Get it with :meth:`of`."""
 
-    def __init__(self, session: "Session") -> None:
-        self.session = session
+    def __init__(self, port: SessionPort) -> None:
+        self.port = port
         self.turn: Turn | None = None
 
     @classmethod
-    def of(cls, session: "Session") -> "TurnDriver":
-        driver = session.agent
+    def of(cls, port: SessionPort) -> "TurnDriver":
+        driver = port.agent
         if driver is None:
-            driver = session.agent = cls(session)
+            driver = port.agent = cls(port)
         return driver
+
+    def busy(self) -> bool:
+        """A turn runs (the session is not idle)."""
+        return self.turn is not None
 
     # ------------------------------------------------------------------ requests
     def start(self, text: str) -> str:
         """Append turn/start + message/user and start the loop; returns the turnId.
 
-        Raises TurnBusy (a turn is running), StorageError (the session is closing).
+        Raises ``errors.TurnBusy`` (a turn is running), ``errors.SessionClosing``.
         """
-        s = self.session
+        port = self.port
         if self.turn is not None:
-            raise TurnBusy(self.turn.id)
-        nursery = s._calls_nursery
-        if nursery is None:
-            raise StorageError("the session is closing; no new turns are accepted")
+            raise errors.TurnBusy(port.id, self.turn.id)
+        if not port.accepting():
+            raise errors.SessionClosing(
+                "storage failure: the session is closing; no new turns are accepted")
         turn = Turn("t-" + secrets.token_hex(6))
-        s.log.append("turn/start", {"turnId": turn.id})
-        s.log.append("message/user", {"turnId": turn.id, "text": clean(text)})
+        port.record("turn/start", {"turnId": turn.id})
+        port.record("message/user", {"turnId": turn.id, "text": clean(text)})
         self.turn = turn
-        s.tracker.set(
-            ["turn"],
-            {"turnId": turn.id, "state": "starting", "step": 0, "stepId": None, "text": "",
-             "calls": []},
-        )
-        # Publish now: every subscriber sees the turn begin, however short it turns out.
-        s.publisher.publish_now()
-        nursery.start_soon(self._run, turn)
+        port.turn_lane.begin_turn(TurnView(turn.id, "starting", 0, None, "", []))
+        port.spawn(self._run, turn)
         return turn.id
 
     def steer(self, text: str) -> str:
-        """Queue ``text`` for the next step boundary; returns the turnId. Raises NoTurn,
-        SteerLimit."""
+        """Queue ``text`` for the next step boundary; returns the turnId. Raises
+        ``errors.NoTurn``, ``errors.SteerLimit``."""
         turn = self.turn
-        if turn is None or turn.closing or turn.cancel.is_set():
-            raise NoTurn()
+        if turn is None or turn.closing or turn.cancelled:
+            raise errors.NoTurn(self.port.id)
         if len(turn.steers) >= MAX_STEERS:
-            raise SteerLimit(f"turn {turn.id} already has {MAX_STEERS} queued steers")
+            raise errors.SteerLimit(turn.id, MAX_STEERS)
         turn.steers.append(clean(text))
         return turn.id
 
@@ -189,39 +194,31 @@ class TurnDriver:
             self._cancel(self.turn)
 
     def _cancel(self, turn: Turn) -> None:
-        if turn.cancel.is_set():
+        if turn.cancelled:
             return
-        turn.cancel.set()
+        turn.cancelled = True
         if turn.scope is not None:
             turn.scope.cancel()
         for call_id in list(turn.running):
             try:
-                self.session.cancel_call(call_id)
-            except KeyError:
+                self.port.cancel_call(call_id)
+            except errors.CallNotFound:
                 pass
-        self._lane("state", "cancelling")
-
-    # ------------------------------------------------------------------ lane
-    def _lane(self, key: str, value) -> None:
-        s = self.session
-        if isinstance(s.tracker.value.get("turn"), dict):
-            s.tracker.set(["turn", key], value)
-            s.publisher.mark_dirty()
+        self.port.turn_lane.update_turn("state", "cancelling")
 
     # ------------------------------------------------------------------ the loop
     async def _run(self, turn: Turn) -> None:
-        s = self.session
-        slog = log.bind(session=s.id, turn=turn.id)
+        slog = log.bind(session=self.port.id, turn=turn.id)
         try:
             try:
-                async with open_provider(s.config.model) as provider:
+                async with open_provider(self.port.config.model) as provider:
                     try:
                         end = await self._loop(turn, provider, slog)
                     finally:
                         turn.closing = True
             except ModelError as exc:
                 end = {"reason": "error", "errorCode": exc.code, "message": exc.sentence}
-            except StorageError as exc:
+            except errors.StorageFailure as exc:
                 end = {"reason": "error", "errorCode": "STORAGE_FAILURE", "message": str(exc)}
             except Exception:
                 slog.exception("turn.internal_error")
@@ -229,7 +226,7 @@ class TurnDriver:
                        "message": "internal error in dshd's agent loop; see the daemon log"}
         except BaseException:
             # Cancelled from outside (the daemon stops without the session's stop hook).
-            with trio.CancelScope(shield=True), trio.move_on_after(5):
+            with trio.CancelScope(shield=True), trio.move_on_at(self.port.deadline()):
                 await self._finish(turn, {"reason": "interrupted",
                                           "message": "dshd stopped during the turn"}, slog)
             raise
@@ -241,50 +238,38 @@ class TurnDriver:
         return {"reason": "cancelled"}
 
     async def _loop(self, turn: Turn, provider: Provider, slog) -> dict:
-        s = self.session
-        cfg = s.config.model
-        system = cfg.system_prompt or default_system_prompt(s.log.header.cwd)
+        port = self.port
+        cfg = port.config.model
+        system = cfg.system_prompt or default_system_prompt(port.cwd)
         for n in range(1, cfg.max_steps + 1):
-            if turn.cancel.is_set():
+            if turn.cancelled:
                 return self._cancelled(turn)
             self._take_steers(turn)
             turn.steps = n
             turn.step_id = step_id = f"s{n}"
-            s.log.append("step/start", {"turnId": turn.id, "stepId": step_id})
-            s.tracker.set(
-                ["turn"],
-                {"turnId": turn.id, "state": "running", "step": n, "stepId": step_id,
-                 "text": "", "calls": []},
-            )
-            s.publisher.mark_dirty()
+            port.record("step/start", {"turnId": turn.id, "stepId": step_id})
+            port.turn_lane.set_turn(TurnView(turn.id, "running", n, step_id, "", []))
             try:
-                await barrier.checkpoint(
-                    s.log, s.log.last_seq, kind="agent/pre-step", cancel=turn.cancel
-                )
-                response = await self._ask(turn, provider, build_messages(s.log.events, system))
+                response = await self._step(turn, provider, system)
             except barrier.BarrierFailed as failed:
                 self._end_step(turn)
-                if failed.code == "ABORTED_BEFORE_DISPATCH":
-                    return self._cancelled(turn)
                 return {"reason": "error", "errorCode": failed.code, "message": failed.sentence}
             except ModelError as exc:
                 self._end_step(turn)
                 slog.warning("turn.model_error", code=exc.code, error=exc.sentence)
                 return {"reason": "error", "errorCode": exc.code, "message": exc.sentence}
-            if response is None:  # cancelled while the model answered
+            if response is None:  # cancelled at a barrier or while the model answered
                 self._end_step(turn)
                 return self._cancelled(turn)
             calls = self._record_answer(turn, response)
-            if not calls:
+            if not response.calls:
                 self._end_step(turn)
-                if turn.steers and not turn.cancel.is_set():
+                if turn.steers and not turn.cancelled:
                     continue  # a steer came while the model answered: it gets a step
                 return {"reason": "completed"}
-            self._lane("calls", [cid for cid, _ in calls])
-            self._lane("state", "waiting-tools" if not turn.cancel.is_set() else "cancelling")
             await self._run_calls(turn, calls)
             self._end_step(turn)
-            if turn.cancel.is_set():
+            if turn.cancelled:
                 return self._cancelled(turn)
         return {
             "reason": "error",
@@ -296,68 +281,67 @@ class TurnDriver:
 
     def _take_steers(self, turn: Turn) -> None:
         while turn.steers:
-            self.session.log.append(
+            self.port.record(
                 "message/user", {"turnId": turn.id, "text": turn.steers.popleft(), "steer": True}
             )
 
     def _end_step(self, turn: Turn) -> None:
         if turn.step_id is not None:
-            self.session.log.append("step/end", {"turnId": turn.id, "stepId": turn.step_id})
+            self.port.record("step/end", {"turnId": turn.id, "stepId": turn.step_id})
             turn.step_id = None
 
-    async def _ask(self, turn: Turn, provider: Provider, messages: list[dict]) -> ModelResponse | None:
-        """One model request; None when turn.cancel cut it short (partial text recorded)."""
-        s = self.session
+    async def _step(self, turn: Turn, provider: Provider, system: str) -> ModelResponse | None:
+        """The pre-step barrier and one model request, in the step's cancel scope; None when
+        turn.cancel cut it short (partial text recorded)."""
+        port = self.port
+        lane = port.turn_lane
         streamed: list[str] = []
 
         async def before_send() -> None:
-            await barrier.checkpoint(s.log, s.log.last_seq, kind="llm/stream", cancel=turn.cancel)
+            await barrier.checkpoint(port, port.last_seq, kind="llm/stream")
 
         def on_text(delta: str) -> None:
             piece = clean(delta)
             streamed.append(piece)
-            s.tracker.append(["turn", "text"], piece)
-            s.publisher.mark_dirty()
+            lane.turn_text(piece, append=True)
 
         def on_restart() -> None:
             streamed.clear()
-            s.tracker.set_text(["turn", "text"], "")
-            s.publisher.mark_dirty()
+            lane.turn_text("")
 
         hooks = StreamHooks(before_send=before_send, on_text=on_text, on_restart=on_restart)
         response: ModelResponse | None = None
         with trio.CancelScope() as scope:
             turn.scope = scope
-            if turn.cancel.is_set():
+            if turn.cancelled:
                 scope.cancel()
             try:
+                await barrier.checkpoint(port, port.last_seq, kind="agent/pre-step")
+                messages = build_messages(port.history(), system)
                 response = await provider.complete(ModelRequest(messages, schemas()), hooks)
             finally:
                 turn.scope = None
-        if response is None:
-            partial = "".join(streamed)
-            if partial:
-                s.log.append(
-                    "message/assistant",
-                    {"turnId": turn.id, "stepId": turn.step_id, "text": partial, "partial": True},
-                )
+        if response is None and "".join(streamed):
+            port.record("message/assistant", {"turnId": turn.id, "stepId": turn.step_id,
+                                              "text": "".join(streamed), "partial": True})
         return response
 
-    def _record_answer(self, turn: Turn, response: ModelResponse) -> list[tuple[str, object]]:
-        """Append message/assistant; returns the proposed calls with their minted callIds."""
-        s = self.session
+    def _record_answer(self, turn: Turn, response: ModelResponse) -> list[Proposed]:
+        """Append message/assistant, make every proposed call known (waitable), settle the ones
+        refused on sight (unknown tool, invalid arguments); the calls left to start."""
+        port = self.port
         text = clean(response.text)
-        calls = []
+        minted = []
         for proposed in response.calls:
             call_id = "m-" + secrets.token_hex(8)
-            while call_id in s.call_ids or call_id in s.results:
+            while port.has_call(call_id):
                 call_id = "m-" + secrets.token_hex(8)
-            calls.append((call_id, proposed))
+            minted.append((call_id, proposed))
         data: dict = {"turnId": turn.id, "stepId": turn.step_id, "text": text}
-        if calls:
+        if minted:
             data["toolCalls"] = [
                 {"callId": cid, "name": clean(p.name), "arguments": clean(p.arguments)}
-                for cid, p in calls
+                for cid, p in minted
             ]
         if response.finish_reason:
             data["finishReason"] = clean(response.finish_reason)
@@ -367,66 +351,80 @@ class TurnDriver:
             data["usage"] = response.usage  # a provider's counts: recorded only when JSON values
         if response.attempts > 1:
             data["attempts"] = response.attempts
-        s.log.append("message/assistant", data)
-        s.tracker.set_text(["turn", "text"], text)
-        s.publisher.mark_dirty()
+        port.record("message/assistant", data)
+        port.turn_lane.turn_text(text)
+        calls = []
+        for call_id, proposed in minted:
+            name = clean(proposed.name)
+            port.propose_call(call_id, name)
+            arguments, code, problem = parse_arguments(name, clean(proposed.arguments))
+            if arguments is None:
+                port.settle_unstarted(call_id, name, code or "INVALID_ARGUMENTS", problem or "")
+                continue
+            turn.unstarted[call_id] = name
+            spec = TOOLS.get(proposed.name)
+            calls.append(Proposed(call_id, name, proposed.name, arguments,
+                                  bool(spec and spec.concurrent)))
+        if minted:
+            port.turn_lane.update_turn("calls", [cid for cid, _ in minted])
+            port.turn_lane.update_turn("state", "cancelling" if turn.cancelled else "waiting-tools")
         return calls
 
-    async def _run_calls(self, turn: Turn, calls: list) -> None:
+    async def _run_calls(self, turn: Turn, calls: list[Proposed]) -> None:
         """Run the step's calls: a run of ``concurrent`` tools side by side, others alone."""
-        groups: list[list] = []
-        for item in calls:
-            spec = TOOLS.get(item[1].name)
-            if spec is not None and spec.concurrent and groups and groups[-1][-1][2]:
-                groups[-1].append((*item, True))
+        groups: list[list[Proposed]] = []
+        for call in calls:
+            if call.concurrent and groups and groups[-1][-1].concurrent:
+                groups[-1].append(call)
             else:
-                groups.append([(*item, bool(spec and spec.concurrent))])
+                groups.append([call])
         for group in groups:
-            started = []
-            for call_id, proposed, _ in group:
-                name = clean(proposed.name)
-                if turn.cancel.is_set():
-                    self.session.refuse_call(call_id, name, "ABORTED_BEFORE_DISPATCH",
-                                             ABORTED_SENTENCE)
-                    continue
-                arguments, code, text = parse_arguments(name, clean(proposed.arguments))
-                if arguments is None:
-                    self.session.refuse_call(call_id, name, code or "INVALID_ARGUMENTS",
-                                             text or "")
-                    continue
-                try:
-                    self.session.start_call(
-                        call_id, proposed.name, arguments, False,
-                        turn_id=turn.id, step_id=turn.step_id,
-                    )
-                except CallLimit as exc:
-                    self.session.refuse_call(call_id, name, "LIMIT_EXCEEDED",
-                                             sentence("LIMIT_EXCEEDED", limit=exc))
-                    continue
-                turn.running.add(call_id)
-                started.append(call_id)
+            started = [call.call_id for call in group if self._start(turn, call)]
             for call_id in started:
-                await self.session.wait_result(call_id, None)
+                await self.port.wait_result(call_id, None)
                 turn.running.discard(call_id)
 
+    def _start(self, turn: Turn, call: Proposed) -> bool:
+        """Start one proposed call; False when it was refused (and settled) instead."""
+        port = self.port
+        del turn.unstarted[call.call_id]
+        if turn.cancelled:
+            port.settle_unstarted(call.call_id, call.name, "ABORTED_BEFORE_DISPATCH",
+                                  ABORTED_SENTENCE)
+            return False
+        try:
+            port.start_call(call.call_id, call.raw_name, call.arguments, False,
+                            turn_id=turn.id, step_id=turn.step_id)
+        except errors.CallLimit as exc:
+            port.settle_unstarted(call.call_id, call.name, "LIMIT_EXCEEDED",
+                                  sentence("LIMIT_EXCEEDED", limit=exc.limit))
+            return False
+        except BaseException:
+            turn.unstarted[call.call_id] = call.name  # settled by _finish
+            raise
+        turn.running.add(call.call_id)
+        return True
+
     async def _finish(self, turn: Turn, end: dict, slog) -> None:
-        """Close the step, keep leftover steers, append turn/end, clear the lane."""
-        s = self.session
+        """Settle proposed calls that never started, close the step, keep leftover steers,
+        append turn/end, clear the lane."""
+        port = self.port
         seq = None
         try:
+            for call_id, name in list(turn.unstarted.items()):
+                del turn.unstarted[call_id]
+                port.settle_unstarted(call_id, name, "ABORTED_BEFORE_DISPATCH", ABORTED_SENTENCE)
             self._end_step(turn)
             self._take_steers(turn)
-            seq = s.log.append("turn/end", {"turnId": turn.id, **end}).seq
+            seq = port.record("turn/end", {"turnId": turn.id, **end})
         except (StorageError, ValueError) as exc:
             slog.error("turn.end_not_logged", error=str(exc))
         if self.turn is turn:
             self.turn = None
-        if s.tracker.value.get("turn") is not None:
-            s.tracker.set(["turn"], None)
-            s.publisher.mark_dirty()
+        port.turn_lane.set_turn(None)
         slog.info("turn.ended", steps=turn.steps, **end)
         if seq is not None:
             try:
-                await s.log.wait_durable(seq)
+                await port.wait_durable(seq)
             except StorageError as exc:
                 slog.error("turn.end_not_durable", error=str(exc))

@@ -24,7 +24,7 @@ the path), session.create and opens fail closed with `StateDirMoved` (STORAGE_FA
 daemon logs ``storage.state_dir_moved`` once. Sessions already open write through their own fds
 and stop at their writer's lock check.
 
-``DSH_TEST_FAULT`` (a test hook, ``session.TestFault``) is read here, once, when the registry
+``DSH_TEST_FAULT`` (a test hook, ``faults.TestFault``) is read here, once, when the registry
 is built at daemon start, and handed to every session; unset, it does nothing.
 """
 
@@ -40,12 +40,14 @@ import structlog
 import trio
 
 from ..config import Config
+from ..errors import SessionLimit, SessionNotFound
 from ..paths import is_valid_id
 from ..storage.errors import LockHeld, StateDirMoved, StorageError
 from ..storage.format import Header
 from ..storage.reader import find_log, list_session_dirs, read_log
 from ..storage.writer import SessionLog
-from .session import Session, TestFault
+from .faults import TestFault
+from .session import Session
 
 log = structlog.get_logger("dshd.registry")
 
@@ -60,6 +62,10 @@ def _base36(n: int) -> str:
     return out or "0"
 
 
+def _not_found(session_id: str) -> str:
+    return f"session {session_id} not found; `dsh sessions` lists the sessions"
+
+
 def mint_session_id() -> str:
     """Time-ordered, short, opaque: 8 base36 chars of ms + 4 random."""
     rand = "".join(secrets.choice(_ALPHABET) for _ in range(4))
@@ -71,14 +77,6 @@ def mint_session_id() -> str:
 REOPEN_WAIT_SECONDS = 30.0
 #: Crashed sessions reopened for their subscribers, at most this many times per session a minute.
 REVIVE_MAX = 3
-
-
-class SessionNotFound(LookupError):
-    pass
-
-
-class SessionLimit(Exception):
-    pass
 
 
 class SessionRegistry:
@@ -146,11 +144,13 @@ class SessionRegistry:
             del self.open[session.id]
         self._last_used.pop(session.id, None)
 
-    async def aclose(self) -> None:
-        """Graceful stop: every session cancels its calls, settles them and flushes."""
+    async def aclose(self, deadline: float | None = None) -> None:
+        """Graceful stop: every session stops its work (its stop policy: today its calls are
+        cancelled and settle), flushes and closes its log, by ``deadline`` (a trio time; None:
+        each session's own ``WIND_DOWN_SECONDS``). Returns when every session has finished."""
         sessions = list(self.open.values())
         for session in sessions:
-            session.close()
+            session.close(deadline)
         for session in sessions:
             await session.finished.wait()
 
@@ -177,7 +177,7 @@ class SessionRegistry:
 
     def running_calls(self) -> int:
         """Unsettled tool calls over every open session (``max_calls`` counts these)."""
-        return sum(len(session.calls) for session in self.open.values())
+        return sum(session.running for session in self.open.values())
 
     async def _own(self, session: Session, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         self.live[session.id] = session
@@ -193,7 +193,7 @@ class SessionRegistry:
                 del self.open[session.id]
             if self.live.get(session.id) is session:
                 del self.live[session.id]
-            if session.crash is not None and session.publisher.subscriptions and self._nursery:
+            if session.crash is not None and session.subscriptions() and self._nursery:
                 self._nursery.start_soon(self._revive, session)
 
     async def _revive(self, crashed: Session) -> None:
@@ -212,10 +212,10 @@ class SessionRegistry:
         except Exception as exc:
             log.error("session.revive_failed", session=crashed.id, error=str(exc))
             return
-        for sub in list(crashed.publisher.subscriptions.values()):
+        for sub in crashed.subscriptions():
             live = getattr(sub.sink, "subscriptions", {}).get(sub.id) is sub
             if not sub.closed and live:
-                session.subscribe(sub, answerer=sub.id in crashed.approvals.answerers)
+                session.subscribe(sub, answerer=crashed.is_answerer(sub))
 
     async def _make_room(self) -> None:
         """At ``max_sessions``, close the least recently used idle session, or refuse."""
@@ -264,7 +264,7 @@ class SessionRegistry:
             )
         except StorageError:
             # Never published: drop it whole, so it does not appear later half-made.
-            session.log.discard_unpublished()
+            session.discard_unpublished()
             session.close()
             with trio.CancelScope(shield=True):
                 await session.finished.wait()
@@ -279,7 +279,7 @@ class SessionRegistry:
         SessionLimit.
         """
         if not is_valid_id(session_id):
-            raise SessionNotFound(session_id)
+            raise SessionNotFound(_not_found(session_id))
         session = self.open.get(session_id)
         if session is not None and session.usable():
             self._last_used[session_id] = trio.current_time()
@@ -297,7 +297,7 @@ class SessionRegistry:
                     del self.open[session_id]
             self.check_state_dir()  # before the path is used: it may name another dshd's
             if not (self.sessions_dir / session_id).is_dir():
-                raise SessionNotFound(session_id)
+                raise SessionNotFound(_not_found(session_id))
             await self._make_room()
             try:
                 log_ = await SessionLog.open_for_write(
@@ -310,7 +310,7 @@ class SessionRegistry:
                 )
             except FileNotFoundError:
                 # A directory without a log: a crash between mkdir and the first publish.
-                raise SessionNotFound(session_id) from None
+                raise SessionNotFound(_not_found(session_id)) from None
             return await self._start(log_)
 
     async def list(self) -> list[dict]:

@@ -13,10 +13,10 @@ from dshd.agent.model import (
     ModelRequest,
     ModelUnavailable,
     StreamHooks,
-    open_provider,
 )
+from dshd.agent.providers import open_provider
 from dshd.agent.tools import schemas
-from dshd.barrier import BarrierFailed
+from dshd.sessions.barrier import BarrierFailed
 from tests.agent.fake_model_server import Reply, chunk, error_reply, text_reply, tool_reply
 from tests.agent.helpers import fast_model
 

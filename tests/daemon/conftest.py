@@ -39,15 +39,11 @@ Theory of operation (h11's ``ConnectionPair``, trio's ``memory_stream_pair``):
 * Liveness: every wait on the wire has a generous virtual bound (:data:`LIVENESS`) whose
   message names what was awaited. No test sleeps.
 
-Seams this harness needs from ``dshd`` (and bridges here today):
-
-* ``Connection`` reads ``stream.socket`` after end of input (``_peer_gone`` polls the fd for
-  POLLHUP): :class:`_MemoryStream` wraps the memory stream with a ``socket`` attribute, one
-  end of a real ``socketpair`` whose other end the test closes when it closes its side.
-  Needed: ``Connection(daemon, stream, uid, peer_gone=callable)`` (room C).
-* A graceful stop is a sequence inside ``serve`` (stopping flag, ``registry.aclose`` under a
-  literal 8 s, cancel the handlers): :meth:`DaemonUnderTest.stop` repeats it. Needed: one
-  ``Daemon`` method (``await daemon.stop(deadline)``) that ``serve`` and this harness share.
+What it shares with ``dshd.server`` instead of copying: each connection is served by
+``serve_stream`` (the socket handler minus reading the peer's credentials; the uid is given),
+with a ``peer_gone`` check polling one end of a real ``socketpair`` whose other end the test
+closes when it closes its side, and a graceful stop is ``stop_sessions`` then cancelling the
+handlers, as ``serve`` does on SIGTERM.
 """
 
 from __future__ import annotations
@@ -68,9 +64,9 @@ import trio._threads
 import trio.testing
 
 from dshd.config import Config, ModelConfig
-from dshd.connection import Connection
 from dshd.execution.sandbox import probe
-from dshd.server import Daemon
+from dshd.daemon import Daemon
+from dshd.server import peer_gone, serve_stream, stop_sessions
 from dshd.storage.lock import DaemonLock
 from protocol.apply import apply, is_base
 from protocol.codec import Decoder
@@ -392,31 +388,6 @@ class Wire:
         return await self.call("tool.wait", params)
 
 
-class _MemoryStream(trio.abc.HalfCloseableStream):
-    """The daemon's end of a memory stream, plus the ``socket`` that ``Connection`` polls for
-    POLLHUP after end of input (module doc: the seam this bridges)."""
-
-    def __init__(self, stream: trio.abc.HalfCloseableStream, sock: socket.socket) -> None:
-        self._stream = stream
-        self.socket = sock
-
-    async def send_all(self, data) -> None:
-        await self._stream.send_all(data)
-
-    async def wait_send_all_might_not_block(self) -> None:
-        await self._stream.wait_send_all_might_not_block()
-
-    async def send_eof(self) -> None:
-        await self._stream.send_eof()
-
-    async def receive_some(self, max_bytes=None) -> bytes:
-        return await self._stream.receive_some(max_bytes)
-
-    async def aclose(self) -> None:
-        await self._stream.aclose()
-        self.socket.close()
-
-
 # --------------------------------------------------------------------------- the daemon
 class DaemonUnderTest:
     """A real ``Daemon`` with its registry in a nursery; connections over memory streams."""
@@ -459,9 +430,7 @@ class DaemonUnderTest:
     async def stop(self) -> None:
         """Graceful stop as ``serve`` does it on SIGTERM (module doc)."""
         assert self.daemon is not None and self._handlers and self._outer
-        self.daemon.stopping = True
-        with trio.move_on_after(8):
-            await self.daemon.registry.aclose()
+        await stop_sessions(self.daemon)
         self._handlers.cancel_scope.cancel()
         self._outer.cancel_scope.cancel()
         with trio.fail_after(LIVENESS):
@@ -473,16 +442,14 @@ class DaemonUnderTest:
         assert self.daemon is not None and self._handlers is not None
         client_end, daemon_end = trio.testing.memory_stream_pair()
         ours, theirs = socket.socketpair()
-        conn = Connection(self.daemon, _MemoryStream(daemon_end, theirs),
-                          os.getuid() if uid is None else uid)
+        uid = os.getuid() if uid is None else uid
         daemon = self.daemon
 
-        async def serve_one() -> None:  # dshd.server._handle minus the socket's peer checks
-            daemon.connections.add(conn)
+        async def serve_one() -> None:
             try:
-                await conn.run()
+                await serve_stream(daemon, daemon_end, uid, peer_gone=lambda: peer_gone(theirs))
             finally:
-                daemon.connections.discard(conn)
+                theirs.close()
 
         self._handlers.start_soon(serve_one)
         wire = Wire(client_end, ours.close)

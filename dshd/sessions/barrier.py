@@ -9,8 +9,9 @@ mechanism all of them use:
   share one fsync);
 * it fails closed: a flush that raises becomes :class:`BarrierFailed` with ``STORAGE_FAILURE``
   and a sentence a person can act on, and the caller must not start the side effect;
-* cancellation while waiting (``cancel`` set, or the caller's scope cancelled) becomes
-  ``ABORTED_BEFORE_DISPATCH``: nothing started;
+* cancellation is the caller's: the wait runs in the caller's cancel scope (a call's, a
+  turn's). A caller whose scope was cancelled while it waited reports :func:`aborted`
+  (``ABORTED_BEFORE_DISPATCH``: nothing started);
 * nested dispatch reuses the outer barrier: inside :func:`passed` (the body of a call whose
   barrier already held), a nested ``tool/dispatch`` barrier returns at once.
 """
@@ -23,8 +24,8 @@ from typing import Iterator, Protocol
 
 import trio
 
-from .results import sentence
-from .storage.errors import StorageError
+from ..results import CallFailed, sentence
+from ..storage.errors import StorageError
 
 _passed: contextvars.ContextVar[str | None] = contextvars.ContextVar("dsh_barrier", default=None)
 
@@ -35,51 +36,32 @@ class DurableLog(Protocol):
     async def wait_durable(self, seq: int) -> None: ...
 
 
-class BarrierFailed(Exception):
+class BarrierFailed(CallFailed):
     """The side effect must not start. ``code``: STORAGE_FAILURE | ABORTED_BEFORE_DISPATCH."""
 
-    def __init__(self, code: str, sentence: str) -> None:
-        super().__init__(sentence)
-        self.code = code
-        self.sentence = sentence
 
-
-def _aborted(kind: str) -> BarrierFailed:
+def aborted(kind: str) -> BarrierFailed:
+    """What a caller reports when its scope was cancelled at (or before) the barrier."""
     what = "the command" if kind == "tool/dispatch" else "the request"
     return BarrierFailed("ABORTED_BEFORE_DISPATCH", sentence("ABORTED_BEFORE_DISPATCH", what=what))
 
 
-async def checkpoint(
-    log: DurableLog, seq: int, *, kind: str = "tool/dispatch", cancel: trio.Event | None = None
-) -> None:
+async def checkpoint(log: DurableLog, seq: int, *, kind: str = "tool/dispatch") -> None:
     """Return once ``log`` is durable through ``seq``; raise BarrierFailed otherwise.
 
-    ``kind`` is one of KINDS. ``cancel``: an event that aborts the wait when set.
+    ``kind`` is one of KINDS. Cancellation (of the caller's scope) passes through.
     """
     if kind not in KINDS:
         raise ValueError(f"unknown barrier kind {kind!r}")
     if kind == "tool/dispatch" and _passed.get() is not None:
         return  # nested dispatch: the outer call's barrier already covers us
-    if cancel is not None and cancel.is_set():
-        raise _aborted(kind)
-    failure: StorageError | None = None
-    async with trio.open_nursery() as nursery:
-        if cancel is not None:
-
-            async def watch() -> None:
-                await cancel.wait()
-                nursery.cancel_scope.cancel()
-
-            nursery.start_soon(watch)
-        try:
-            await log.wait_durable(seq)
-        except StorageError as exc:  # caught inside: a nursery would wrap it in a group
-            failure = exc
-        nursery.cancel_scope.cancel()
-    if failure is not None:
-        raise BarrierFailed("STORAGE_FAILURE", sentence("STORAGE_FAILURE", error=failure))
-    if cancel is not None and cancel.is_set():
-        raise _aborted(kind)
+    try:
+        await log.wait_durable(seq)
+    except StorageError as exc:
+        raise BarrierFailed("STORAGE_FAILURE", sentence("STORAGE_FAILURE", error=exc)) from None
+    # An already-durable log returns without a checkpoint: a cancelled caller must still
+    # never pass the barrier.
+    await trio.lowlevel.checkpoint_if_cancelled()
 
 
 @contextmanager

@@ -17,11 +17,17 @@ the call is cancelled while pending         cancelled        caller
 ==========================================  ===============  ==========
 
 Only ``allowed-once`` returns; every other outcome raises ``CallFailed`` with its code and a
-sentence (``dshd.results``, via ``WHY``), so the call settles without running (fail closed). An audit append that fails
-rejects the call: there is no unrecorded grant. A pending request is in the lane view's
-``approvals`` (so an answerer that attaches later sees it in its base batch) until decided.
-Answerers are connections that said ``capabilities.approvals`` and hold a subscription to the
-session; :meth:`answerer_joined` / :meth:`answerer_left` keep the count.
+sentence (``dshd.results``, via ``WHY``), so the call settles without running (fail closed). An
+audit append that fails rejects the call: there is no unrecorded grant. A pending request is in
+the lane view's ``approvals`` (so an answerer that attaches later sees it in its base batch)
+until decided. Answerers are connections that said ``capabilities.approvals`` and hold a
+subscription to the session; :meth:`answerer_joined` / :meth:`answerer_left` keep the count.
+
+Cancellation is the call's: the gate waits in the call's cancel scope (``dshd.sessions.calls``),
+and a cancel while it waits is recorded as ``cancelled`` by ``caller`` before the cancellation
+goes on (the call settles ``APPROVAL_CANCELLED``). The desk reaches its session only through
+:class:`ApprovalPort` (record an event, the policy, show and hide a request on the lane), so it
+is driven by a fake port in the tests.
 """
 
 from __future__ import annotations
@@ -29,14 +35,14 @@ from __future__ import annotations
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import trio
 
-from .results import sentence
+from protocol.lane import ApprovalRequest
 
-if TYPE_CHECKING:
-    from .sessions.session import Call, Session
+from .. import errors
+from ..results import CallFailed, sentence
 
 #: why -> (errorCode, variant of ``dshd.results.SENTENCES``) of an outcome that does not run.
 WHY = {
@@ -49,21 +55,34 @@ WHY = {
 }
 
 
-def _refused(why: str) -> "CallFailed":
-    from .sessions.session import CallFailed
-
+def refused(why: str) -> CallFailed:
+    """The ``CallFailed`` of an outcome that does not run (``why`` a key of :data:`WHY`)."""
     code, variant = WHY[why]
     return CallFailed(code, sentence(code, variant))
 
 
-class AlreadyDecided(Exception):
-    def __init__(self, outcome: str) -> None:
-        super().__init__(outcome)
-        self.outcome = outcome
+class ApprovalPort(Protocol):
+    """What the desk needs of its session."""
+
+    @property
+    def policy(self) -> str: ...
+
+    def record(self, type_: str, data: dict) -> int:
+        """Append an event to the session log; its seq. Raises when it cannot."""
+        ...
+
+    def show_approval(self, approval_id: str, request: ApprovalRequest) -> None: ...
+
+    def hide_approval(self, approval_id: str) -> None: ...
 
 
-class ApprovalNotFound(LookupError):
-    pass
+class GateCall(Protocol):
+    """What the gate reads of a call."""
+
+    call_id: str
+    name: str
+    arguments: dict
+    approved: bool
 
 
 @dataclass
@@ -76,7 +95,7 @@ class _Pending:
     why: str | None = None
 
 
-def summary_of(call: "Call") -> str:
+def summary_of(call: GateCall) -> str:
     """The exact command a person is asked about (never a truncated label)."""
     if call.name == "bash":
         return str(call.arguments.get("command", ""))
@@ -86,8 +105,9 @@ def summary_of(call: "Call") -> str:
 class ApprovalDesk:
     """One per session: pending requests, answerer count, decisions (see module doc)."""
 
-    def __init__(self, session: "Session") -> None:
-        self.session = session
+    def __init__(self, port: ApprovalPort, session_id: str) -> None:
+        self.port = port
+        self.session_id = session_id
         self.answerers: set[str] = set()
         self.pending: dict[str, _Pending] = {}
         #: Outcomes of decided approvals (from the log and from this run): -32011 answers.
@@ -112,14 +132,17 @@ class ApprovalDesk:
     def decide(self, approval_id: str, decision: str) -> str:
         """Apply a person's decision (``allow`` | ``reject``); returns the outcome.
 
-        Raises AlreadyDecided (-32011) or ApprovalNotFound (-32007).
+        Raises ``errors.AlreadyDecided`` (-32011, ``data.outcome``) or
+        ``errors.ApprovalNotFound`` (-32007).
         """
         p = self.pending.get(approval_id)
         if p is None or p.outcome is not None:
             outcome = p.outcome if p is not None else self.decided.get(approval_id)
             if outcome is not None:
-                raise AlreadyDecided(outcome)
-            raise ApprovalNotFound(approval_id)
+                raise errors.AlreadyDecided(
+                    f"approval {approval_id} was already decided: {outcome}", {"outcome": outcome})
+            raise errors.ApprovalNotFound(
+                f"approval {approval_id} not found in session {self.session_id}")
         outcome = "allowed-once" if decision == "allow" else "rejected"
         self._decide(p, outcome, "answerer", "rejected-answerer" if outcome == "rejected" else None)
         return outcome
@@ -130,64 +153,54 @@ class ApprovalDesk:
             self.decided[data["approvalId"]] = data["outcome"]
 
     # ------------------------------------------------------------------ the gate
-    async def gate(self, call: "Call") -> None:
+    async def gate(self, call: GateCall) -> None:
         """Return on ``allowed-once``; raise CallFailed otherwise (module doc)."""
-        session = self.session
         approval_id = "a-" + secrets.token_hex(6)
         summary = summary_of(call)
         try:
-            session.log.append(
+            self.port.record(
                 "approval/asked",
                 {"approvalId": approval_id, "callId": call.call_id, "tool": call.name,
                  "summary": summary},
             )
         except Exception:
-            raise _refused("audit") from None
+            raise refused("audit") from None
         p = _Pending(approval_id, call.call_id)
         if call.approved:
             self._decide(p, "allowed-once", "caller")
-        elif session.policy == "never":
+        elif self.port.policy == "never":
             self._decide(p, "rejected", "policy", "rejected-policy")
         elif not self.answerers:
             self._decide(p, "unavailable", "policy", "unavailable")
         else:
-            self.pending[approval_id] = p
-            session.tracker.set(
-                ["approvals", approval_id],
-                {"callId": call.call_id, "tool": call.name, "summary": summary,
-                 "askedAt": time.time_ns() // 1_000_000},
-            )
-            session.publisher.mark_dirty()
-            try:
-                async with trio.open_nursery() as nursery:
-
-                    async def watch_cancel() -> None:
-                        await call.cancel.wait()
-                        self._decide(p, "cancelled", "caller", "cancelled")
-
-                    nursery.start_soon(watch_cancel)
-                    await p.decided.wait()
-                    nursery.cancel_scope.cancel()
-            finally:
-                self.pending.pop(approval_id, None)
-                if approval_id in session.tracker.value["approvals"]:
-                    session.tracker.delete(["approvals", approval_id])
-                    session.publisher.mark_dirty()
-                if p.outcome is None:  # the daemon is stopping under us
-                    self._decide(p, "cancelled", "caller", "cancelled")
-                    self._record(p)
+            await self._ask(p, ApprovalRequest(call.call_id, call.name, summary,
+                                               time.time_ns() // 1_000_000))
         assert p.outcome is not None and p.by is not None
         if not self._record(p):
-            raise _refused("audit")
+            raise refused("audit")
         if p.outcome == "allowed-once":
             return
-        raise _refused(p.why or p.outcome)
+        raise refused(p.why or p.outcome)
+
+    async def _ask(self, p: _Pending, request: ApprovalRequest) -> None:
+        """Show the request and wait for its decision; a cancel (of the call's scope) while
+        waiting is recorded as ``cancelled`` and goes on."""
+        self.pending[p.approval_id] = p
+        self.port.show_approval(p.approval_id, request)
+        try:
+            await p.decided.wait()
+        finally:
+            self.pending.pop(p.approval_id, None)
+            self.port.hide_approval(p.approval_id)
+            if p.outcome is None:  # cancelled while it waited
+                self._decide(p, "cancelled", "caller", "cancelled")
+                self._record(p)
 
     def _record(self, p: _Pending) -> bool:
         """Append ``approval/decided``; False when the append failed (then nothing runs)."""
         self.decided[p.approval_id] = p.outcome  # type: ignore[assignment]
         try:
-            self.session.log.append(
+            self.port.record(
                 "approval/decided", {"approvalId": p.approval_id, "outcome": p.outcome, "by": p.by}
             )
         except Exception:

@@ -1,0 +1,491 @@
+"""The tool calls of one session: admission, gate → barrier → exec → settle (EXEC.md §1).
+
+Theory of operation:
+
+* **A call is a handle.** :class:`Call` is the daemon's handle on a command whose owner is
+  outside the daemon's own work: today ``run_command`` (the command is a child of this
+  process), after the call-host issue a host process that outlives the daemon (HOST.md §2–§7).
+  The call's :class:`trio.CancelScope` covers the daemon-side work only: the approval gate and
+  the checkpoint barrier. Ending the *command* is a request to its owner
+  (:meth:`Call.cancel` at the ``exec`` stage asks it to terminate: TERM, ``kill_grace``, KILL);
+  the owner answers with an outcome, which settles the call. Nothing here assumes that a call's
+  life ends with the daemon's.
+* **Admission** (:meth:`CallTable.start`): at most ``max_calls_per_session`` running calls per
+  session and ``max_calls`` over the daemon (the registry counts); past either,
+  ``errors.CallLimit`` and nothing is recorded. A session that is closing refuses with
+  ``errors.SessionClosing``. A call enters the lane in its first true state --
+  ``waiting-approval`` when the gate will ask, ``running`` when the caller pre-approved it --
+  and keeps the ``startedAt`` of its admission. The lane's ``args`` carry at most
+  ``LANE_ARGS_BYTES`` of the arguments' JSON (``argsCut: true`` marks a cut); the log's
+  ``tool/call`` keeps them whole.
+* **The pipeline** (:meth:`CallTable._run`): ``tool/call`` appended → gate
+  (``dshd.sessions.approval``) → checkpoint barrier (the log is durable through ``tool/call``)
+  → the command, its output captured at the source → ``tool/result`` appended and made durable
+  → the call leaves the lane's ``tools`` and enters ``recent``. Every early exit still appends a
+  ``tool/result`` with an ``errorCode`` and a sentence from ``dshd.results``; this module is
+  the one place a ToolResult (``protocol.lane.ToolResult``) is built, and every result has
+  ``details.truncation`` (zeros for a call that never ran).
+* **Unstarted calls.** A model's call is *proposed* (:meth:`CallTable.propose`) the moment the
+  turn loop records the answer that names it: ``tool.wait`` waits for it from then on. One the
+  loop refuses before its ``tool/call`` (unknown tool, invalid arguments, a limit, a cancelled
+  turn) is settled by :meth:`CallTable.settle_unstarted`: waitable at once, in ``recent``.
+* **Cancel and stop.** :meth:`CallTable.cancel` cancels one call's scope (at the gate:
+  ``APPROVAL_CANCELLED``; at the barrier: ``ABORTED_BEFORE_DISPATCH``) or asks its command's
+  owner to end it (``TOOL_CANCELLED``). Stopping the session applies an explicit stop policy to
+  every running call (:meth:`CallTable.stop`); today's only policy is ``"cancel"`` (the
+  ``detach`` policy of HOST.md §7 arrives with the restart issue). A call whose task is
+  cancelled from outside (a session crash) settles ``TOOL_CANCELLED`` or
+  ``ABORTED_BEFORE_DISPATCH`` in a shielded, bounded scope; one no task could settle is settled
+  by :meth:`CallTable.settle_orphans` during the session's wind-down.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Awaitable, Callable, Literal, Protocol
+
+import msgspec
+import structlog
+import trio
+
+from protocol.lane import (
+    RecentEntry, SandboxNote, ToolEntry, ToolResult, ToolResultDetails, Truncation, plain,
+)
+
+from .. import errors
+from ..config import Config
+from ..execution.capture import OutputCapture, ShellOutputLimits, SpillSink
+from ..execution.process import ExecOutcome
+from ..results import CallFailed, sentence
+from ..storage import threads
+from ..storage.errors import StorageError
+from ..storage.sidecar import PendingOutput
+from ..storage.writer import SessionLog
+from . import barrier, command
+from .approval import ApprovalDesk, refused
+from .faults import InjectedFault, TestFault
+from .lane import Lane, lane_args
+from .output import sync_output
+
+log = structlog.get_logger("dshd.session")
+
+#: What stopping the session does to its running calls (HOST.md §7; ``detach`` comes later).
+StopPolicy = Literal["cancel"]
+_json = msgspec.json.Encoder()
+
+
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass
+class Call:
+    """The daemon's handle on a tool call of this daemon run that has not settled (module doc).
+
+    ``stage`` is where its daemon-side work is: ``gate`` → ``barrier`` → ``exec`` (the command
+    runs, owned by ``run_command``). ``scope`` covers the gate and the barrier; ``terminate``
+    is the request to the command's owner to end it (what ``run_command`` watches)."""
+
+    call_id: str
+    name: str
+    arguments: dict
+    approved: bool
+    seq: int  # seq of its tool/call event
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    terminate: trio.Event = field(default_factory=trio.Event)
+    stage: Literal["gate", "barrier", "exec"] = "gate"
+    capture: OutputCapture | None = None
+    synced_version: int = -1
+    synced_spill: str | None = None
+    pending: PendingOutput | None = None
+
+    @property
+    def started(self) -> bool:
+        """Its command was handed to its owner (it may have run)."""
+        return self.stage == "exec"
+
+    def cancel(self) -> None:
+        """Cancel the daemon-side work, or ask the command's owner to end the command."""
+        if self.stage == "exec":
+            self.terminate.set()
+        else:
+            self.scope.cancel()
+
+
+class CallHost(Protocol):
+    """What the call table needs of its session (``dshd.sessions.session.Session``)."""
+
+    id: str
+    env: dict[str, str]
+    mode: str
+    owner: int | None
+
+    def accepting(self) -> bool:
+        """New work is accepted (the session runs and is not closing)."""
+        ...
+
+    def spawn(self, fn: Callable[..., Awaitable[None]], *args: object) -> None:
+        """Run ``fn(*args)`` as a supervised task of the session; SessionClosing if closing."""
+        ...
+
+    def crashed(self, exc: BaseException) -> None: ...
+
+    def crash_text(self) -> str | None:
+        """The crash that ends the session ("Type: text"), None while it is healthy."""
+        ...
+
+    def deadline(self) -> float:
+        """The trio time by which the session's wind-down must be over (inf while it runs)."""
+        ...
+
+
+class CallTable:
+    """Every call of one session: the running ones, the settled results, their waiters."""
+
+    def __init__(self, host: CallHost, log_: SessionLog, approvals: ApprovalDesk,
+                 config: Config, sandbox, session_dir: Path, *,
+                 running_calls: Callable[[], int] | None = None,
+                 fault: TestFault | None = None) -> None:
+        self.host, self.log, self.approvals = host, log_, approvals
+        #: The session's lane, built from what the table absorbed on open (``bind_lane``).
+        self.lane: Lane
+        self.config, self.sandbox, self.dir = config, sandbox, session_dir
+        self.running: dict[str, Call] = {}
+        #: Running calls over the whole daemon (the registry's count; None: this session's).
+        self._running_calls = running_calls or (lambda: len(self.running))
+        self.fault = fault
+        self.call_ids: set[str] = set()
+        self.call_names: dict[str, str] = {}
+        self.results: dict[str, dict] = {}
+        self._result_seqs: dict[str, int] = {}  # callId -> seq of its tool/result (this run)
+        self._settled: dict[str, trio.Event] = {}
+        #: The session is stopping: no new calls; a cancelled command says "shutdown".
+        self.stopping = False
+
+    def bind_lane(self, lane: Lane) -> None:
+        self.lane = lane
+
+    # ----------------------------------------------------------------- derived state
+    def absorb(self, type_: str, data: dict) -> RecentEntry | None:
+        """Fold one logged call event into the table (on open); a result's recent entry."""
+        cid = data["callId"]
+        self.call_ids.add(cid)  # repair's TOOL_NOT_STARTED results have no tool/call
+        if type_ == "tool/call":
+            self.call_names[cid] = data.get("name", "")
+            return None
+        self.results[cid] = data
+        self._settled.setdefault(cid, trio.Event()).set()
+        return self.recent_entry(cid, data)
+
+    def recent_entry(self, call_id: str, result: dict) -> RecentEntry:
+        return RecentEntry(call_id, self.call_names.get(call_id), bool(result.get("isError")),
+                           result.get("exitCode"), result.get("errorCode"))
+
+    def has(self, call_id: str) -> bool:
+        return call_id in self.call_ids
+
+    # ----------------------------------------------------------------- results
+    def zero_truncation(self) -> Truncation:
+        """``details.truncation`` of a call that wrote nothing (or never ran)."""
+        return Truncation(max_bytes=self.config.output_max_bytes,
+                          max_lines=self.config.output_max_lines)
+
+    def failed_result(self, call_id: str, code: str, text: str,
+                      capture: OutputCapture | None = None) -> ToolResult:
+        """A failed ToolResult: ``text`` is the content when the command never started
+        (``capture`` None), else the ``message`` next to its output."""
+        if capture is None:
+            return ToolResult(call_id, True, text, ToolResultDetails(self.zero_truncation()),
+                              error_code=code)
+        details = ToolResultDetails(msgspec.convert(capture.truncation, Truncation),
+                                    spill_path=capture.spill_path or None)
+        return ToolResult(call_id, True, capture.text, details, error_code=code, message=text)
+
+    def _failed(self, call: Call, code: str, text: str) -> ToolResult:
+        return self.failed_result(call.call_id, code, text,
+                                  call.capture if call.started else None)
+
+    def outcome_result(self, call: Call, outcome: ExecOutcome, completeness: str) -> ToolResult:
+        """The ToolResult of a command that ran (its owner's outcome)."""
+        cap = call.capture
+        assert cap is not None
+        details = ToolResultDetails(msgspec.convert(cap.truncation, Truncation),
+                                    spill_path=cap.spill_path or None,
+                                    exit_code=outcome.exit_code)
+        if completeness != "full":
+            details.sandbox = SandboxNote(self.sandbox.name, completeness)
+        result = ToolResult(
+            call.call_id,
+            bool(outcome.exit_code != 0 or outcome.error or outcome.timed_out
+                 or outcome.cancelled),
+            cap.text, details, exit_code=outcome.exit_code)
+        if outcome.timed_out:
+            result.error_code = "TOOL_TIMEOUT"
+            result.message = sentence("TOOL_TIMEOUT", timeout=call.arguments.get("timeout"))
+        elif outcome.cancelled:
+            result.error_code = "TOOL_CANCELLED"
+            result.message = sentence("TOOL_CANCELLED", "shutdown" if self.stopping else "")
+        elif outcome.error:
+            result.error_code = "TOOL_FAILED"
+            result.message = sentence("TOOL_FAILED", error=outcome.error)
+        return result
+
+    # ----------------------------------------------------------------- admission
+    def admit(self) -> None:
+        """Raise ``errors.CallLimit`` when one more running call would pass a limit."""
+        here, limit = len(self.running), self.config.max_calls_per_session
+        if here >= limit:
+            raise errors.CallLimit(
+                f"session {self.host.id} already runs {here} calls (max_calls_per_session = "
+                f"{limit})")
+        total, limit = self._running_calls(), self.config.max_calls
+        if total >= limit:
+            raise errors.CallLimit(f"dshd already runs {total} calls over all sessions "
+                                   f"(max_calls = {limit})")
+
+    def start(self, call_id: str, name: str, arguments: dict, approved: bool, *,
+              turn_id: str | None = None, step_id: str | None = None) -> None:
+        """Append ``tool/call`` and start the call's pipeline as a task of the session.
+
+        The caller has checked the id is new (or only proposed) and the tool and arguments
+        are valid. ``turn_id`` / ``step_id`` tie a model-proposed call to its step (STORAGE.md
+        §3). Raises ``errors.SessionClosing`` or ``errors.CallLimit``, nothing recorded.
+        """
+        if self.stopping or not self.host.accepting():
+            raise errors.SessionClosing("the session is closing; no new calls are accepted")
+        self.admit()
+        encoded = _json.encode(arguments).decode()
+        data = {"callId": call_id, "name": name, "arguments": encoded}
+        if turn_id is not None:
+            data["turnId"] = turn_id
+        if step_id is not None:
+            data["stepId"] = step_id
+        ev = self.log.append("tool/call", data)
+        self.propose(call_id, name)
+        call = Call(call_id, name, arguments, approved, ev.seq)
+        self.running[call_id] = call
+        try:
+            self._begin(call, encoded)
+        except Exception as exc:
+            # The tool/call is in the log: it gets its result now, never a phantom running
+            # call. A lane that cannot be cleaned up crashes the session (rebuilt on reopen).
+            self.running.pop(call_id, None)
+            try:
+                self.lane.drop_tool(call_id)
+            except Exception as lane_exc:
+                self.host.crashed(lane_exc)
+            result = plain(self._failed(call, "ABORTED_BEFORE_DISPATCH", sentence(
+                "ABORTED_BEFORE_DISPATCH", "could-not-start", error=f"{type(exc).__name__}: {exc}")))
+            self.log.append("tool/result", result)
+            self.results[call_id] = result
+            self._settled[call_id].set()
+            raise
+
+    def _begin(self, call: Call, encoded: str) -> None:
+        """The call's lane entry and its task (``encoded``: the arguments' JSON, as logged)."""
+        limits = ShellOutputLimits(max_bytes=self.config.output_max_bytes,
+                                   max_lines=self.config.output_max_lines)
+        call.capture = OutputCapture(limits, SpillSink(self.dir / "spill" / f"{call.call_id}.log"))
+        cut_args, cut = lane_args(encoded)
+        self.lane.enter_tool(call.call_id, ToolEntry(
+            call.name, cut_args if cut else call.arguments,
+            "running" if call.approved else "waiting-approval", now_ms(),
+            call.capture.tool_output(), args_cut=cut))
+        call.synced_version = call.capture.version
+        self.host.spawn(self._run, call)
+
+    def propose(self, call_id: str, name: str) -> None:
+        """Make ``call_id`` known and waitable before its ``tool/call`` (a model's call)."""
+        self.call_ids.add(call_id)
+        self.call_names[call_id] = name
+        self._settled.setdefault(call_id, trio.Event())
+
+    def settle_unstarted(self, call_id: str, name: str, code: str, text: str) -> dict:
+        """Settle a call refused before its ``tool/call`` (a model's): its ``tool/result`` is
+        appended, it enters ``recent``, and ``wait`` answers it at once (once durable)."""
+        result = plain(self.failed_result(call_id, code, text))
+        ev = self.log.append("tool/result", result)
+        self.propose(call_id, name)
+        self.results[call_id] = result
+        self._result_seqs[call_id] = ev.seq  # wait makes it durable before answering
+        self._settled[call_id].set()
+        self.lane.enter_recent(self.recent_entry(call_id, result))
+        return result
+
+    # ----------------------------------------------------------------- the pipeline
+    async def _run(self, call: Call) -> None:
+        slog = log.bind(session=self.host.id, call=call.call_id)
+        result: ToolResult
+        try:
+            try:
+                result = await self._pipeline(call)
+            except CallFailed as failed:
+                result = self._failed(call, failed.code, failed.sentence)
+            except Exception as exc:
+                # A bug or an unexpected OS error in one call must not take the daemon down:
+                # the call settles as failed, with the reason, and everything else goes on.
+                slog.exception("tool.internal_error")
+                while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+                    exc = exc.exceptions[0]  # say what happened, not "exceptions from a nursery"
+                result = self._failed(call, "TOOL_FAILED", sentence(
+                    "TOOL_FAILED", "internal", error=f"{type(exc).__name__}: {exc}"))
+        except BaseException:
+            # The session's scope was cancelled under us (a crash; run_command killed the
+            # process group on the way out): settle as cancelled, shielded and bounded.
+            code = "TOOL_CANCELLED" if call.started else "ABORTED_BEFORE_DISPATCH"
+            crash = self.host.crash_text()
+            if crash is not None:
+                text = sentence(code, "crashed" if call.started else "crashed-before",
+                                error=f"{crash}; see the daemon log")
+            else:
+                text = sentence(code, "stopped" if call.started else "stopping")
+            with trio.CancelScope(shield=True), trio.move_on_at(self.host.deadline()):
+                await self._settle(call, self._failed(call, code, text), slog)
+            raise
+        await self._settle(call, result, slog)
+
+    async def _pipeline(self, call: Call) -> ToolResult:
+        """Gate → barrier → exec in the call's scope; a cancel of the scope is its result."""
+        with call.scope:
+            await self.approvals.gate(call)
+            call.stage = "barrier"
+            await barrier.checkpoint(self.log, self.log.last_seq, kind="tool/dispatch")
+            return await self._execute(call)
+        if call.stage == "gate":
+            raise refused("cancelled")
+        raise barrier.aborted("tool/dispatch")
+
+    async def _execute(self, call: Call) -> ToolResult:
+        """Hand the command to its owner (``command.run``) and build the result of its outcome."""
+
+        def started() -> None:
+            call.stage = "exec"
+            self.lane.tool_running(call.call_id)
+
+        assert call.capture is not None
+        call.pending = PendingOutput(self.dir, call.call_id)
+        outcome, completeness = await command.run(
+            command.CommandSpec(call.call_id, call.arguments, call.capture, call.pending,
+                                call.terminate),
+            self.host, self.log.header.cwd, self.config, self.sandbox,
+            on_start=started, on_output=self.lane.mark_dirty,
+        )
+        return self.outcome_result(call, outcome, completeness)
+
+    # ----------------------------------------------------------------- settling
+    async def _settle(self, call: Call, result_: ToolResult, slog) -> None:
+        """Append ``tool/result``, make it durable, move the call from tools to recent."""
+        if call.call_id in self.results:
+            return  # settled already (a crash winding down after the call's own settle)
+        result = plain(result_)
+        ev = self.log.append("tool/result", result)
+        self.results[call.call_id] = result
+        self._result_seqs[call.call_id] = ev.seq
+        if self.host.crash_text() is None:
+            try:
+                # Still running: the publish in settle_tool pulls its final output first.
+                if self.fault is not None and self.fault.hits("settle-crash", [call]):
+                    raise InjectedFault("injected test fault (DSH_TEST_FAULT=settle-crash)")
+                self.lane.settle_tool(call.call_id, self.recent_entry(call.call_id, result))
+            except Exception as exc:  # the lane broke: the result still settles below
+                self.host.crashed(exc)
+        self.running.pop(call.call_id, None)
+        durable = True
+        try:
+            await self.log.wait_durable(ev.seq)
+        except StorageError as exc:
+            durable = False
+            slog.error("tool.result_not_durable", error=str(exc))
+        if durable and call.pending is not None:
+            try:
+                await threads.run_sync(call.pending.retire)
+            except OSError as exc:  # retried when the session is next opened
+                slog.warning("sidecar.retire_failed", error=str(exc))
+        self._settled[call.call_id].set()
+        slog.info("tool.settled", exit_code=result_.exit_code, error_code=result_.error_code,
+                  durable=durable, total_bytes=result_.details.truncation.total_bytes)
+
+    async def settle_orphans(self) -> None:
+        """Settle the calls no task settled (a crash, or a call that never got its task)."""
+        crash = self.host.crash_text() or "unknown error"
+        for call in list(self.running.values()):
+            if call.started:
+                code, text = "TOOL_OUTCOME_UNKNOWN", (
+                    f"the session crashed ({crash}) while the call ran and dshd could not "
+                    "follow it; it may or may not have run; retry only if read-only or "
+                    "idempotent, otherwise check the outside world first")
+            else:
+                code, text = "ABORTED_BEFORE_DISPATCH", (
+                    f"the session crashed ({crash}) before the call started; nothing ran")
+            try:
+                await self._settle(call, self._failed(call, code, text),
+                                   log.bind(session=self.host.id, call=call.call_id))
+            except Exception as exc:
+                log.error("session.settle_failed", session=self.host.id, call=call.call_id,
+                          error=repr(exc))
+
+    def wake_all(self) -> None:
+        """The session has ended: every waiter wakes (``wait`` says what is missing)."""
+        for event in self._settled.values():
+            event.set()
+
+    # ----------------------------------------------------------------- the port's verbs
+    async def wait(self, call_id: str, timeout: float | None, *, ended: bool) -> dict | None:
+        """The call's result once durable; None on timeout. ``ended``: the session's task has
+        finished (nothing will flush again). Raises ``errors.CallNotFound``, StorageError."""
+        if call_id not in self.call_ids:
+            raise errors.CallNotFound(f"call {call_id} not found in session {self.host.id}")
+        ev = self._settled.setdefault(call_id, trio.Event())
+        with trio.move_on_after(math.inf if timeout is None else timeout):
+            if not ev.is_set():  # a settled, durable call answers even at timeout 0 (a poll)
+                await ev.wait()
+            if call_id not in self.results:  # woken by the end of a crashed session
+                raise StorageError(
+                    f"session {self.host.id} stopped ({self.host.crash_text() or 'unknown error'}"
+                    f") before the result of call {call_id} was recorded; ask again: the session "
+                    "reopens from its log, which says what happened"
+                )
+            seq = self._result_seqs.get(call_id, -1)
+            if seq > self.log.durable_seq:
+                # Never claim a result that is not durable: retry the flush (StorageError
+                # reaches the client as -32014) before answering.
+                if ended:
+                    raise StorageError(
+                        f"session {self.host.id} stopped before the result of call {call_id} "
+                        "was made durable; ask again: the session reopens from its log, which "
+                        "says what happened"
+                    )
+                await self.log.wait_durable(seq)
+            return self.results[call_id]
+        return None
+
+    def cancel(self, call_id: str) -> bool:
+        """Cancel a running call (module doc); False when it has settled. CallNotFound."""
+        if call_id not in self.call_ids:
+            raise errors.CallNotFound(f"call {call_id} not found in session {self.host.id}")
+        call = self.running.get(call_id)
+        if call is None:
+            return False
+        call.cancel()
+        return True
+
+    def stop(self, policy: StopPolicy = "cancel") -> None:
+        """The session stops: refuse new calls and apply ``policy`` to the running ones."""
+        if policy != "cancel":
+            raise ValueError(f"unknown stop policy {policy!r}")
+        self.stopping = True
+        for call in list(self.running.values()):
+            call.cancel()
+
+    def sync_outputs(self, publisher_task: bool) -> None:
+        """Copy changed capture state onto the lane (the publisher's ``before_flush``)."""
+        if (self.fault is not None and publisher_task
+                and self.fault.hits("publish-crash", self.running.values())):
+            raise InjectedFault("injected test fault (DSH_TEST_FAULT=publish-crash)")
+        for call in self.running.values():
+            sync_output(self.lane, call)

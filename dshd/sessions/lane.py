@@ -1,0 +1,151 @@
+"""The lane view of one session: what its subscribers mirror (PROTOCOL.md §3.3, OPS.md).
+
+Theory of operation: the lane is a JSON value (``protocol.lane.LaneView``) held in a
+``protocol.Tracker``, published by the session's ``Publisher`` (``dshd.sessions.streams``).
+:class:`Lane` is the only writer of that value: the session's settings, the unsettled calls
+(``tools``), the pending approvals, the last ``RECENT_MAX`` settled calls (``recent``, newest
+first) and the running turn. Every writer method takes a typed value from ``protocol.lane``,
+changes the tracker and marks the publisher dirty; nothing is sent until the publisher's next
+paced publish, except where a method says "published now" (a call leaving the lane, a turn
+beginning), so that every subscriber sees that state. The lane is derived: it is rebuilt from
+the log when a session is opened (``recent`` from its ``tool/result`` events) and never read
+back as the truth.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from protocol.lane import (
+    ApprovalRequest, LaneSession, LaneView, RecentEntry, ToolEntry, TurnView, plain,
+)
+from protocol.tracker import Tracker
+
+from .streams import Publisher
+
+#: Settled calls the lane's ``recent`` keeps (newest first).
+RECENT_MAX = 20
+#: Most bytes of a call's arguments (their JSON) the lane carries; more is cut (``argsCut``).
+LANE_ARGS_BYTES = 4096
+
+
+def lane_args(encoded: str) -> tuple[object, bool]:
+    """What the lane shows of arguments whose JSON is ``encoded``: ``(value, cut)``.
+
+    Up to ``LANE_ARGS_BYTES``: ``(None, False)``, the arguments themselves are shown. Past it
+    the first ``LANE_ARGS_BYTES`` bytes of the JSON text, as a string cut at a character
+    boundary, and ``cut`` True.
+    """
+    data = encoded.encode("utf-8")
+    if len(data) <= LANE_ARGS_BYTES:
+        return None, False
+    return data[:LANE_ARGS_BYTES].decode("utf-8", "ignore"), True
+
+
+class Lane:
+    """The lane value of one session and its publisher (module doc)."""
+
+    def __init__(self, session: LaneSession, recent: list[RecentEntry], *,
+                 before_flush: Callable[[], None], interval: float, rate: float) -> None:
+        view = LaneView(session, {}, {}, recent[:RECENT_MAX], None)
+        self.tracker = Tracker(plain(view))
+        self.publisher = Publisher(self.tracker, before_flush=before_flush, interval=interval,
+                                   rate=rate)
+
+    def mark_dirty(self) -> None:
+        self.publisher.mark_dirty()
+
+    def publish_now(self) -> None:
+        self.publisher.publish_now()
+
+    # ----------------------------------------------------------------- settings
+    def show_settings(self, *, policy: str | None = None, sandbox: str | None = None) -> None:
+        if policy is not None:
+            self.tracker.set(["session", "approvalPolicy"], policy)
+        if sandbox is not None:
+            self.tracker.set(["session", "sandbox"], sandbox)
+        self.mark_dirty()
+
+    # ----------------------------------------------------------------- tools
+    def has_tool(self, call_id: str) -> bool:
+        return call_id in self.tracker.value["tools"]
+
+    def enter_tool(self, call_id: str, entry: ToolEntry) -> None:
+        self.tracker.set(["tools", call_id], plain(entry))
+        self.mark_dirty()
+
+    def tool_running(self, call_id: str) -> None:
+        """The call's command starts: its state is ``running`` (if it was not already)."""
+        if self.tracker.value["tools"][call_id]["state"] != "running":
+            self.tracker.set(["tools", call_id, "state"], "running")
+            self.mark_dirty()
+
+    def drop_tool(self, call_id: str) -> None:
+        """Remove a call that never really entered (its start failed)."""
+        if self.has_tool(call_id):
+            self.tracker.delete(["tools", call_id])
+            self.mark_dirty()
+
+    def tool_output(self, call_id: str, text: str, truncation: dict,
+                    spill_path: str | None) -> None:
+        """Copy a running call's output window into ``tools[callId].output`` (the publisher's
+        ``before_flush`` does this for every changed capture); ``spill_path`` once it is new."""
+        base = ["tools", call_id, "output"]
+        self.tracker.set_text(base + ["content", 0, "text"], text)
+        self.tracker.set(base + ["truncation"], dict(truncation))
+        if spill_path is not None:
+            self.tracker.set(base + ["details", "spillPath"], spill_path)
+
+    def settle_tool(self, call_id: str, entry: RecentEntry) -> None:
+        """A call settled: its final output is published now, then it leaves ``tools`` (and
+        ``approvals``) and enters ``recent``."""
+        self.publisher.publish_now()
+        self.tracker.delete(["tools", call_id])
+        for approval_id, request in list(self.tracker.value["approvals"].items()):
+            if request.get("callId") == call_id:
+                self.tracker.delete(["approvals", approval_id])
+        self.enter_recent(entry)
+
+    def enter_recent(self, entry: RecentEntry) -> None:
+        self.tracker.insert(["recent"], 0, plain(entry))
+        excess = len(self.tracker.value["recent"]) - RECENT_MAX
+        if excess > 0:
+            self.tracker.splice(["recent"], RECENT_MAX, excess, [])
+        self.mark_dirty()
+
+    # ----------------------------------------------------------------- approvals
+    def show_approval(self, approval_id: str, request: ApprovalRequest) -> None:
+        self.tracker.set(["approvals", approval_id], plain(request))
+        self.mark_dirty()
+
+    def hide_approval(self, approval_id: str) -> None:
+        if approval_id in self.tracker.value["approvals"]:
+            self.tracker.delete(["approvals", approval_id])
+            self.mark_dirty()
+
+    # ----------------------------------------------------------------- the turn
+    def begin_turn(self, view: TurnView) -> None:
+        """A turn begins: published now, so every subscriber sees it however short it is."""
+        self.tracker.set(["turn"], plain(view))
+        self.publisher.publish_now()
+
+    def set_turn(self, view: TurnView | None) -> None:
+        """Replace the turn value (a new step; None between turns)."""
+        if view is None and self.tracker.value.get("turn") is None:
+            return
+        self.tracker.set(["turn"], None if view is None else plain(view))
+        self.mark_dirty()
+
+    def update_turn(self, key: str, value: Any) -> None:
+        """Change one key of the running turn (``state``, ``calls``); no turn: nothing."""
+        if isinstance(self.tracker.value.get("turn"), dict):
+            self.tracker.set(["turn", key], value)
+            self.mark_dirty()
+
+    def turn_text(self, text: str, *, append: bool = False) -> None:
+        """Set (or grow, ``a`` ops) the running turn's assistant text."""
+        if append:
+            self.tracker.append(["turn", "text"], text)
+        else:
+            self.tracker.set_text(["turn", "text"], text)
+        self.mark_dirty()

@@ -1,0 +1,135 @@
+"""The lane view and the ToolResult as typed values (PROTOCOL.md §3.2–§3.3, OPS.md).
+
+Theory of operation: the lane view is the JSON value a session's subscribers mirror through
+``apply`` (OPS.md); a ToolResult is what ``tool.wait`` answers and what a ``tool/result`` event
+records. Both used to be built as dicts in several places; these msgspec structs are their one
+definition. Fields are snake_case in Python and camelCase on the wire (``rename="camel"``);
+structs whose wire form omits an absent key say ``omit_defaults=True`` (and the optional field
+defaults to None), the others always carry every key (a ``None`` is a JSON ``null``). Field
+order is the wire's key order, so a value encoded from a struct is byte-for-byte what the dicts
+it replaces encoded to. The daemon turns a struct into the builtin value the tracker and the log
+hold with ``msgspec.to_builtins`` (:func:`plain`); a client decodes with ``msgspec.convert``.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+__all__ = [
+    "ApprovalRequest", "LaneSession", "LaneView", "RecentEntry", "SandboxNote", "ToolEntry",
+    "ToolResult", "ToolResultDetails", "TurnView", "Truncation", "plain",
+]
+
+#: The states of a call on the lane (``tools[callId].state``).
+ToolState = Literal["waiting-approval", "running"]
+#: The states of a turn on the lane (``turn.state``; ``dshd.agent.turn``).
+TurnState = Literal["starting", "running", "waiting-tools", "cancelling"]
+
+
+class Truncation(msgspec.Struct, rename="camel"):
+    """``details.truncation`` of a ToolResult and ``truncation`` of a ToolOutput: every key
+    always present; a call that never ran has zero totals with the limits it would have had."""
+
+    truncated: bool = False
+    truncated_by: str | None = None
+    total_bytes: int = 0
+    total_lines: int = 0
+    max_bytes: int = 0
+    max_lines: int = 0
+
+
+class SandboxNote(msgspec.Struct, rename="camel"):
+    """``details.sandbox``: present only when the confinement was not ``full``."""
+
+    provider: str
+    completeness: str
+
+
+class ToolResultDetails(msgspec.Struct, rename="camel", omit_defaults=True):
+    truncation: Truncation
+    spill_path: str | None = None
+    exit_code: int | None = None
+    sandbox: SandboxNote | None = None
+
+
+class ToolResult(msgspec.Struct, rename="camel", omit_defaults=True):
+    """PROTOCOL.md §3.2. ``content`` is the command's output, or the sentence when it never
+    started; ``message`` the sentence next to output; ``error_code`` the symbolic reason."""
+
+    call_id: str
+    is_error: bool
+    content: str
+    details: ToolResultDetails
+    exit_code: int | None = None
+    error_code: str | None = None
+    message: str | None = None
+
+
+class ToolEntry(msgspec.Struct, rename="camel", omit_defaults=True):
+    """``tools[callId]``: a call that has not settled. ``args`` are the arguments, or the first
+    ``LANE_ARGS_BYTES`` of their JSON as a string when ``args_cut``; ``output`` is the live
+    ToolOutput (content, details, truncation)."""
+
+    name: str
+    args: Any
+    state: ToolState
+    started_at: int
+    output: dict
+    args_cut: bool = False
+
+
+class ApprovalRequest(msgspec.Struct, rename="camel"):
+    """``approvals[approvalId]``: a call waiting for a person's decision."""
+
+    call_id: str
+    tool: str
+    summary: str
+    asked_at: int
+
+
+class RecentEntry(msgspec.Struct, rename="camel"):
+    """One of ``recent`` (newest first): a settled call."""
+
+    call_id: str
+    name: str | None
+    is_error: bool
+    exit_code: int | None
+    error_code: str | None
+
+
+class TurnView(msgspec.Struct, rename="camel"):
+    """``turn``: the running turn (``null`` between turns)."""
+
+    turn_id: str
+    state: TurnState
+    step: int
+    step_id: str | None
+    text: str
+    calls: list[str]
+
+
+class LaneSession(msgspec.Struct, rename="camel"):
+    session_id: str
+    title: str | None
+    cwd: str
+    approval_policy: str
+    sandbox: str
+
+
+class LaneView(msgspec.Struct, rename="camel"):
+    """The whole lane value a subscriber's base batch carries."""
+
+    session: LaneSession
+    tools: dict[str, ToolEntry]
+    approvals: dict[str, ApprovalRequest]
+    recent: list[RecentEntry]
+    turn: TurnView | None = None
+
+
+def plain(value: msgspec.Struct) -> Any:
+    """The builtin JSON value of a struct (dicts in wire key order), for the tracker or log."""
+    return msgspec.to_builtins(value)

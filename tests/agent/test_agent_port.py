@@ -1,0 +1,248 @@
+"""The turn loop driven through a fake ``SessionPort`` (no daemon, no log, autojump clock).
+
+``dshd.agent.turn`` talks to its session only through ``dshd.agent.port.SessionPort``; these
+tests give it a fake that records what the loop asks for, and a scripted model, so the loop's
+own decisions are checked directly: what it records, which calls it starts or settles
+unstarted, what it shows on the lane's ``turn``, and that a refused call is settled before the
+step's first call has finished."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+import pytest
+import trio
+import trio.testing
+
+from dshd import errors
+from dshd.agent import TurnDriver
+from dshd.config import Config, ModelConfig
+
+
+@dataclass
+class Ev:
+    seq: int
+    type: str
+    data: dict
+
+
+class FakeLane:
+    def __init__(self) -> None:
+        self.turn: dict | None = None
+        self.history: list[tuple] = []
+
+    def begin_turn(self, view) -> None:
+        self.turn = {"turnId": view.turn_id, "state": view.state, "text": view.text}
+        self.history.append(("begin", view.state))
+
+    def set_turn(self, view) -> None:
+        self.turn = None if view is None else {"turnId": view.turn_id, "state": view.state,
+                                               "text": view.text}
+        self.history.append(("set", None if view is None else view.state))
+
+    def update_turn(self, key, value) -> None:
+        if self.turn is not None:
+            self.turn[key] = value
+            self.history.append((key, value))
+
+    def turn_text(self, text, *, append=False) -> None:
+        if self.turn is not None:
+            self.turn["text"] = self.turn["text"] + text if append else text
+
+
+class FakePort:
+    """A session as the agent loop sees it; calls settle when the test says so."""
+
+    def __init__(self, nursery: trio.Nursery, script, *, limit: int = 100) -> None:
+        self.id = "fake-session"
+        self.config = Config(model=ModelConfig(provider="scripted", script=str(script),
+                                               max_steps=4))
+        self.agent = None
+        self.cwd = "/nonexistent"
+        self.turn_lane = FakeLane()
+        self.log: list[Ev] = []
+        self.nursery = nursery
+        self.started: dict[str, dict] = {}
+        self.proposed: set[str] = set()
+        self.settled: dict[str, dict] = {}
+        self.events: dict[str, trio.Event] = {}
+        self.cancelled: list[str] = []
+        self.limit = limit
+        self.open = True
+
+    @property
+    def last_seq(self) -> int:
+        return len(self.log) - 1
+
+    def record(self, type_: str, data: dict) -> int:
+        self.log.append(Ev(len(self.log), type_, data))
+        return len(self.log) - 1
+
+    async def wait_durable(self, seq: int) -> None:
+        await trio.lowlevel.checkpoint()
+
+    def history(self) -> list:
+        return list(self.log)
+
+    def accepting(self) -> bool:
+        return self.open
+
+    def spawn(self, fn, *args) -> None:
+        self.nursery.start_soon(fn, *args)
+
+    def deadline(self) -> float:
+        return math.inf
+
+    def has_call(self, call_id: str) -> bool:
+        return call_id in self.proposed or call_id in self.settled
+
+    def propose_call(self, call_id: str, name: str) -> None:
+        self.proposed.add(call_id)
+        self.events.setdefault(call_id, trio.Event())
+
+    def start_call(self, call_id, name, arguments, approved, *, turn_id=None, step_id=None):
+        if len(self.started) >= self.limit:
+            raise errors.CallLimit(f"session {self.id} already runs {self.limit} calls")
+        assert call_id in self.proposed and not approved
+        self.record("tool/call", {"callId": call_id, "name": name, "turnId": turn_id})
+        self.started[call_id] = arguments
+
+    def finish(self, call_id: str, code: str | None = None) -> None:
+        result = {"callId": call_id, "isError": code is not None, "content": "ok",
+                  "details": {"truncation": {}}}
+        if code:
+            result["errorCode"] = code
+        self.record("tool/result", result)
+        self.settled[call_id] = result
+        self.events[call_id].set()
+
+    def settle_unstarted(self, call_id, name, code, text) -> dict:
+        assert call_id not in self.started
+        self.finish(call_id, code)
+        return self.settled[call_id]
+
+    async def wait_result(self, call_id, timeout):
+        await self.events[call_id].wait()
+        return self.settled[call_id]
+
+    def cancel_call(self, call_id) -> bool:
+        self.cancelled.append(call_id)
+        if call_id in self.settled:
+            return False
+        self.finish(call_id, "TOOL_CANCELLED")
+        return True
+
+    def types(self) -> list[str]:
+        return [e.type for e in self.log]
+
+    def end(self) -> dict | None:
+        return next((e.data for e in self.log if e.type == "turn/end"), None)
+
+
+def _script(tmp_path, *responses) -> str:
+    path = tmp_path / "script.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in responses))
+    return str(path)
+
+
+async def _until(predicate) -> None:
+    with trio.fail_after(60):
+        while not predicate():
+            await trio.sleep(0.01)
+
+
+@pytest.mark.parametrize("autojump_clock", [trio.testing.MockClock(autojump_threshold=0)])
+async def test_refused_calls_settle_before_the_first_call_of_the_step_ends(tmp_path,
+                                                                           autojump_clock):
+    script = _script(tmp_path, {"text": "go", "toolCalls": [
+        {"name": "bash", "arguments": {"command": "true"}},
+        {"name": "python", "arguments": {"code": "1"}},
+        {"name": "bash", "arguments": {"cmd": "ls"}}]}, {"text": "done"})
+    async with trio.open_nursery() as nursery:
+        port = FakePort(nursery, script)
+        driver = TurnDriver.of(port)
+        assert port.agent is driver and driver.busy() is False
+        driver.start("hi")
+        await _until(lambda: port.started)
+        (first,) = port.started
+        # The two refused calls are settled while the first one still runs.
+        refused = {cid: r["errorCode"] for cid, r in port.settled.items()}
+        assert sorted(refused.values()) == ["INVALID_ARGUMENTS", "UNKNOWN_TOOL"]
+        assert port.turn_lane.turn["state"] == "waiting-tools"
+        assert len(port.turn_lane.turn["calls"]) == 3
+        port.finish(first)
+        await _until(lambda: port.end() is not None)
+    assert port.end() == {"turnId": driver_turn_id(port), "reason": "completed"}
+    assert port.turn_lane.turn is None and driver.turn is None
+
+
+def driver_turn_id(port: FakePort) -> str:
+    return next(e.data["turnId"] for e in port.log if e.type == "turn/start")
+
+
+@pytest.mark.parametrize("autojump_clock", [trio.testing.MockClock(autojump_threshold=0)])
+async def test_cancel_settles_every_proposed_call_that_never_started(tmp_path, autojump_clock):
+    """A step of two non-concurrent calls is cancelled while the first runs: it is cancelled
+    through the port, the second never starts and is settled ABORTED_BEFORE_DISPATCH."""
+    script = _script(tmp_path, {"text": "", "toolCalls": [
+        {"name": "bash", "arguments": {"command": "sleep 100"}},
+        {"name": "bash", "arguments": {"command": "true"}}]})
+    async with trio.open_nursery() as nursery:
+        port = FakePort(nursery, script)
+        driver = TurnDriver.of(port)
+        driver.start("hi")
+        await _until(lambda: port.started)
+        (first,) = port.started
+        assert driver.cancel() is True
+        await _until(lambda: port.end() is not None)
+    assert port.cancelled == [first]
+    codes = {cid: r.get("errorCode") for cid, r in port.settled.items()}
+    assert codes[first] == "TOOL_CANCELLED"
+    (second,) = set(codes) - {first}
+    assert codes[second] == "ABORTED_BEFORE_DISPATCH" and second not in port.started
+    assert port.end()["reason"] == "cancelled"
+    assert ("state", "cancelling") in port.turn_lane.history
+
+
+@pytest.mark.parametrize("autojump_clock", [trio.testing.MockClock(autojump_threshold=0)])
+async def test_a_call_past_the_limit_is_settled_limit_exceeded(tmp_path, autojump_clock):
+    script = _script(tmp_path, {"text": "", "toolCalls": [
+        {"name": "bash", "arguments": {"command": "true"}}]}, {"text": "ok"})
+    async with trio.open_nursery() as nursery:
+        port = FakePort(nursery, script, limit=0)
+        TurnDriver.of(port).start("hi")
+        await _until(lambda: port.end() is not None)
+    (result,) = port.settled.values()
+    assert result["errorCode"] == "LIMIT_EXCEEDED" and not port.started
+    assert port.end()["reason"] == "completed"
+
+
+async def test_start_steer_and_their_refusals(tmp_path):
+    script = _script(tmp_path, {"text": "x", "paceMs": 100000})
+    async with trio.open_nursery() as nursery:
+        port = FakePort(nursery, script)
+        driver = TurnDriver.of(port)
+        with pytest.raises(errors.NoTurn) as no_turn:
+            driver.steer("early")
+        assert no_turn.value.data == {"code": "NO_TURN"}
+        turn_id = driver.start("hi")
+        await _until(lambda: "step/start" in port.types())  # the model "streams" slowly
+        with pytest.raises(errors.TurnBusy) as busy:
+            driver.start("again")
+        assert busy.value.data == {"code": "TURN_RUNNING", "turnId": turn_id}
+        for _ in range(16):
+            driver.steer("more")
+        with pytest.raises(errors.SteerLimit):
+            driver.steer("one too many")
+        driver.stop()
+        await _until(lambda: port.end() is not None)
+        port.open = False
+        with pytest.raises(errors.SessionClosing):
+            driver.start("late")
+    assert port.end()["reason"] == "interrupted"
+    # The partial answer is kept; the queued steers are recorded before turn/end.
+    assert port.types() == ["turn/start", "message/user", "step/start", "message/assistant",
+                            "step/end", *["message/user"] * 16, "turn/end"]
+    assert port.log[3].data["partial"] is True
