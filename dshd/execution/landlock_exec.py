@@ -43,7 +43,7 @@ included — and then checks that its parent is still the process that started i
 (``getppid()`` read at the launcher's start-up; a parent already gone: exit
 :data:`EXIT_SETUP_FAILED`, the command never runs). The signal fires when the *thread* that
 forked the launcher exits: the daemon spawns from its event-loop thread (the main thread, see
-``dshd.execution.process._spawn``), which lives as long as the daemon. It reaches only the
+``dshd.execution.spawn.spawn``), which lives as long as the daemon. It reaches only the
 launcher's process (the command after the exec): the command's own children (the grandchildren
 of a killed shell, a ``nohup`` or ``setsid`` child) are re-parented and survive a killed
 daemon, until the per-call host owns the whole tree as subreaper. A parent that dies during
