@@ -171,6 +171,17 @@ class PendingOutput:
             pass
 
 
+def pending_windows(session_dir: Path, call_ids: list[str]) -> dict[str, dict]:
+    """callId → its last checkpointed ToolOutput value, for those of ``call_ids`` that have
+    one (`read_pending_window`; blocking)."""
+    windows = {}
+    for call_id in call_ids:
+        window = read_pending_window(session_dir, call_id)
+        if window is not None:
+            windows[call_id] = window
+    return windows
+
+
 def read_pending_window(session_dir: Path, call_id: str) -> dict | None:
     """The last checkpointed ToolOutput value of a call, or None (STORAGE.md §6).
 
