@@ -30,7 +30,7 @@ from dshd.paths import is_valid_id
 from protocol.apply import apply
 from protocol.codec import Decoder
 
-from . import threads
+from .threads import run_sync
 from .errors import StorageError, StorageWriteError
 
 BASE_EVERY = 50
@@ -109,7 +109,7 @@ class PendingOutput:
             raise ValueError(f"checkpoint {self._n} must be a base batch (every {BASE_EVERY})")
         line = _encoder.encode({"n": self._n, "base": base, "ops": ops}) + b"\n"
         try:
-            await threads.run_sync(self._write_sync, line)
+            await run_sync(self._write_sync, line)
         except OSError as e:
             raise StorageWriteError(
                 f"checkpointing the output of call {self.call_id} to {self.path} failed ({e})"

@@ -56,7 +56,6 @@ import zstandard
 
 import structlog
 
-from . import sidecar, threads
 from .errors import LockHeld, LockLost, StorageError, StorageWriteError
 from .format import (
     COMPRESSIONS,
@@ -73,6 +72,8 @@ from .lock import HeldLock
 from .logfile import LogFile, open_log
 from .reader import LogRead, session_dir_for
 from .repair import repair_closers, unresolved_calls
+from .sidecar import pending_windows, retire_settled
+from .threads import run_sync
 
 log = structlog.get_logger("dshd.storage")
 
@@ -204,7 +205,7 @@ class SessionLog:
         """
         session_dir = session_dir_for(state_dir, session_id)
         with cls._claim(claims, session_dir, session_id):
-            read, fd, lock = await threads.run_sync(open_log, session_dir, session_id)
+            read, fd, lock = await run_sync(open_log, session_dir, session_id)
         log = cls(state_dir=state_dir, session_id=session_id, header=read.header,
                   compression=read.compression, coalesce=coalesce, claims=claims, read=read,
                   fd=fd, lock=lock)
@@ -219,8 +220,8 @@ class SessionLog:
         return log
 
     async def _repair(self) -> None:
-        windows = await threads.run_sync(
-            sidecar.pending_windows, self.session_dir, unresolved_calls(self.events))
+        windows = await run_sync(
+            pending_windows, self.session_dir, unresolved_calls(self.events))
         at = now_ms()
         for type_, data in repair_closers(self.events, windows):
             self.append(type_, data, time_ms=at)
@@ -236,7 +237,7 @@ class SessionLog:
             and isinstance(ev.data.get("callId"), str)
         ]
         if settled:
-            await threads.run_sync(sidecar.retire_settled, self.session_dir, settled)
+            await run_sync(retire_settled, self.session_dir, settled)
 
     # --- appending and flushing -----------------------------------------------------------
 
@@ -380,9 +381,9 @@ class SessionLog:
         self.write_started = trio.current_time()
         try:
             if self._published:
-                await threads.run_sync(self._file.append, payloads)
+                await run_sync(self._file.append, payloads)
             else:
-                await threads.run_sync(self._file.publish, payloads)
+                await run_sync(self._file.publish, payloads)
         except (OSError, LockHeld, LockLost, zstandard.ZstdError) as e:
             self._failed = e
             self._write_errors += 1
