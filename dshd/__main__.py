@@ -46,4 +46,8 @@ def main(config_path, socket, state_dir, system, log_format, log_level) -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["fsck"]:  # `python -m dshd fsck --offline ...`: the offline log check
+        from .storage.fsck_cli import main as fsck_main
+
+        sys.exit(fsck_main(sys.argv[2:]))
     main()

@@ -4,10 +4,12 @@ Theory of operation
 -------------------
 One :class:`OutputCapture` per tool call. The process runner reads raw bytes from the call's
 single output pipe (stdout and stderr merged) and hands every chunk to :meth:`OutputCapture.feed`;
-at end of stream it calls :meth:`OutputCapture.finish`. The capture is pure and synchronous: no
-clock, no trio, no file I/O; the only way bytes leave it is the :class:`SpillSink` it was given,
-and even that only *buffers* — the runner drains the buffer with :meth:`SpillSink.flush` (a
-worker thread) between reads.
+at end of stream it calls :meth:`OutputCapture.finish`. :class:`OutputCapture` itself is pure
+and synchronous: no clock, no trio, no file I/O; the only way bytes leave it is the
+:class:`SpillSink` it was given, into which it only *buffers*. The sink (below) is this
+module's one part that writes files: the runner's spill writer task drains its buffer with
+:meth:`SpillSink.flush` (in a worker thread) while the reader goes on reading, and the reader
+waits only once the buffer passes a high-water mark (:mod:`dshd.execution.process`).
 
 Each chunk goes through three stages:
 
@@ -104,8 +106,11 @@ class SpillSink:
     :attr:`error`; afterwards :meth:`write` discards data and flushes are no-ops — the caller
     must fail the call (the runner does: EXEC.md §2, never a silent loss).
 
-    Thread use: only one flush may run at a time, and :meth:`write` must not be called while a
-    flush is running in another thread (the runner reads, feeds, then awaits the flush).
+    Thread use: only one flush may run at a time (the runner has one spill writer task).
+    :meth:`write` and the start of :meth:`flush` run in the trio thread, and a flush takes the
+    buffered chunks before its worker starts, so the capture may go on buffering while the
+    worker writes (the runner overlaps reading with spilling); :meth:`flush_sync` must not run
+    while a :meth:`flush` is in flight.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:

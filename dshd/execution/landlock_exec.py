@@ -29,12 +29,13 @@ and this small program, running as the command's process-group leader, does in o
    ABI 6, abstract Unix sockets and signals are scoped to the sandbox.
 4. **Restrict**: ``prctl(PR_SET_NO_NEW_PRIVS)``; when the process holds capabilities (the
    daemon runs as root) drop the whole bounding set so that the exec'd program gets none;
-   ``landlock_restrict_self``; install the seccomp socket filter (:func:`socket_filter`:
+   ``landlock_restrict_self``; install the seccomp socket filter
+   (:func:`dshd.execution.landlock_seccomp.socket_filter`:
    no ``AF_UNIX`` sockets — so no way to dshd's socket or any host service — and, with the
    network off, no UDP or other non-TCP IP sockets; no io_uring; no 32-bit syscalls), which
    every descendant inherits and none can remove; clear the ambient and inheritable sets.
-5. **Arm the parent-death signal** (below), then **exec** ``argv`` with ``os.execvp`` (same pid, same process group, same environment plus
-   ``TMPDIR``: ``DSH_CALL_ID``/``DSH_SESSION_ID`` pass through).
+5. **Arm the parent-death signal** (below), then **exec** ``argv`` with ``os.execvp`` (same
+   pid, same process group, same environment plus ``TMPDIR``: ``DSH_CALL_ID``/``DSH_SESSION_ID`` pass through).
 
 **Dies with the daemon.** Landlock has no pid namespace that would end the command with the
 daemon (bwrap's does), so right before the exec the launcher sets ``PR_SET_PDEATHSIG(SIGKILL)`` — kept
@@ -43,7 +44,7 @@ included — and then checks that its parent is still the process that started i
 (``getppid()`` read at the launcher's start-up; a parent already gone: exit
 :data:`EXIT_SETUP_FAILED`, the command never runs). The signal fires when the *thread* that
 forked the launcher exits: the daemon spawns from its event-loop thread (the main thread, see
-``dshd.execution.process._spawn``), which lives as long as the daemon. It reaches only the
+``dshd.execution.spawn.spawn``), which lives as long as the daemon. It reaches only the
 launcher's process (the command after the exec): the command's own children (the grandchildren
 of a killed shell, a ``nohup`` or ``setsid`` child) are re-parented and survive a killed
 daemon, until the per-call host owns the whole tree as subreaper. A parent that dies during
@@ -61,7 +62,10 @@ It fails closed: any error before the exec prints one line on stderr and exits w
 This module is imported by the daemon for its constants and :func:`landlock_abi`, and must stay
 stdlib-only: the provider runs it by path with ``-I -S`` (no site-packages, no current directory
 on ``sys.path``, no ``PYTHON*`` variables), so a ``dshd/`` planted in a workspace cannot shadow
-it and startup costs ~15 ms. ``python -m dshd.execution.landlock_exec`` works too (slower).
+it and startup costs ~15 ms. ``python -m dshd.execution.landlock_exec`` works too (slower). Its
+one sibling, the seccomp filter (:mod:`dshd.execution.landlock_seccomp`, stdlib-only too), is
+then loaded by the path of this file's own directory (:func:`_load_sibling`), never through
+``sys.path``.
 
 Syscall numbers 444–446 are the unified numbers every Linux architecture except alpha uses.
 """
@@ -78,10 +82,39 @@ import ctypes  # noqa: E402 (the parent is read first)
 import errno  # noqa: E402
 import json  # noqa: E402
 import re  # noqa: E402
-import secrets
-import shutil
-import stat
-import sys
+import secrets  # noqa: E402
+import shutil  # noqa: E402
+import stat  # noqa: E402
+import sys  # noqa: E402
+
+
+def _load_sibling(name: str):
+    """The module in ``<name>.py`` next to this file, loaded by that path.
+
+    Run as ``python -I -S <this file>`` the launcher has no ``sys.path`` entry for its own
+    directory (``-I``: not the script's directory, not the current one), and must not get one:
+    a ``dshd/`` or a module planted in a workspace must not shadow the launcher's code. So a
+    sibling is loaded from the directory of this file's real path -- the same trusted place
+    the launcher itself was read from -- under a name of its own.
+    """
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.realpath(__file__)), f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"_dsh_launcher_{name}", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+if __package__:  # imported as dshd.execution.landlock_exec (the daemon; python -m)
+    from . import landlock_seccomp as seccomp
+else:  # run by path with -I -S (the provider): load the sibling by its path
+    seccomp = _load_sibling("landlock_seccomp")
+
+socket_filter = seccomp.socket_filter
+SECCOMP_ARCHES = seccomp.SECCOMP_ARCHES
 
 SYS_LANDLOCK_CREATE_RULESET = 444
 SYS_LANDLOCK_ADD_RULE = 445
@@ -141,28 +174,6 @@ EXIT_SETUP_FAILED = 126
 #: Stale per-call temporary directories removed per launch, at most.
 GC_LIMIT = 8
 
-
-# seccomp (the socket filter; Landlock has no rules for UDP or Unix sockets).
-PR_SET_SECCOMP = 22
-SECCOMP_MODE_FILTER = 2
-SECCOMP_RET_ALLOW = 0x7FFF0000
-SECCOMP_RET_ERRNO = 0x00050000
-BPF_LD_W_ABS = 0x20
-BPF_JEQ_K = 0x15
-BPF_JSET_K = 0x45
-BPF_AND_K = 0x54
-BPF_RET_K = 0x06
-AF_UNIX, AF_INET, AF_INET6, AF_NETLINK = 1, 2, 10, 16
-SOCK_STREAM, SOCK_DGRAM = 1, 2
-SOCK_TYPE_MASK = 0xF
-IPPROTO_TCP = 6
-X32_SYSCALL_BIT = 0x40000000
-#: machine -> (AUDIT_ARCH_*, socket, socketpair, io_uring_setup) for the native syscall ABI.
-SECCOMP_ARCHES = {
-    "x86_64": (0xC000003E, 41, 53, 425),
-    "aarch64": (0xC00000B7, 198, 199, 425),
-    "riscv64": (0xC00000F3, 198, 199, 425),
-}
 
 
 class LandlockError(Exception):
@@ -281,7 +292,10 @@ def restrict(
             raise _fail("landlock_restrict_self failed", ctypes.get_errno())
     finally:
         os.close(ruleset_fd)
-    apply_socket_filter(libc, deny_inet=deny_tcp, tcp_ruled=abi >= 4)
+    try:
+        seccomp.apply_socket_filter(libc, deny_inet=deny_tcp, tcp_ruled=abi >= 4)
+    except seccomp.SeccompError as exc:
+        raise LandlockError(str(exc)) from None
     _clear_capabilities(libc)
     return abi
 
@@ -339,109 +353,6 @@ def open_workspace(spec: dict) -> tuple[int, bool]:
         )
     return fd, bool(spec.get("write"))
 
-
-class _SockFilter(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8),
-                ("k", ctypes.c_uint32)]
-
-
-class _SockFprog(ctypes.Structure):
-    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
-
-
-def socket_filter(machine: str, *, deny_inet: bool,
-                  tcp_ruled: bool = True) -> list[tuple[int, int, int, int]]:
-    r"""The classic-BPF seccomp program (``(code, jt, jf, k)`` tuples) for ``machine``.
-
-    * ``socket(AF_UNIX, …)`` → ``EPERM`` always: no connecting to dshd's socket (at any path,
-      guessed or not), D-Bus, systemd, docker or any other host service, and no abstract
-      socket; ``socketpair`` stays (it connects to nobody) except ``SOCK_DGRAM``, which can be
-      re-``connect``\ ed to a named datagram socket;
-    * with ``deny_inet`` (no network): ``AF_INET``/``AF_INET6`` only as ``SOCK_STREAM`` with
-      protocol 0 or TCP (Landlock's TCP rules then refuse connect and bind) — so no UDP, DNS,
-      ICMP, SCTP or MPTCP — and of the other families only ``AF_NETLINK`` (local kernel
-      queries); everything else → ``EPERM``. Without ``tcp_ruled`` (Landlock ABI < 4 has no
-      TCP rules) no ``AF_INET``/``AF_INET6`` socket at all;
-    * ``io_uring_setup`` → ``EPERM`` (io_uring's socket and connect operations bypass seccomp);
-    * syscalls of another ABI (i386 ``int 0x80``, x32) → ``ENOSYS``: the filter cannot vet
-      them (``socketcall``), so 32-bit programs do not run.
-
-    Raises :class:`LandlockError` for a machine not in :data:`SECCOMP_ARCHES`.
-    """
-    if machine not in SECCOMP_ARCHES:
-        raise LandlockError(f"no seccomp socket filter for this machine ({machine})")
-    arch, nr_socket, nr_socketpair, nr_uring = SECCOMP_ARCHES[machine]
-    allow = SECCOMP_RET_ALLOW
-    eperm = SECCOMP_RET_ERRNO | errno.EPERM
-    enosys = SECCOMP_RET_ERRNO | errno.ENOSYS
-    arg = lambda i: 16 + 8 * i  # noqa: E731 — low 32 bits of seccomp_data.args[i] (LE)
-    # Labels are resolved to relative jumps below: ("J", k, true_label, false_label).
-    prog: list = [
-        ("L", 4), ("J", arch, None, "nosys"),
-        ("L", 0), ("S", X32_SYSCALL_BIT, "nosys", None),
-        ("J", nr_socket, "socket", None),
-        ("J", nr_socketpair, "socketpair", None),
-        ("J", nr_uring, "deny", None),
-        ("R", allow),
-        "socket", ("L", arg(0)), ("J", AF_UNIX, "deny", None),
-    ]
-    if deny_inet and not tcp_ruled:
-        prog += [("J", AF_NETLINK, "allow", "deny")]
-    elif deny_inet:
-        prog += [
-            ("J", AF_INET, "inet", None), ("J", AF_INET6, "inet", None),
-            ("J", AF_NETLINK, "allow", "deny"),
-            "inet", ("L", arg(1)), ("A", SOCK_TYPE_MASK), ("J", SOCK_STREAM, None, "deny"),
-            ("L", arg(2)), ("J", 0, "allow", None), ("J", IPPROTO_TCP, "allow", "deny"),
-        ]
-    else:
-        prog += [("R", allow)]
-    prog += [
-        "socketpair", ("L", arg(0)), ("J", AF_UNIX, None, "allow"),
-        ("L", arg(1)), ("A", SOCK_TYPE_MASK), ("J", SOCK_DGRAM, "deny", "allow"),
-        "allow", ("R", allow),
-        "deny", ("R", eperm),
-        "nosys", ("R", enosys),
-    ]
-    return _assemble(prog)
-
-
-def _assemble(prog: list) -> list[tuple[int, int, int, int]]:
-    labels, index = {}, 0
-    for item in prog:
-        if isinstance(item, str):
-            labels[item] = index
-        else:
-            index += 1
-    out: list[tuple[int, int, int, int]] = []
-    for item in prog:
-        if isinstance(item, str):
-            continue
-        here = len(out)
-
-        def rel(label: str | None) -> int:
-            return 0 if label is None else labels[label] - here - 1
-
-        op = item[0]
-        if op == "L":
-            out.append((BPF_LD_W_ABS, 0, 0, item[1]))
-        elif op == "A":
-            out.append((BPF_AND_K, 0, 0, item[1]))
-        elif op == "R":
-            out.append((BPF_RET_K, 0, 0, item[1]))
-        else:
-            code = BPF_JEQ_K if op == "J" else BPF_JSET_K
-            out.append((code, rel(item[2]), rel(item[3]), item[1]))
-    return out
-
-
-def apply_socket_filter(libc: ctypes.CDLL, *, deny_inet: bool, tcp_ruled: bool) -> None:
-    """Install :func:`socket_filter` on the calling thread (needs ``no_new_privs`` first)."""
-    program = socket_filter(os.uname().machine, deny_inet=deny_inet, tcp_ruled=tcp_ruled)
-    array = (_SockFilter * len(program))(*[_SockFilter(*ins) for ins in program])
-    fprog = _SockFprog(len(program), ctypes.cast(array, ctypes.POINTER(_SockFilter)))
-    if libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
-        raise _fail("installing the seccomp socket filter failed", ctypes.get_errno())
 
 
 def _effective_capabilities() -> int:

@@ -5,7 +5,8 @@ Theory of operation
 :func:`run_command` takes an argv that is ready to exec — a sandbox provider, when there is one,
 has already wrapped it — and runs it to a settled :class:`ExecOutcome`:
 
-* **Spawn**: ``subprocess.Popen`` *in the trio thread* (:func:`_spawn` says why: a worker
+* **Spawn** (:mod:`dshd.execution.spawn`): ``subprocess.Popen`` *in the trio thread*
+  (:func:`~dshd.execution.spawn.spawn` says why: a worker
   thread's exit fires bwrap's ``--die-with-parent``), waited for through a pidfd, with
   ``start_new_session=True`` (the child leads a new session and process group without a
   controlling terminal, so ``killpg(pid)`` reaches everything it forks that does not escape
@@ -16,15 +17,18 @@ has already wrapped it — and runs it to a settled :class:`ExecOutcome`:
   the pipe is gone". The command's script travels in argv or, when long, in a memfd
   (:class:`BashScript`). A spawn failure (missing program, bad cwd, ``EAGAIN`` at a pids or
   thread limit: "resource limit") is an outcome with ``error``.
-* **Read** (one task): ``receive_some(64 KiB)`` → ``capture.feed`` → flush the spill sink in a
-  worker thread (in the trio thread when no thread can be started) if the capture buffered
-  anything → ``on_output()``. The flush is awaited before
-  the next read, so a slow disk slows the command down through the pipe (back-pressure) instead
-  of growing memory. A spill write error fails the call. Why a thread (measured on this
-  project's dev VM, 64 KiB chunks): a synchronous ``os.write`` takes 15 µs median / 140 µs p99,
-  a ``to_thread`` hop 230 µs median — yet 20 MB of ``yes`` runs at the same ~130–170 MB/s
-  either way, because the producer refills the pipe during the hop. The thread costs nothing
-  measurable and keeps dirty-page throttling or a slow filesystem off the trio thread.
+* **Read** (one task): ``receive_some(READ_CHUNK)`` (1 MiB; the pipe's buffer is raised to
+  1 MiB with ``F_SETPIPE_SZ`` where allowed) → ``capture.feed`` → if the capture buffered spill
+  bytes, wake the spill writer → ``on_output()``. The **spill writer** (a second task) writes
+  everything buffered so far in a worker thread (in the trio thread when no thread can be
+  started) while the reader goes on reading; the reader waits for it only once
+  ``SPILL_HIGH_WATER`` (4 MiB) is buffered, so a slow disk slows the command down through the
+  pipe (back-pressure) instead of growing memory. A spill write error fails the call. Why a
+  thread (measured on this project's dev VM, 64 KiB chunks): a synchronous ``os.write`` takes
+  15 µs median / 140 µs p99, a ``to_thread`` hop 230 µs median — yet 20 MB of ``yes`` runs at
+  the same ~130–170 MB/s either way, because the producer refills the pipe during the hop. The
+  thread costs nothing measurable and keeps dirty-page throttling or a slow filesystem off the
+  trio thread.
 * **Reap** (one task): ``proc.wait()``.
 * **Supervise** (the caller's task): wait for the first of exit, ``cancel``, spill failure, or
   the ``timeout`` cancel scope. A process that had already exited when the first event came
@@ -42,7 +46,7 @@ has already wrapped it — and runs it to a settled :class:`ExecOutcome`:
 
   *Terminate* = SIGTERM to the command, wait up to ``kill_grace`` s for exit and end of file,
   then SIGKILL to everything of the call that is left, and wait (bounded) again. "The
-  command" is the group's members (a ``/proc`` scan) minus the sandbox wrapper's own
+  command" (:mod:`dshd.execution.procs` finds and signals it) is the group's members (a ``/proc`` scan) minus the sandbox wrapper's own
   processes: bwrap (``spare_wrapper``) runs as an outer process and, in its pid namespace, an
   inner pid 1; signalling those would tear the sandbox down before the command's ``trap``
   ran, and the command's exit code would never come back. When the command exits, bwrap
@@ -75,8 +79,6 @@ import fcntl
 import math
 import os
 import secrets
-import shutil
-import signal
 import subprocess
 from collections.abc import Callable
 
@@ -84,8 +86,20 @@ import msgspec
 import trio
 
 from dshd.execution.capture import OutputCapture
+from dshd.execution.procs import kill_all, term_command
+from dshd.execution.spawn import (
+    INLINE_COMMAND_MAX,
+    RESOURCE_ERRNOS,
+    BashScript,
+    Child,
+    RunAs,
+    bash_argv,
+    spawn,
+    spawn_sentence,
+)
 
-__all__ = ["BashScript", "ExecOutcome", "bash_argv", "run_command", "READ_CHUNK"]
+__all__ = ["BashScript", "ExecOutcome", "INLINE_COMMAND_MAX", "READ_CHUNK", "RunAs", "bash_argv",
+           "run_command"]
 
 #: Bytes asked of the pipe per read.
 READ_CHUNK = 1_048_576
@@ -99,13 +113,8 @@ PIPE_SIZE = 1_048_576
 SPILL_HIGH_WATER = 4 * 1_048_576
 #: Seconds to wait for a SIGKILLed leader to be reaped before giving up on its exit code.
 KILL_REAP_TIMEOUT = 10.0
-#: Longest command (UTF-8 bytes) passed as ``bash -c``; longer ones go through a memfd
-#: (:class:`BashScript`). Well under ``MAX_ARG_STRLEN`` (128 KiB), leaving room for the rest.
-INLINE_COMMAND_MAX = 64 * 1024
 #: The environment variable that carries a run's kill-sweep token (see the module doc).
 RUN_TOKEN_VAR = "DSH_RUN"
-#: Errors of fork/clone that mean "a resource limit was hit" (pids, threads, memory).
-RESOURCE_ERRNOS = (errno.EAGAIN, errno.ENOMEM)
 
 
 class ExecOutcome(msgspec.Struct):
@@ -123,68 +132,6 @@ class ExecOutcome(msgspec.Struct):
     error: str | None = None
 
 
-def bash_argv(command: str) -> list[str]:
-    """``[<bash>, "-c", "--", command]``; ``/bin/sh`` when there is no bash on ``$PATH``.
-
-    The shell is resolved to an absolute path with the daemon's ``PATH`` (the session's ``env``
-    may not have one that finds it). ``--`` keeps a command starting with ``-`` or ``+`` from
-    being read as shell options. Only for commands that fit in one argv string; a tool call
-    uses :class:`BashScript`, which passes a command of any size.
-    """
-    return [_shell(), "-c", "--", command]
-
-
-def _shell() -> str:
-    return shutil.which("bash") or "/bin/sh"
-
-
-class BashScript:
-    """How a bash command reaches the shell, whatever its size (EXEC.md §2).
-
-    Up to :data:`INLINE_COMMAND_MAX` bytes (UTF-8) it is ``bash -c -- <command>`` (so ``$0`` is
-    the shell and bash execs a lone last command, as ever). A longer one would not fit in argv
-    (the kernel's ``MAX_ARG_STRLEN``, 128 KiB per string: a 1 MiB heredoc failed with E2BIG),
-    so it is written to a sealed memfd (``memfd_create``, read-only from then on) that the child
-    inherits, and run as ``bash -- /dev/fd/<n>``: no file on disk, no bind into a sandbox,
-    readable by a tool running as another uid (a memfd's inode is mode 0777; the seals make it
-    immutable), and the ``/dev/fd`` of a bwrap sandbox's own ``/dev`` finds it. The script's
-    fd stays open (read-only, immutable) in the command's processes.
-
-    Owns the fd: :meth:`close` (``run_command`` calls it) is idempotent; a forgotten one is
-    closed when the object is collected.
-    """
-
-    def __init__(self, command: str) -> None:
-        data = command.encode("utf-8", "surrogateescape")
-        self.fd: int | None = None
-        if len(data) <= INLINE_COMMAND_MAX:
-            self.argv = [_shell(), "-c", "--", command]
-            return
-        fd = os.memfd_create("dsh-command", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK
-                        | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE)
-        except BaseException:
-            os.close(fd)
-            raise
-        self.fd = fd
-        self.argv = [_shell(), "--", f"/dev/fd/{fd}"]
-
-    @property
-    def pass_fds(self) -> tuple[int, ...]:
-        return () if self.fd is None else (self.fd,)
-
-    def close(self) -> None:
-        if self.fd is not None:
-            fd, self.fd = self.fd, None
-            os.close(fd)
-
-    def __del__(self) -> None:
-        self.close()
-
 
 async def run_command(
     argv: list[str],
@@ -197,8 +144,8 @@ async def run_command(
     cancel: trio.Event,
     kill_grace: float = 2.0,
     eof_grace: float = 2.0,
-    as_user: "RunAs | None" = None,
-    script: "BashScript | None" = None,
+    as_user: RunAs | None = None,
+    script: BashScript | None = None,
     spare_wrapper: str | None = None,
     pass_fds: "list[int] | None" = None,
 ) -> ExecOutcome:
@@ -229,129 +176,67 @@ async def run_command(
     an ``ExceptionGroup`` (trio's strict groups: the reader runs in an internal nursery).
     """
     extra_fds = pass_fds if pass_fds is not None else []
+    try:
+        _check_arguments(argv, timeout=timeout, kill_grace=kill_grace, eof_grace=eof_grace)
+        inherited = (*(script.pass_fds if script is not None else ()), *extra_fds)
+        token = secrets.token_hex(16)
+        env = {**env, RUN_TOKEN_VAR: token}
+        if as_user is not None:
+            # Popen enters cwd before it drops root; let the user's own chdir (env -C, after the
+            # uid change) decide whether the directory can be entered, so a directory swapped for
+            # a symlink after the session was created cannot smuggle root's access in.
+            argv = ["env", "-C", cwd, "--", *argv]
+            cwd = "/"
+        read_fd, write_fd = _open_pipe()
+        try:
+            proc = spawn(argv, stdin=subprocess.DEVNULL, stdout=write_fd, stderr=write_fd,
+                         cwd=cwd, env=env, start_new_session=True, pass_fds=inherited,
+                         **(as_user.popen_kwargs() if as_user is not None else {}))
+        except OSError as exc:
+            os.close(read_fd)
+            _settle_capture(capture, on_output)
+            return ExecOutcome(exit_code=None, error=spawn_sentence(argv, cwd, exc))
+        except BaseException:
+            os.close(read_fd)
+            _settle_capture(capture, on_output)
+            raise
+        finally:
+            os.close(write_fd)
+    finally:
+        # The child holds its own copies of the script's and the sandbox's fds.
+        _release(script, extra_fds)
+    run = _Run(proc, trio.lowlevel.FdStream(read_fd), capture, on_output, kill_grace, eof_grace,
+               spare_wrapper=spare_wrapper, marker=f"{RUN_TOKEN_VAR}={token}",
+               uid=as_user.uid if as_user is not None else os.geteuid())
+    return await run.run(timeout, cancel)
 
-    def release() -> None:
-        if script is not None:
-            script.close()
-        while extra_fds:
-            os.close(extra_fds.pop())
 
-    for name, value in (("timeout", timeout), ("kill_grace", kill_grace), ("eof_grace", eof_grace)):
+def _check_arguments(argv: list[str], **seconds: float | None) -> None:
+    """Raise ``ValueError`` for an empty argv or a negative or NaN number of seconds."""
+    for name, value in seconds.items():
         if value is not None and not value >= 0:
-            release()
             raise ValueError(f"{name} must be a non-negative number of seconds, not {value!r}")
     if not argv:
-        release()
         raise ValueError("run_command needs a non-empty argv")
-    pass_fds = (*(script.pass_fds if script is not None else ()), *extra_fds)
-    token = f"{RUN_TOKEN_VAR}={secrets.token_hex(16)}"
-    env = {**env, RUN_TOKEN_VAR: token.partition("=")[2]}
-    if as_user is not None:
-        # Popen enters cwd before it drops root; let the user's own chdir (env -C, after the
-        # uid change) decide whether the directory can be entered, so a directory swapped for
-        # a symlink after the session was created cannot smuggle root's access in.
-        argv = ["env", "-C", cwd, "--", *argv]
-        cwd = "/"
+
+
+def _open_pipe() -> tuple[int, int]:
+    """The command's output pipe ``(read end, write end)``, its buffer raised to
+    :data:`PIPE_SIZE` where the kernel allows it."""
     read_fd, write_fd = os.pipe()
     try:
         fcntl.fcntl(read_fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
     except OSError:
         pass
-    try:
-        proc = _spawn(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=write_fd,
-            stderr=write_fd,
-            cwd=cwd,
-            env=env,
-            start_new_session=True,
-            pass_fds=tuple(pass_fds),
-            **(as_user.popen_kwargs() if as_user is not None else {}),
-        )
-    except OSError as exc:
-        os.close(read_fd)
-        _settle_capture(capture, on_output)
-        return ExecOutcome(exit_code=None, error=_spawn_sentence(argv, cwd, exc))
-    except BaseException:
-        os.close(read_fd)
-        _settle_capture(capture, on_output)
-        raise
-    finally:
-        os.close(write_fd)
-        release()  # the child holds its own copies of the script's and the sandbox's fds
-    run = _Run(proc, trio.lowlevel.FdStream(read_fd), capture, on_output, kill_grace, eof_grace,
-               spare_wrapper=spare_wrapper, marker=token,
-               uid=as_user.uid if as_user is not None else os.geteuid())
-    return await run.run(timeout, cancel)
+    return read_fd, write_fd
 
 
-def _spawn(argv: list[str], **popen_kwargs) -> "_Child":
-    """``subprocess.Popen`` in the calling (trio) thread — never in a worker thread.
-
-    Why: bwrap's ``--die-with-parent`` is ``PR_SET_PDEATHSIG``, which fires when the *thread*
-    that forked the child exits, and trio's worker threads exit after 10 s idle: a call spawned
-    from one was SIGKILLed ~10 s later (issue 10 item 1). The trio thread lives as long as the
-    daemon, which is the lifetime ``--die-with-parent`` means. Needing no thread also lets a
-    spawn under thread exhaustion fail with the kernel's reason (``EAGAIN`` from fork) rather
-    than "can't start new thread". The cost: the event loop waits for fork + exec (``vfork``
-    where CPython can use it), a few milliseconds.
-    """
-    return _Child(subprocess.Popen(argv, **popen_kwargs))
-
-
-class _Child:
-    """A spawned process, awaited through a pidfd (as trio does), else by polling."""
-
-    POLL_INTERVAL = 0.05
-
-    def __init__(self, popen: subprocess.Popen) -> None:
-        self.popen = popen
-        self.pid = popen.pid
-        try:
-            self._pidfd: int | None = os.pidfd_open(popen.pid)
-        except OSError:
-            self._pidfd = None  # no pidfd (old kernel, no fds left): poll instead
-
-    @property
-    def returncode(self) -> int | None:
-        return self.popen.returncode
-
-    def poll(self) -> int | None:
-        return self.popen.poll()
-
-    async def wait(self) -> int:
-        try:
-            while self.popen.poll() is None:
-                if self._pidfd is not None:
-                    await trio.lowlevel.wait_readable(self._pidfd)
-                else:
-                    await trio.sleep(self.POLL_INTERVAL)
-        finally:
-            if self.popen.returncode is not None:
-                self._close_pidfd()
-        return self.popen.returncode
-
-    def close(self) -> None:
-        """Give up waiting (the pidfd is closed; a process never reaped stays with Popen)."""
-        self._close_pidfd()
-
-    def _close_pidfd(self) -> None:
-        if self._pidfd is not None:
-            fd, self._pidfd = self._pidfd, None
-            trio.lowlevel.notify_closing(fd)
-            os.close(fd)
-
-
-class RunAs(msgspec.Struct, frozen=True):
-    """The identity a tool runs under when it is not the daemon's own: uid, gid, groups."""
-
-    uid: int
-    gid: int
-    groups: tuple[int, ...] = ()
-
-    def popen_kwargs(self) -> dict:
-        return {"user": self.uid, "group": self.gid, "extra_groups": list(self.groups)}
+def _release(script: BashScript | None, extra_fds: list[int]) -> None:
+    """Close the script's fd and the extra fds (emptying the list): ``run_command`` owns them."""
+    if script is not None:
+        script.close()
+    while extra_fds:
+        os.close(extra_fds.pop())
 
 
 def _settle_capture(capture: OutputCapture, on_output: Callable[[], None]) -> None:
@@ -359,26 +244,6 @@ def _settle_capture(capture: OutputCapture, on_output: Callable[[], None]) -> No
     if capture.spill is not None:
         capture.spill.close()
     on_output()
-
-
-def _spawn_sentence(argv: list[str], cwd: str, exc: OSError) -> str:
-    reason = exc.strerror or str(exc)
-    if exc.errno in RESOURCE_ERRNOS:
-        return (
-            f"Could not start the command: could not start a thread/process: resource limit "
-            f"({errno.errorcode[exc.errno]}: {reason}); too many processes or threads run as "
-            "this user (RLIMIT_NPROC, a cgroup's pids.max) or memory is short. Stop some, "
-            "then run it again."
-        )
-    if exc.filename is not None and os.fspath(exc.filename) == cwd:
-        return (
-            f"Could not start the command: the working directory {cwd} is not usable ({reason}). "
-            "Check that it exists and is a directory you can enter."
-        )
-    return (
-        f"Could not start the command: {argv[0]}: {reason}. "
-        "Check that the program exists and is executable."
-    )
 
 
 def _exit_code(returncode: int | None) -> int | None:
@@ -406,101 +271,12 @@ async def _wait_all(*events: trio.Event) -> None:
         await event.wait()
 
 
-def _proc_stat(pid: int | str) -> tuple[int, int, str] | None:
-    """``(ppid, pgid, comm)`` of a live (not zombie) process from ``/proc/<pid>/stat``."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read()
-    except OSError:
-        return None
-    head, _, tail = raw.rpartition(b")")
-    fields = tail.split()
-    if len(fields) < 3 or fields[0] == b"Z":
-        return None
-    comm = head.partition(b"(")[2].decode(errors="replace")
-    return int(fields[1]), int(fields[2]), comm
-
-
-def _command_pids(pgid: int, spare_wrapper: str | None) -> list[int]:
-    """Live members of process group ``pgid`` (a ``/proc`` scan), minus the sandbox wrapper's
-    own processes: the leader and its children named ``spare_wrapper`` when the leader is
-    named so (bwrap with a pid namespace is an outer process and an inner pid 1)."""
-    members: dict[int, tuple[int, str]] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            st = _proc_stat(name)
-            if st is not None and st[1] == pgid:
-                members[int(name)] = (st[0], st[2])
-    spare: set[int] = set()
-    leader = members.get(pgid)
-    if spare_wrapper is not None and leader is not None and leader[1] == spare_wrapper:
-        spare = {pgid} | {p for p, (ppid, comm) in members.items()
-                          if ppid == pgid and comm == spare_wrapper}
-    return [p for p in members if p not in spare]
-
-
-def _carries(pid: int | str, needle: bytes, uid: int) -> bool:
-    """True when process ``pid`` belongs to ``uid`` and its environment holds the entry
-    ``needle`` (``NAME=value``, exactly)."""
-    try:
-        if os.stat(f"/proc/{pid}").st_uid != uid:
-            return False
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            environ = f.read()
-    except OSError:
-        return False
-    return b"\0" + needle + b"\0" in b"\0" + environ.rstrip(b"\0") + b"\0"
-
-
-def _marked_pids(marker: str, uid: int) -> list[int]:
-    """Live processes of ``uid`` whose environment holds the entry ``marker`` (``NAME=value``)."""
-    needle = marker.encode()
-    me = os.getpid()
-    return [int(name) for name in os.listdir("/proc")
-            if name.isdigit() and int(name) != me and _carries(name, needle, uid)]
-
-
-def _kill_marked(pid: int, marker: str, uid: int) -> None:
-    """SIGKILL ``pid`` through a pidfd if, once the pidfd is held, it still carries ``marker``:
-    a pid that exited and was reused by another run's process since the scan is not hit."""
-    try:
-        pidfd = os.pidfd_open(pid)
-    except OSError:
-        return  # gone
-    try:
-        if _carries(pid, marker.encode(), uid):
-            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-    except OSError:
-        pass  # exited meanwhile, or not ours to signal
-    finally:
-        os.close(pidfd)
-
-
-def _signal_pid(pid: int, pgid: int | None, sig: signal.Signals) -> None:
-    """Signal ``pid`` through a pidfd, after checking (``pgid``) it is still in the group: a
-    pid that exited and was reused since the scan is not hit."""
-    try:
-        pidfd = os.pidfd_open(pid)
-    except OSError:
-        return  # gone
-    try:
-        if pgid is not None:
-            st = _proc_stat(pid)
-            if st is None or st[1] != pgid:
-                return
-        signal.pidfd_send_signal(pidfd, sig)
-    except OSError:
-        pass  # exited meanwhile, or not ours to signal
-    finally:
-        os.close(pidfd)
-
-
 class _Run:
     """State of one running command: the process, its pipe, and how it ended."""
 
     def __init__(
         self,
-        proc: _Child,
+        proc: Child,
         stream: trio.lowlevel.FdStream,
         capture: OutputCapture,
         on_output: Callable[[], None],
@@ -649,29 +425,13 @@ class _Run:
         self.exited.set()
 
     def _term_command(self) -> None:
-        """SIGTERM to the command's processes: the group's members minus the sandbox wrapper's
-        own (bwrap's outer process and its pid-1 child, whose death would tear the sandbox
-        down before the command's trap ran)."""
-        for pid in _command_pids(self.proc.pid, self.spare_wrapper):
-            _signal_pid(pid, self.proc.pid, signal.SIGTERM)
+        """SIGTERM to the command (not to the sandbox wrapper's own processes)."""
+        term_command(self.proc.pid, self.spare_wrapper)
 
     def _kill_all(self) -> None:
-        """SIGKILL to the group, then to the run's processes that left it (``marker``: the
-        run's ``DSH_RUN=<token>`` entry).
-
-        ``killpg`` only while the leader is unreaped (its pid, hence the group's id, cannot
-        have been reused); afterwards the members found in ``/proc`` one by one."""
-        if self.proc.returncode is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass  # the group is empty (or holds only processes we may not signal)
-        else:
-            for pid in _command_pids(self.proc.pid, None):
-                _signal_pid(pid, self.proc.pid, signal.SIGKILL)
-        if self.marker is not None:
-            for pid in _marked_pids(self.marker, self.uid):
-                _kill_marked(pid, self.marker, self.uid)
+        """SIGKILL to the group, then to the run's processes that left it."""
+        kill_all(self.proc.pid, leader_reaped=self.proc.returncode is not None,
+                 marker=self.marker, uid=self.uid)
 
     async def _terminate(self) -> None:
         """SIGTERM the command; after ``kill_grace`` s without exit and EOF, SIGKILL it all.

@@ -84,19 +84,15 @@ from pathlib import Path
 
 import trio
 
-from dshd.execution.sandbox import (
-    DEFAULT_TMP_SIZE,
-    PROBE_TIMEOUT,
+from dshd.execution.confine import SandboxUnavailable, Verdict, check_mode
+from dshd.execution.self_test import PROBE_TIMEOUT, self_test
+from dshd.execution.tmp_budget import DEFAULT_TMP_SIZE, TmpBudget
+from dshd.execution.workspace import (
     HiddenPathGuard,
     PinnedWorkspace,
-    SandboxUnavailable,
-    TmpBudget,
-    Verdict,
     check_confinable,
-    check_mode,
     close_fds,
     pin_workspace,
-    self_test,
 )
 
 __all__ = ["BwrapProvider", "probe_bwrap"]

@@ -74,15 +74,9 @@ from pathlib import Path
 import trio
 
 from dshd.execution import landlock_exec
-from dshd.execution.sandbox import (
-    HiddenPathGuard,
-    SandboxUnavailable,
-    Verdict,
-    check_confinable,
-    check_mode,
-    pin_workspace,
-    self_test,
-)
+from dshd.execution.confine import SandboxUnavailable, Verdict, check_mode
+from dshd.execution.self_test import self_test
+from dshd.execution.workspace import HiddenPathGuard, check_confinable, pin_workspace
 
 __all__ = ["DEVICES", "LandlockProvider", "probe_landlock"]
 

@@ -2,10 +2,13 @@
 
 Theory of operation: the log is the truth. `SessionLog` (writer.py) is the one write handle
 of a session: ``append`` in memory, ``flush`` (or the coalescing ``run`` task) makes it
-durable with one zstd frame per batch and group commit. `read_log` (reader.py) reads and
-checks a log without changing it, and recovers a torn tail. format.py is the pure v1 format,
-lock.py the daemon and session locks, repair.py the pure crash closers, sidecar.py the pending
-output checkpoints. Errors form one tree under `StorageError` (errors.py).
+durable with one zstd frame per batch and group commit; logfile.py is its file side (the fd,
+the session lock, pwrite + fsync, publishing). `read_log` (reader.py) reads and checks a log
+without changing it, and recovers a torn tail (torn.py judges a zstd log's last frame).
+format.py is the pure v1 format, lock.py the daemon and session locks, repair.py the pure
+crash closers, sidecar.py the pending output checkpoints, fsck.py the offline check (and
+fsck_cli.py its command, ``python -m dshd fsck --offline``). Errors form one tree under
+`StorageError` (errors.py).
 """
 
 from .errors import LockHeld, LogCorrupt, LogTooNew, StorageError, StorageWriteError

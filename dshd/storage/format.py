@@ -32,6 +32,7 @@ every later frame must have one).
 
 from __future__ import annotations
 
+import time
 import zlib
 from typing import Literal, NamedTuple
 
@@ -108,6 +109,27 @@ def encode_line(record: Event | Header) -> bytes:
     _encoder.encode_into(record, buf)
     buf += b"\n"
     return bytes(buf)
+
+
+def now_ms() -> int:
+    """Wall-clock time in integer ms since the Unix epoch (event ``time``)."""
+    return time.time_ns() // 1_000_000
+
+
+def new_event(seq: int, type: str, data: dict, *, time_ms: int, ignorable: bool = False
+              ) -> tuple[Event, bytes]:
+    """A new event and its line, checked (STORAGE.md §3): ``type`` a non-empty string known to
+    this version unless ``ignorable``, ``data`` a dict that JSON can carry. Raises `ValueError`
+    (empty or unknown type, a string with lone surrogates) or `TypeError` (``data`` not a
+    dict, or not JSON-encodable)."""
+    if not isinstance(type, str) or not type:
+        raise ValueError("event type must be a non-empty string")
+    if type not in KNOWN_TYPES and not ignorable:
+        raise ValueError(f"unknown event type {type!r} (pass ignorable=True for extensions)")
+    if not isinstance(data, dict):
+        raise TypeError(f"event data must be a dict, got {data.__class__.__name__}")
+    event = Event(seq=seq, time=time_ms, type=type, data=data, ignorable=ignorable)
+    return event, encode_line(event)
 
 
 def decode_event(line: bytes) -> Event:

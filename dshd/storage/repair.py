@@ -64,6 +64,73 @@ def _window_parts(window: Any) -> tuple[str | None, dict]:
     return "".join(text_parts), details
 
 
+class _Open:
+    """What the events opened and never closed, gathered in one walk (`repair_closers`)."""
+
+    def __init__(self) -> None:
+        self.named: dict[str, None] = {}  # callId in first-mention order (dicts keep it)
+        self.called: set[str] = set()
+        self.resulted: set[str] = set()
+        self.asked: dict[str, None] = {}
+        self.decided: set[str] = set()
+        self.gated: dict[str, str] = {}  # approvalId -> callId
+        self.granted: set[str] = set()  # callIds with an allowed-once decision
+        self.steps: dict[tuple[str, str], None] = {}
+        self.turns: dict[str, None] = {}
+
+    def see(self, ev: Event) -> None:
+        d, t = ev.data, ev.type
+        if t == "message/assistant":
+            for tc in d.get("toolCalls") or []:
+                if isinstance(tc, Mapping) and isinstance(tc.get("callId"), str):
+                    self.named.setdefault(tc["callId"], None)
+        elif t in ("tool/call", "tool/result"):
+            cid = d.get("callId")
+            if isinstance(cid, str):
+                self.named.setdefault(cid, None)
+                (self.called if t == "tool/call" else self.resulted).add(cid)
+        elif t == "approval/asked":
+            aid = d.get("approvalId")
+            if isinstance(aid, str):
+                self.asked.setdefault(aid, None)
+                if isinstance(d.get("callId"), str):
+                    self.gated[aid] = d["callId"]
+        elif t == "approval/decided":
+            aid = d.get("approvalId")
+            if isinstance(aid, str):
+                self.decided.add(aid)
+                if d.get("outcome") == "allowed-once" and aid in self.gated:
+                    self.granted.add(self.gated[aid])
+        elif t == "step/start":
+            key = (d.get("turnId"), d.get("stepId"))
+            self.steps.pop(key, None)
+            self.steps[key] = None  # re-opened: most recent position
+        elif t == "step/end":
+            self.steps.pop((d.get("turnId"), d.get("stepId")), None)
+        elif t == "turn/start":
+            self.turns.pop(d.get("turnId"), None)
+            self.turns[d.get("turnId")] = None
+        elif t == "turn/end":
+            self.turns.pop(d.get("turnId"), None)
+
+    def result(self, cid: str, windows: Mapping[str, Any]) -> dict:
+        """The ``tool/result`` closer of an unsettled call ``cid``."""
+        never_granted = cid in self.gated.values() and cid not in self.granted
+        details: dict = {}
+        if cid in self.called and never_granted:
+            content, code = NOT_GRANTED_TEXT, TOOL_NOT_STARTED
+        elif cid in self.called:
+            content, code = OUTCOME_UNKNOWN_TEXT, TOOL_OUTCOME_UNKNOWN
+            if cid in windows:
+                text, details = _window_parts(windows[cid])
+                if text:
+                    content = f"{OUTCOME_UNKNOWN_TEXT}\n\n{LAST_OUTPUT_INTRO}\n{text}"
+        else:
+            content, code = NOT_STARTED_TEXT, TOOL_NOT_STARTED
+        return {"callId": cid, "isError": True, "content": content, "details": details,
+                "errorCode": code}
+
+
 def repair_closers(
     events: list[Event], pending_windows: Mapping[str, Any] | None = None
 ) -> list[tuple[str, dict]]:
@@ -77,91 +144,19 @@ def repair_closers(
     errorCode}``. Pure; never raises on odd data (events with missing keys are skipped).
     """
     windows = pending_windows or {}
-    named: dict[str, None] = {}  # callId in first-mention order (dict keeps insertion order)
-    called: set[str] = set()
-    resulted: set[str] = set()
-    asked: dict[str, None] = {}
-    decided: set[str] = set()
-    gated: dict[str, str] = {}  # approvalId -> callId
-    granted: set[str] = set()  # callIds with an allowed-once decision
-    steps: dict[tuple[str, str], None] = {}
-    turns: dict[str, None] = {}
-
+    seen = _Open()
     for ev in events:
-        d = ev.data
-        t = ev.type
-        if t == "message/assistant":
-            for tc in d.get("toolCalls") or []:
-                if isinstance(tc, Mapping) and isinstance(tc.get("callId"), str):
-                    named.setdefault(tc["callId"], None)
-        elif t == "tool/call":
-            cid = d.get("callId")
-            if isinstance(cid, str):
-                named.setdefault(cid, None)
-                called.add(cid)
-        elif t == "tool/result":
-            cid = d.get("callId")
-            if isinstance(cid, str):
-                named.setdefault(cid, None)
-                resulted.add(cid)
-        elif t == "approval/asked":
-            aid = d.get("approvalId")
-            if isinstance(aid, str):
-                asked.setdefault(aid, None)
-                if isinstance(d.get("callId"), str):
-                    gated[aid] = d["callId"]
-        elif t == "approval/decided":
-            aid = d.get("approvalId")
-            if isinstance(aid, str):
-                decided.add(aid)
-                if d.get("outcome") == "allowed-once" and aid in gated:
-                    granted.add(gated[aid])
-        elif t == "step/start":
-            key = (d.get("turnId"), d.get("stepId"))
-            steps.pop(key, None)
-            steps[key] = None  # re-opened: most recent position
-        elif t == "step/end":
-            steps.pop((d.get("turnId"), d.get("stepId")), None)
-        elif t == "turn/start":
-            tid = d.get("turnId")
-            turns.pop(tid, None)
-            turns[tid] = None
-        elif t == "turn/end":
-            turns.pop(d.get("turnId"), None)
-
-    closers: list[tuple[str, dict]] = []
-    for aid in asked:
-        if aid not in decided:
-            closers.append(
-                ("approval/decided", {"approvalId": aid, "outcome": "cancelled", "by": "repair"})
-            )
-    for cid in named:
-        if cid in resulted:
-            continue
-        never_granted = cid in gated.values() and cid not in granted
-        if cid in called and never_granted:
-            content, details, code = NOT_GRANTED_TEXT, {}, TOOL_NOT_STARTED
-        elif cid in called:
-            content = OUTCOME_UNKNOWN_TEXT
-            details: dict = {}
-            if cid in windows:
-                text, details = _window_parts(windows[cid])
-                if text:
-                    content = f"{OUTCOME_UNKNOWN_TEXT}\n\n{LAST_OUTPUT_INTRO}\n{text}"
-            code = TOOL_OUTCOME_UNKNOWN
-        else:
-            content, details, code = NOT_STARTED_TEXT, {}, TOOL_NOT_STARTED
-        closers.append(
-            (
-                "tool/result",
-                {"callId": cid, "isError": True, "content": content, "details": details,
-                 "errorCode": code},
-            )
-        )
-    for turn_id, step_id in reversed(steps):
-        closers.append(("step/end", {"turnId": turn_id, "stepId": step_id}))
-    for turn_id in reversed(turns):
-        closers.append(("turn/end", {"turnId": turn_id, "reason": "interrupted"}))
+        seen.see(ev)
+    closers: list[tuple[str, dict]] = [
+        ("approval/decided", {"approvalId": aid, "outcome": "cancelled", "by": "repair"})
+        for aid in seen.asked if aid not in seen.decided
+    ]
+    closers += [("tool/result", seen.result(cid, windows))
+                for cid in seen.named if cid not in seen.resulted]
+    closers += [("step/end", {"turnId": turn_id, "stepId": step_id})
+                for turn_id, step_id in reversed(seen.steps)]
+    closers += [("turn/end", {"turnId": turn_id, "reason": "interrupted"})
+                for turn_id in reversed(seen.turns)]
     return closers
 
 

@@ -30,7 +30,7 @@ from dshd.paths import is_valid_id
 from protocol.apply import apply
 from protocol.codec import Decoder
 
-from . import threads
+from .threads import run_sync
 from .errors import StorageError, StorageWriteError
 
 BASE_EVERY = 50
@@ -109,7 +109,7 @@ class PendingOutput:
             raise ValueError(f"checkpoint {self._n} must be a base batch (every {BASE_EVERY})")
         line = _encoder.encode({"n": self._n, "base": base, "ops": ops}) + b"\n"
         try:
-            await threads.run_sync(self._write_sync, line)
+            await run_sync(self._write_sync, line)
         except OSError as e:
             raise StorageWriteError(
                 f"checkpointing the output of call {self.call_id} to {self.path} failed ({e})"
@@ -169,6 +169,17 @@ class PendingOutput:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
+
+
+def pending_windows(session_dir: Path, call_ids: list[str]) -> dict[str, dict]:
+    """callId → its last checkpointed ToolOutput value, for those of ``call_ids`` that have
+    one (`read_pending_window`; blocking)."""
+    windows = {}
+    for call_id in call_ids:
+        window = read_pending_window(session_dir, call_id)
+        if window is not None:
+            windows[call_id] = window
+    return windows
 
 
 def read_pending_window(session_dir: Path, call_id: str) -> dict | None:

@@ -1,9 +1,11 @@
 """The one write handle of a session log: append, coalesce, group-commit, recover (STORAGE.md §4, §5).
 
-Theory of operation: a `SessionLog` owns the log's file descriptor and the session lock for
-its whole life. ``append`` is synchronous and in memory only: it gives the event the next seq,
-encodes its line at once (so a value JSON cannot carry fails the caller, not a later write)
-and puts it in the buffer. Nothing is durable until a write has fsynced it:
+Theory of operation: a `SessionLog` owns the log for its whole life -- through a
+`logfile.LogFile`, which holds the file descriptor and the session lock and does the blocking
+writes (frames, pwrite + fsync, truncate-back, publishing by ``link``). ``append`` is
+synchronous and in memory only: it gives the event the next seq, encodes its line at once (so
+a value JSON cannot carry fails the caller, not a later write) and puts it in the buffer.
+Nothing is durable until a write has fsynced it:
 
 - **flush()** writes everything buffered as ONE frame (plain: one run of lines) and returns
   the durable seq once ``fsync`` has returned. Writes are serialised by one lock; a flusher
@@ -12,18 +14,15 @@ and puts it in the buffer. Nothing is durable until a write has fsynced it:
 - **run()** is the coalescing task the owner starts in its nursery: buffered events go out at
   most ``coalesce`` seconds after the *first* of them was appended (later appends do not push
   the deadline). It exits when `aclose` starts.
-- **Failure**: before a write the file size is noted; if the write or its fsync fails the file
-  is truncated back (and fsynced; if even that fails, the truncation is retried first thing on
-  the next write), the batch stays buffered, timed writes pause, and every ``flush()`` retries
-  and raises `StorageWriteError` until one succeeds. Callers fail closed. A caller whose change
-  must not happen after all (a settings change answered "storage failure") takes its events
-  back with `retract` while they are still the unwritten tail.
-- **Publishing** (a log made by `create`): the first write makes the directories (fsyncing each
-  parent), takes the session lock, writes header frame + first batch to a temp file opened
-  ``O_EXCL``, fsyncs it, ``link()``s it to the log's name (never overwriting), fsyncs the
-  directory and unlinks the temp name. The temp's fd becomes the log's fd.
-- **Opening** (`open_for_write`): the session lock is taken *before* the log is read; the log
-  is read through the same fd that will write it. A torn tail's kept records are events that
+- **Failure**: a failed write leaves the file as it was (`LogFile` truncates back), the batch
+  stays buffered, timed writes pause, and every ``flush()`` retries and raises
+  `StorageWriteError` until one succeeds. Callers fail closed. A caller whose change must not
+  happen after all (a settings change answered "storage failure") takes its events back with
+  `retract` while they are still the unwritten tail.
+- **Publishing** (a log made by `create`, which does no I/O): the first write makes the
+  directories, takes the session lock and links the log into place (`LogFile.publish`).
+- **Opening** (`open_for_write`): the session lock is taken *before* the log is read, through
+  the fd that will write it (`logfile.open_log`). A torn tail's kept records are events that
   are not yet durable: the first write truncates the torn bytes, fsyncs, and re-appends them
   as their own frame before the new batch. With ``repair=True`` the crash closers
   (`repair.repair_closers`) are appended and flushed before the handle is returned, and the
@@ -38,82 +37,47 @@ write in flight always finishes and the in-memory state matches the file). A wor
 cannot be started (the user's process limit: a fork bomb elsewhere) is a failed write like any
 other: `StorageWriteError` naming the limit, the batch kept, the next flush retries.
 
-One writer per session: across processes a `lock.HeldLock`, ``flock`` on the session directory
-itself and on its ``session.lock``; inside one process the flocks refuse a second handle too,
-and the optional ``claims`` set (one per daemon, owned by whoever owns the sessions; no
-module-level registry) refuses it before any file is touched. Before every write the lock's
-identity is re-checked (`HeldLock.verify`): when ``session.lock`` or the session directory was
-removed or replaced, the write does not happen, `StorageWriteError` (cause `LockLost`) says so,
-and the log says so once (``storage.lock_lost``).
+One writer per session: across processes the session lock (`lock.HeldLock`, held by the
+`LogFile`); inside one process the flocks refuse a second handle too, and the optional
+``claims`` set (one per daemon, owned by whoever owns the sessions; no module-level registry)
+refuses it before any file is touched. A write under a lost lock (``session.lock`` or the
+session directory removed or replaced) does not happen: `StorageWriteError` (cause
+`LockLost`) says so, and the log says so once (``storage.lock_lost``).
 """
 
 from __future__ import annotations
 
-import os
-import secrets
-import time
+import os  # noqa: F401 -- tests patch ``writer.os.fsync`` (the os module itself)
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import trio
 import zstandard
 
 import structlog
 
-from . import sidecar, threads
 from .errors import LockHeld, LockLost, StorageError, StorageWriteError
 from .format import (
     COMPRESSIONS,
-    KNOWN_TYPES,
     LOCK_NAME,
     LOG_NAME_PLAIN,
     LOG_NAME_ZSTD,
     Event,
     Header,
     encode_line,
-    encode_trailer,
+    new_event,
+    now_ms,
 )
 from .lock import HeldLock
-from .reader import LogRead, find_log, parse_log, session_dir_for
+from .logfile import LogFile, open_log
+from .reader import LogRead, session_dir_for
 from .repair import repair_closers, unresolved_calls
+from .sidecar import pending_windows, retire_settled
+from .threads import run_sync
 
 log = structlog.get_logger("dshd.storage")
 
 DEFAULT_COALESCE = 0.200
-ZSTD_LEVEL = 3
-
-
-def now_ms() -> int:
-    """Wall-clock time in integer ms since the Unix epoch (event ``time``)."""
-    return time.time_ns() // 1_000_000
-
-
-def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.pwrite(fd, view, offset)
-        if n <= 0:
-            raise OSError("pwrite wrote nothing")
-        view = view[n:]
-        offset += n
-
-
-def _read_all(fd: int) -> bytes:
-    chunks = []
-    offset = 0
-    while True:
-        chunk = os.pread(fd, 1 << 20, offset)
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
-        offset += len(chunk)
-
-
-def _unlink_quietly(path: Path) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
 
 
 class SessionLog:
@@ -125,19 +89,9 @@ class SessionLog:
     ``session_dir``, ``compression``, ``coalesce`` (seconds).
     """
 
-    def __init__(
-        self,
-        *,
-        state_dir: Path,
-        session_id: str,
-        header: Header,
-        compression: str,
-        coalesce: float,
-        claims: set[str] | None,
-        read: LogRead | None = None,
-        fd: int | None = None,
-        lock: HeldLock | None = None,
-    ) -> None:
+    def __init__(self, *, state_dir: Path, session_id: str, header: Header, compression: str,
+                 coalesce: float, claims: set[str] | None, read: LogRead | None = None,
+                 fd: int | None = None, lock: HeldLock | None = None) -> None:
         if compression not in COMPRESSIONS:
             raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
         if coalesce < 0:
@@ -150,26 +104,22 @@ class SessionLog:
         self.coalesce = coalesce
         self.header = header
         self._claims = claims
-        self._fd = fd
-        self._lock = lock
         self._lock_lost = False  # a lost lock was logged (once per episode)
-        self._compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_checksum=True)
+        self._file = LogFile(self.session_dir, self.path, compression, fd=fd, lock=lock)
 
         self.events: list[Event] = []
         self.last_seq = -1
         self.durable_seq = -1
         self._published = read is not None
-        self._size = 0  # end of the known-good bytes of the file
-        self._truncate_to: int | None = None  # bytes to cut before the next write
         self._fix: list[tuple[int, bytes]] = []  # torn-tail records to re-append
         if read is not None:
             self.events = list(read.events)
             self.last_seq = len(self.events) - 1
             self.durable_seq = self.last_seq - len(read.recovered)
             self._fix = [(ev.seq, encode_line(ev)) for ev in read.recovered]
-            self._size = read.valid_bytes
+            self._file.size = read.valid_bytes
             if read.torn:
-                self._truncate_to = read.valid_bytes
+                self._file.truncate_to = read.valid_bytes  # cut by the first write
         self._pending: list[tuple[int, bytes, float]] = []  # (seq, line, trio time appended)
         self._pending_since: float | None = None
 
@@ -182,24 +132,27 @@ class SessionLog:
         self._closing = False
         self._closed = False
 
-        self._made_dirs: list[Path] = []  # directories this handle created (publish)
-        self._unsynced_dirs: list[Path] = []  # parents whose new entry is not fsynced yet
         self._discarded = False
-
-        self._fsyncs = 0
-        self._frames = 0
-        self._writes = 0
         self._write_errors = 0
 
     # --- construction ---------------------------------------------------------------------
 
     @staticmethod
-    def _claim(claims: set[str] | None, session_dir: Path, session_id: str) -> None:
+    @contextmanager
+    def _claim(claims: set[str] | None, session_dir: Path, session_id: str):
+        """Claim ``session_id`` in ``claims`` (`LockHeld` when taken) for the handle being
+        built; the claim is given back if building it fails."""
         if claims is None:
+            yield
             return
         if session_id in claims:
             raise LockHeld(session_dir / LOCK_NAME, "another writer in this process")
         claims.add(session_id)
+        try:
+            yield
+        except BaseException:
+            claims.discard(session_id)
+            raise
 
     @classmethod
     def create(
@@ -224,20 +177,9 @@ class SessionLog:
         session_dir = session_dir_for(state_dir, session_id)
         if header.id != session_id:
             raise ValueError(f"header.id {header.id!r} differs from session id {session_id!r}")
-        cls._claim(claims, session_dir, session_id)
-        try:
-            return cls(
-                state_dir=state_dir,
-                session_id=session_id,
-                header=header,
-                compression=compression,
-                coalesce=coalesce,
-                claims=claims,
-            )
-        except BaseException:
-            if claims is not None:
-                claims.discard(session_id)
-            raise
+        with cls._claim(claims, session_dir, session_id):
+            return cls(state_dir=state_dir, session_id=session_id, header=header,
+                       compression=compression, coalesce=coalesce, claims=claims)
 
     @classmethod
     async def open_for_write(
@@ -262,24 +204,11 @@ class SessionLog:
         (the repair flush failed; nothing is left open).
         """
         session_dir = session_dir_for(state_dir, session_id)
-        cls._claim(claims, session_dir, session_id)
-        try:
-            read, fd, lock = await threads.run_sync(cls._open_sync, session_dir, session_id)
-        except BaseException:
-            if claims is not None:
-                claims.discard(session_id)
-            raise
-        log = cls(
-            state_dir=state_dir,
-            session_id=session_id,
-            header=read.header,
-            compression=read.compression,
-            coalesce=coalesce,
-            claims=claims,
-            read=read,
-            fd=fd,
-            lock=lock,
-        )
+        with cls._claim(claims, session_dir, session_id):
+            read, fd, lock = await run_sync(open_log, session_dir, session_id)
+        log = cls(state_dir=state_dir, session_id=session_id, header=read.header,
+                  compression=read.compression, coalesce=coalesce, claims=claims, read=read,
+                  fd=fd, lock=lock)
         try:
             if repair:
                 await log._repair()
@@ -290,34 +219,9 @@ class SessionLog:
             raise
         return log
 
-    @staticmethod
-    def _open_sync(session_dir: Path, session_id: str) -> tuple[LogRead, int, HeldLock]:
-        if not session_dir.is_dir():
-            raise FileNotFoundError(2, "no such session directory", str(session_dir))
-        lock = HeldLock.acquire(session_dir, LOCK_NAME)
-        try:
-            path, compression = find_log(session_dir, session_id)
-            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-            try:
-                read = parse_log(
-                    _read_all(fd), session_id=session_id, path=path, compression=compression
-                )
-            except BaseException:
-                os.close(fd)
-                raise
-        except BaseException:
-            lock.release()
-            raise
-        return read, fd, lock
-
     async def _repair(self) -> None:
-        windows: dict[str, Any] = {}
-        for call_id in unresolved_calls(self.events):
-            window = await threads.run_sync(
-                sidecar.read_pending_window, self.session_dir, call_id
-            )
-            if window is not None:
-                windows[call_id] = window
+        windows = await run_sync(
+            pending_windows, self.session_dir, unresolved_calls(self.events))
         at = now_ms()
         for type_, data in repair_closers(self.events, windows):
             self.append(type_, data, time_ms=at)
@@ -333,7 +237,7 @@ class SessionLog:
             and isinstance(ev.data.get("callId"), str)
         ]
         if settled:
-            await threads.run_sync(sidecar.retire_settled, self.session_dir, settled)
+            await run_sync(retire_settled, self.session_dir, settled)
 
     # --- appending and flushing -----------------------------------------------------------
 
@@ -344,14 +248,8 @@ class SessionLog:
     def _durable_through(self, seq: int) -> bool:
         return self._published and seq <= self.durable_seq
 
-    def append(
-        self,
-        type: str,
-        data: dict,
-        *,
-        ignorable: bool = False,
-        time_ms: int | None = None,
-    ) -> Event:
+    def append(self, type: str, data: dict, *, ignorable: bool = False,
+               time_ms: int | None = None) -> Event:
         """Add one event in memory with the next seq and return it (STORAGE.md §3, §4).
 
         Not durable until a flush (timed by `run`, or `flush`/`wait_durable`). ``time_ms``
@@ -362,20 +260,8 @@ class SessionLog:
         """
         if self._closing or self._closed:
             raise StorageError(f"session {self.session_id}: the log is closed")
-        if not isinstance(type, str) or not type:
-            raise ValueError("event type must be a non-empty string")
-        if type not in KNOWN_TYPES and not ignorable:
-            raise ValueError(f"unknown event type {type!r} (pass ignorable=True for extensions)")
-        if not isinstance(data, dict):
-            raise TypeError(f"event data must be a dict, got {data.__class__.__name__}")
-        event = Event(
-            seq=self.last_seq + 1,
-            time=now_ms() if time_ms is None else time_ms,
-            type=type,
-            data=data,
-            ignorable=ignorable,
-        )
-        line = encode_line(event)
+        event, line = new_event(self.last_seq + 1, type, data, ignorable=ignorable,
+                                time_ms=now_ms() if time_ms is None else time_ms)
         now = trio.current_time()
         self.events.append(event)
         self.last_seq = event.seq
@@ -495,9 +381,9 @@ class SessionLog:
         self.write_started = trio.current_time()
         try:
             if self._published:
-                await threads.run_sync(self._append_sync, payloads)
+                await run_sync(self._file.append, payloads)
             else:
-                await threads.run_sync(self._publish_sync, payloads)
+                await run_sync(self._file.publish, payloads)
         except (OSError, LockHeld, LockLost, zstandard.ZstdError) as e:
             self._failed = e
             self._write_errors += 1
@@ -525,135 +411,18 @@ class SessionLog:
         self._lock_lost = False
         self._notify()
 
-    # --- blocking file work (runs in a worker thread) -------------------------------------
-
-    def _fsync(self, fd: int) -> None:
-        self._fsyncs += 1
-        os.fsync(fd)
-
-    def _fsync_dir(self, path: Path) -> None:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            self._fsync(fd)
-        finally:
-            os.close(fd)
-
-    def _frames_of(self, payloads: list[bytes]) -> bytes:
-        self._frames += len(payloads)
-        if self.compression == "zstd":
-            # Every frame is followed by its trailer (format.py): new logs and old ones alike.
-            frames = [self._compressor.compress(p) for p in payloads]
-            return b"".join(f + encode_trailer(f) for f in frames)
-        return b"".join(payloads)
-
-    def _append_sync(self, payloads: list[bytes]) -> None:
-        fd = self._fd
-        assert fd is not None
-        if self._lock is not None:
-            self._lock.verify()  # raises LockLost: nothing is written under a lost lock
-        if self._truncate_to is not None:
-            os.ftruncate(fd, self._truncate_to)
-            self._fsync(fd)
-            self._size = self._truncate_to
-            self._truncate_to = None
-        if not payloads:
-            return
-        blob = self._frames_of(payloads)
-        noted = self._size
-        self._writes += 1
-        try:
-            _pwrite_all(fd, blob, noted)
-            self._fsync(fd)
-        except BaseException:
-            try:
-                os.ftruncate(fd, noted)
-                self._fsync(fd)
-            except OSError:
-                self._truncate_to = noted
-            raise
-        self._size = noted + len(blob)
-
-    def _makedirs_durable(self, path: Path) -> None:
-        """Make ``path`` and its missing parents, each entry fsynced in its parent.
-
-        A parent whose fsync failed stays in ``_unsynced_dirs`` and is fsynced again on the
-        next attempt: the directory exists by then, but its entry is not durable yet.
-        """
-        missing = []
-        while not path.is_dir():
-            missing.append(path)
-            if path.parent == path:
-                break
-            path = path.parent
-        for directory in reversed(missing):
-            try:
-                os.mkdir(directory, 0o700)
-            except FileExistsError:
-                continue
-            self._made_dirs.append(directory)
-            self._unsynced_dirs.append(directory.parent)
-        while self._unsynced_dirs:
-            self._fsync_dir(self._unsynced_dirs[0])
-            del self._unsynced_dirs[0]
-
-    def _publish_sync(self, payloads: list[bytes]) -> None:
-        self._makedirs_durable(self.session_dir)
-        if self._lock is None:
-            self._lock = HeldLock.acquire(self.session_dir, LOCK_NAME)
-        else:
-            self._lock.verify()
-        other = self.session_dir / (LOG_NAME_PLAIN if self.compression == "zstd" else LOG_NAME_ZSTD)
-        if os.path.lexists(other):
-            raise FileExistsError(17, "a log of the other format already exists", str(other))
-        blob = self._frames_of(payloads)
-        tmp = self.session_dir / f".{self.path.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp"
-        self._writes += 1
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        linked = False
-        try:
-            _pwrite_all(fd, blob, 0)
-            self._fsync(fd)
-            os.link(tmp, self.path)
-            linked = True
-            self._fsync_dir(self.session_dir)
-        except BaseException:
-            os.close(fd)
-            _unlink_quietly(tmp)
-            if linked:
-                _unlink_quietly(self.path)
-            raise
-        _unlink_quietly(tmp)  # a temp left by a crash here is harmless: never read
-        self._fd = fd
-        self._size = len(blob)
-
     # --- closing --------------------------------------------------------------------------
 
     async def _close_files(self) -> None:
         async with self._write_lock:  # a write in flight finishes before its fd closes
-            fd, self._fd = self._fd, None
-            lock, self._lock = self._lock, None
             try:
-                if fd is not None:
-                    os.close(fd)
-                if self._discarded and self.session_dir in self._made_dirs:
-                    self._remove_unpublished_dir()  # still under the lock
+                self._file.close(remove_unpublished_dir=self._discarded)
             finally:
-                if lock is not None:
-                    lock.release()
                 if self._claims is not None:
                     self._claims.discard(self.session_id)
                 self._closed = True
                 self._closing = True
                 self._notify()
-
-    def _remove_unpublished_dir(self) -> None:
-        """Remove the session directory this handle made for a log it never published (only
-        the lock file can be in it; anything else makes rmdir fail, and the directory stays)."""
-        _unlink_quietly(self.session_dir / LOCK_NAME)
-        try:
-            os.rmdir(self.session_dir)
-        except OSError:
-            pass
 
     def discard_unpublished(self) -> bool:
         """Give up a log whose first durable write never happened (STORAGE.md §4).
@@ -717,12 +486,12 @@ class SessionLog:
             "last_seq": self.last_seq,
             "durable_seq": self.durable_seq,
             "buffered": len(self._pending) + len(self._fix),
-            "fsyncs": self._fsyncs,
-            "frames": self._frames,
-            "writes": self._writes,
+            "fsyncs": self._file.fsyncs,
+            "frames": self._file.frames,
+            "writes": self._file.writes,
             "write_errors": self._write_errors,
             "failed": None if self._failed is None else str(self._failed),
-            "bytes": self._size,
+            "bytes": self._file.size,
             "published": self._published,
             "closed": self._closed,
         }

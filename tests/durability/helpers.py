@@ -60,9 +60,10 @@ def assert_paired(events: list[dict]) -> None:
 
 class ThreadSpawnSwitch:
     """Makes trio's worker-thread spawn fail, as ``RLIMIT_NPROC`` does, for the storage
-    room's blocking work only (its functions: ``_append_sync``, ``_publish_sync``, ...)."""
+    room's blocking work only (its functions: ``LogFile.append``, ``LogFile.publish``, ...,
+    named in the worker thread's name ``dshd storage <function>``)."""
 
-    NAMES = ("_append_sync", "_publish_sync", "_open_sync", "_write_sync", "retire")
+    NAMES = ("storage append", "storage publish", "storage open_log", "_write_sync", "retire")
 
     def __init__(self, monkeypatch) -> None:
         self.failing = False

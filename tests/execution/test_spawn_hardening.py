@@ -6,11 +6,11 @@ import errno
 import os
 import subprocess
 
-from dshd.execution.process import INLINE_COMMAND_MAX, BashScript, _spawn_sentence
+from dshd.execution.spawn import INLINE_COMMAND_MAX, BashScript, spawn_sentence
 
 
 def test_a_fork_at_a_resource_limit_names_the_limit():
-    sentence = _spawn_sentence(["bwrap"], "/", BlockingIOError(errno.EAGAIN, os.strerror(errno.EAGAIN)))
+    sentence = spawn_sentence(["bwrap"], "/", BlockingIOError(errno.EAGAIN, os.strerror(errno.EAGAIN)))
     assert "could not start a thread/process: resource limit" in sentence
     assert "EAGAIN" in sentence and "program exists" not in sentence
 

@@ -110,7 +110,7 @@ def test_a_swap_during_the_pin_fails_closed(provider_of, swap_area, monkeypatch,
             _swap(ws, outside)
         return fd
 
-    monkeypatch.setattr(sandbox.os, "open", open_then_swap)
+    monkeypatch.setattr(os, "open", open_then_swap)
     fds: list[int] = []
     before = set(os.listdir("/proc/self/fd"))
     with pytest.raises(SandboxUnavailable) as info:

@@ -24,7 +24,7 @@ from dshd.storage import (
     read_log,
 )
 from dshd.storage.format import TRAILER_SIZE, encode_trailer, ZSTD_MAGIC, decode_header, scan_zstd_frame
-from dshd.storage.reader import _decompress_frame
+from dshd.storage.torn import decompress_frame as _decompress_frame
 
 from storage_helpers import make_header, turn_events, write_log
 
