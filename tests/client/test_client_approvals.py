@@ -13,7 +13,7 @@ import tempfile
 import pytest
 import trio
 
-from client.answer import LineReader, Outcomes, parse_answer, request_lines, sandbox_label, visible
+from client.cli.answer import LineReader, Outcomes, parse_answer, request_lines, sandbox_label, visible
 from client.api import connect
 from client.exits import single as _single
 from client.transport import ConnectionLost

@@ -16,7 +16,9 @@ import pytest
 import trio
 from click.testing import CliRunner
 
-from client.cli import cli, command_string, exit_status
+from client.cli import cli
+from client.cli.run import command_string
+from client.exits import exit_status
 from fake_dshd import FakeDshd
 
 ROOT = Path(__file__).resolve().parents[2]

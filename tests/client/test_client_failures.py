@@ -13,7 +13,8 @@ import trio
 from click.testing import CliRunner
 
 from client.api import DaemonUnresponsive, connect, connect_timeout
-from client.cli import cli, exit_status
+from client.cli import cli
+from client.exits import exit_status
 from dsh_proc import Live, dsh, dsh_cmd, env_for, ROOT
 from fake_dshd import FakeDshd
 

@@ -1,5 +1,7 @@
 """``dsh fsck``: through the fake server (the verdicts from session.list / session.get /
-session.events), and ``--offline`` over hand-built logs in a temporary state directory."""
+session.events), and ``--offline`` over hand-built logs in a temporary state directory: that
+one runs ``python -m dshd fsck --offline`` (the daemon's package reads its own logs), so these
+tests pin that the output and exit statuses of ``dsh fsck --offline`` did not change."""
 
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from client.fsck import Verdict, check_offline, repairs_in
+from client.cli.fsck import offline_command
+from client.fsck import Verdict, repairs_in
 from dsh_proc import dsh
 from fake_dshd import FakeDshd, FakeError
 
@@ -69,13 +72,33 @@ def test_repairs_in_names_the_closers_only():
 def test_verdict_text_and_json():
     assert Verdict("s", "ok").text() == "ok"
     assert Verdict("s", "damaged", "bad frame").text() == "damaged: bad frame"
-    v = Verdict("s", "torn", offset=90, recovered=2, repairs=["call c TOOL_OUTCOME_UNKNOWN"],
-                pending=True)
-    assert v.text() == ("torn tail at byte 90: 2 records recovered (the daemon drops the torn "
-                        "bytes on its next write); needs repair on open: call c TOOL_OUTCOME_UNKNOWN")
-    assert v.to_json() == {"sessionId": "s", "state": "torn", "offset": 90, "recovered": 2,
-                           "needsRepair": ["call c TOOL_OUTCOME_UNKNOWN"]}
+    v = Verdict("s", "repaired", repairs=["call c TOOL_OUTCOME_UNKNOWN"])
+    assert v.text() == "repaired: call c TOOL_OUTCOME_UNKNOWN"
+    assert v.to_json() == {"sessionId": "s", "state": "repaired",
+                           "repairs": ["call c TOOL_OUTCOME_UNKNOWN"]}
     assert not v.failed and Verdict("s", "unchecked", "locked").failed
+
+
+def test_offline_runs_the_daemons_check_with_this_interpreter():
+    import sys
+
+    assert offline_command(None, None, False) == [sys.executable, "-m", "dshd", "fsck",
+                                                  "--offline"]
+    assert offline_command("/st", "-s1", True) == [sys.executable, "-m", "dshd", "fsck",
+                                                   "--offline", "--state-dir", "/st", "--json",
+                                                   "--", "-s1"]
+
+
+def test_the_client_never_reads_the_logs_itself():
+    import ast
+
+    from conftest import ROOT
+
+    for path in (ROOT / "client").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not any(n == "dshd" or n.startswith("dshd.") for n in names), path
 
 
 # ---------------------------------------------------------------------- online
@@ -244,8 +267,3 @@ async def test_fsck_offline_warns_when_a_daemon_holds_the_state_dir(state, tmp_p
         os.close(fd)
     assert proc.returncode == 0
     assert proc.stderr.decode().startswith(f"dsh: a running dshd holds {state}:")
-
-
-def test_check_offline_of_a_clean_plain_log(tmp_path):
-    _plain_log(tmp_path, "p1", b"".join(_lines("p1", CLEAN[0] + CLEAN[1])))
-    assert check_offline(tmp_path, "p1") == Verdict("p1", "ok", pending=True)
