@@ -22,7 +22,7 @@ from client import fsck as _fsck
 from client.api import Client
 from client.cli.common import Options, execute, json_flag, pass_options
 from client.cli.terminal import emit, is_tty, note, print_json, stdout
-from client.exits import fsck_status
+from client.exits import EXIT_ERROR, fsck_status
 from client.output import printable
 from protocol.rpc import STORAGE_FAILURE, RpcError
 
@@ -83,7 +83,7 @@ def _run_offline(argv: list[str]) -> int:
         done = subprocess.run(argv, check=False)
     except OSError as exc:
         note(f"dsh: cannot run {argv[0]} -m dshd: {exc.strerror or exc}")
-        return 1
+        return EXIT_ERROR
     return done.returncode if done.returncode >= 0 else 128 - done.returncode
 
 
