@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Mapping
 
 import anyio
+import msgspec
 
 from client.paths import socket_path as resolve_socket_path
 from client.subscription import Subscription
@@ -119,14 +120,20 @@ class Client:
     def connection(self) -> Connection:
         return self._conn
 
-    async def request(self, method: str, params: Mapping[str, Any] | None = None, *,
-                      on_result: Callable[[Any], None] | None = None) -> Any:
+    async def request(self, method: str, params: Mapping[str, Any] | msgspec.Struct | None = None,
+                      *, on_result: Callable[[Any], None] | None = None) -> Any:
         """Send one request and return its decoded result (``RpcError`` for an error answer).
 
-        The one path of every request this client sends (module doc). ``on_result`` runs in
-        the reader as the answer arrives (``Connection.call``).
+        The one path of every request this client sends (module doc): ``params`` is a mapping
+        or a msgspec ``Struct`` (encoded by its own field names and renames, as the daemon
+        decodes it). ``on_result`` runs in the reader as the answer arrives
+        (``Connection.call``).
         """
-        return await self._conn.call(method, dict(params or {}), on_result=on_result)
+        if isinstance(params, msgspec.Struct):
+            wire: Any = msgspec.to_builtins(params)
+        else:
+            wire = dict(params or {})
+        return await self._conn.call(method, wire, on_result=on_result)
 
     async def call(self, method: str, params: Mapping[str, Any] | None = None) -> Any:
         """Any method, by name (for methods this class has no wrapper for)."""

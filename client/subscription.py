@@ -1,6 +1,7 @@
 """A live mirror of one session's lane view that survives gaps and overflow (PROTOCOL.md §3.3).
 
-Theory of operation: ``open`` sends ``subscribe`` and registers an ``Inbox`` for the new
+Theory of operation: ``open`` sends ``subscribe`` (through the client's one request path,
+``Client.request``) and registers an ``Inbox`` for the new
 ``subscriptionId`` from inside the reader (the ``on_result`` hook), so the base batch that
 follows the response lands in it. Iterating takes batches from the inbox and feeds them to a
 ``Mirror``. When the mirror breaks (seq gap, decode or apply error) or the inbox overflowed
@@ -41,10 +42,10 @@ class Subscription:
     The view is the mirror's own value, changed in place by later batches: copy what you keep.
     """
 
-    def __init__(self, conn: Connection, session_id: str, *, bound: int = DEFAULT_INBOX_BOUND,
-                 request: Requester | None = None) -> None:
-        self._conn = conn
-        self._request: Requester = request or conn.call
+    def __init__(self, conn: Connection, session_id: str, *, request: Requester,
+                 bound: int = DEFAULT_INBOX_BOUND) -> None:
+        self._conn = conn  # routing of its stream notifications only
+        self._request = request
         self.session_id = session_id
         self._bound = bound
         self._inbox: Inbox | None = None

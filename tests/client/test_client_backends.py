@@ -276,3 +276,17 @@ def test_inbox_is_bounded_and_marks_overflow(backend):
             await inbox.get()
 
     on(backend, body)
+
+
+def test_request_sends_a_params_struct_as_the_daemon_decodes_it(backend, real_dshd, workdir):
+    import msgspec
+
+    class SessionGet(msgspec.Struct, rename="camel"):
+        session_id: str
+
+    async def body():
+        async with connect(real_dshd.socket) as c:
+            sid = await c.create_session(workdir)
+            assert (await c.request("session.get", SessionGet(sid)))["sessionId"] == sid
+
+    on(backend, body)
