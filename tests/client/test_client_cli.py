@@ -166,8 +166,9 @@ async def test_interrupt_with_cancel_on_interrupt_cancels_and_waits(real_dshd, w
                                             "--call-id", "k2", "--cancel-on-interrupt", "--",
                                             "echo working; sleep 100")
     try:
-        await _started(real_dshd, sid, "k2")
-        await run.until("session ")
+        with trio.fail_after(20):
+            while "working" not in run.out:  # the command runs (not only dispatched)
+                await trio.sleep(0.02)
         run.proc.send_signal(signal.SIGINT)
         assert await run.wait() == 130
     finally:

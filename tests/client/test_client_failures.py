@@ -129,8 +129,9 @@ async def test_wait_for_a_call_dshd_crashed_under_exits_75(own_dshd, tmp_path):
         sid = await c.create_session(tmp_path)
         cid = await c.run_tool(sid, "echo started; sleep 100")
         with trio.fail_after(20):
-            async for view in await c.subscribe(sid):
-                if view["tools"].get(cid, {}).get("state") == "running":
+            async for view in await c.subscribe(sid):  # until the command runs and printed
+                output = view["tools"].get(cid, {}).get("output") or {}
+                if "started" in str(output.get("content")):
                     break
     own_dshd.kill9()
     own_dshd.start()  # opening the session repairs it: TOOL_OUTCOME_UNKNOWN
