@@ -1,7 +1,9 @@
 """dsh's thin client: typed calls over the socket, live mirrors of streamed views, the CLI.
 
-``client.api.connect`` is the way in; ``client.mirror`` is pure (no I/O); ``client.cli`` is the
-``dsh`` command.
+The library (``transport``, ``api``, ``subscription``) runs on anyio: under trio or asyncio,
+whichever loop calls it. ``client.api.connect`` is the way in; ``client.mirror``, ``follow``
+and ``spill`` are pure (no event loop); ``client.cli`` is the ``dsh`` command and
+``client.exits`` every exit status it has. The client never imports the daemon (``dshd``).
 """
 
 from client.api import Client, ConnectFailed, DaemonNotRunning, connect

@@ -1,15 +1,21 @@
-"""Typed calls of the dshd client protocol (PROTOCOL.md §2–§3.6) over a ``Connection``.
+"""Typed calls of the dshd client protocol (PROTOCOL.md §2–§3.6) over a ``Connection``, on
+anyio (trio or asyncio, whichever runs the caller).
 
-Theory of operation: ``connect`` resolves the socket path the way the daemon does
-(``dshd.paths.socket_path``: ``--socket``, ``DSH_SOCKET``, defaults), opens the socket, runs a
-``Connection`` for the duration of the block and sends ``initialize`` first -- within ``connect_timeout()`` seconds (``DSH_CONNECT_TIMEOUT``, else
-10): a daemon alive but unable to serve (out of file descriptors, the kernel queues the
-connection and nobody reads it) is ``DaemonUnresponsive``, not a hang; ``approvals=True``
-makes the connection an approval answerer for every session it subscribes to (§3.4). A missing
-or refusing socket is ``DaemonNotRunning``, whose message says how to start the daemon. Each
-method below is one request; the daemon's errors come out as ``protocol.rpc.RpcError`` with its
-``code``, ``message`` and ``data``. Results are the plain JSON objects of the spec: this layer
-names the calls, it does not model the domain.
+Theory of operation: ``connect`` resolves the socket path by the spec's rule
+(``client.paths.socket_path``: ``--socket``, ``DSH_SOCKET``, defaults), opens the socket, runs a
+``Connection`` for the duration of the block and sends ``initialize`` first -- within
+``connect_timeout()`` seconds (``DSH_CONNECT_TIMEOUT``, else 10): a daemon alive but unable to
+serve (out of file descriptors, the kernel queues the connection and nobody reads it) is
+``DaemonUnresponsive``, not a hang; ``approvals=True`` makes the connection an approval
+answerer for every session it subscribes to (§3.4). A missing or refusing socket is
+``DaemonNotRunning``, whose message says how to start the daemon.
+
+Every request -- ``initialize``, each method below, a ``Subscription``'s ``subscribe`` and
+``unsubscribe`` -- goes through ``Client.request(method, params)``: the one place params are
+encoded and results decoded (today plain JSON objects of the spec; the place where the shared
+``protocol.methods`` structs plug in). The daemon's errors come out as
+``protocol.rpc.RpcError`` with its ``code``, ``message`` and ``data``. This layer names the
+calls, it does not model the domain.
 """
 
 from __future__ import annotations
@@ -19,10 +25,12 @@ import os
 from contextlib import asynccontextmanager
 from importlib import metadata
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable, Mapping
 
-import trio
+import anyio
+import msgspec
 
+from client.paths import socket_path as resolve_socket_path
 from client.subscription import Subscription
 from client.transport import (
     DEFAULT_INBOX_BOUND,
@@ -31,7 +39,6 @@ from client.transport import (
     DshClientError,
     open_connection,
 )
-from dshd.paths import socket_path as resolve_socket_path
 
 __all__ = ["Client", "connect", "DaemonNotRunning", "DaemonUnresponsive", "ConnectFailed",
            "CallLost", "PROTOCOL_VERSION", "dsh_version", "connect_timeout"]
@@ -103,19 +110,44 @@ def _camel(name: str) -> str:
 class Client:
     """An initialized connection to dshd. Get one from ``connect``."""
 
-    def __init__(self, conn: Connection, path: Path, server: dict[str, Any]) -> None:
+    def __init__(self, conn: Connection, path: Path, server: dict[str, Any] | None = None) -> None:
         self._conn = conn
         self.socket_path = path
         #: The ``initialize`` result: protocolVersion, server {name, version}, sandbox.
-        self.server = server
+        self.server: dict[str, Any] = server or {}
 
     @property
     def connection(self) -> Connection:
         return self._conn
 
-    async def call(self, method: str, params: dict[str, Any] | None = None) -> Any:
+    async def request(self, method: str, params: Mapping[str, Any] | msgspec.Struct | None = None,
+                      *, on_result: Callable[[Any], None] | None = None) -> Any:
+        """Send one request and return its decoded result (``RpcError`` for an error answer).
+
+        The one path of every request this client sends (module doc): ``params`` is a mapping
+        or a msgspec ``Struct`` (encoded by its own field names and renames, as the daemon
+        decodes it). ``on_result`` runs in the reader as the answer arrives
+        (``Connection.call``).
+        """
+        if isinstance(params, msgspec.Struct):
+            wire: Any = msgspec.to_builtins(params)
+        else:
+            wire = dict(params or {})
+        return await self._conn.call(method, wire, on_result=on_result)
+
+    async def call(self, method: str, params: Mapping[str, Any] | None = None) -> Any:
         """Any method, by name (for methods this class has no wrapper for)."""
-        return await self._conn.call(method, params)
+        return await self.request(method, params)
+
+    async def initialize(self, client_name: str, client_version: str | None,
+                         approvals: bool) -> dict[str, Any]:
+        """``initialize`` (PROTOCOL.md §2); keeps and returns the server's answer."""
+        self.server = await self.request("initialize", {
+            "protocolVersion": PROTOCOL_VERSION,
+            "client": {"name": client_name, "version": client_version or dsh_version()},
+            "capabilities": {"approvals": approvals},
+        })
+        return self.server
 
     # -- sessions ------------------------------------------------------------------------
     async def create_session(self, cwd: str | os.PathLike[str], title: str | None = None, *,
@@ -132,19 +164,19 @@ class Client:
         for key, value in opts.items():
             if value is not None:
                 params[_camel(key)] = value
-        result = await self._conn.call("session.create", params)
+        result = await self.request("session.create", params)
         return result["sessionId"]
 
     async def list_sessions(self) -> list[dict[str, Any]]:
-        result = await self._conn.call("session.list", {})
+        result = await self.request("session.list", {})
         return result["sessions"]
 
     async def get_session(self, session_id: str) -> dict[str, Any]:
-        return await self._conn.call("session.get", {"sessionId": session_id})
+        return await self.request("session.get", {"sessionId": session_id})
 
     async def events(self, session_id: str, after_seq: int = -1, limit: int = 1000) -> dict[str, Any]:
         """One page of ``session.events``: ``{"events": [...], "lastSeq": n}``."""
-        return await self._conn.call(
+        return await self.request(
             "session.events", {"sessionId": session_id, "afterSeq": after_seq, "limit": limit}
         )
 
@@ -188,7 +220,7 @@ class Client:
         }
         if call_id is not None:
             params["callId"] = call_id
-        return await self._conn.call("tool.run", params)
+        return await self.request("tool.run", params)
 
     async def wait(self, session_id: str, call_id: str, timeout: float | None = None) -> dict[str, Any]:
         """``tool.wait``: the ToolResult once durable. With ``timeout`` the daemon answers
@@ -196,10 +228,10 @@ class Client:
         params: dict[str, Any] = {"sessionId": session_id, "callId": call_id}
         if timeout is not None:
             params["timeout"] = timeout
-        return await self._conn.call("tool.wait", params)
+        return await self.request("tool.wait", params)
 
     async def cancel(self, session_id: str, call_id: str) -> bool:
-        result = await self._conn.call("tool.cancel", {"sessionId": session_id, "callId": call_id})
+        result = await self.request("tool.cancel", {"sessionId": session_id, "callId": call_id})
         return bool(result["cancelled"])
 
     # -- approvals (PROTOCOL.md §3.4) -------------------------------------------------------
@@ -207,7 +239,7 @@ class Client:
         """``approval.decide`` (``decision``: ``allow`` | ``reject``); returns the outcome
         (``allowed-once`` | ``rejected``). A request decided already is ``RpcError`` -32011 with
         ``data["outcome"]``; an unknown one -32007."""
-        result = await self._conn.call(
+        result = await self.request(
             "approval.decide",
             {"sessionId": session_id, "approvalId": approval_id, "decision": decision},
         )
@@ -215,17 +247,17 @@ class Client:
 
     async def set_policy(self, session_id: str, policy: str) -> None:
         """``session.setApprovalPolicy`` (``ask`` | ``never``)."""
-        await self._conn.call("session.setApprovalPolicy", {"sessionId": session_id, "policy": policy})
+        await self.request("session.setApprovalPolicy", {"sessionId": session_id, "policy": policy})
 
     # -- streams and daemon --------------------------------------------------------------
     async def subscribe(self, session_id: str, *, bound: int = DEFAULT_INBOX_BOUND) -> Subscription:
         """Subscribe to the session's lane view; iterate the returned ``Subscription``."""
-        sub = Subscription(self._conn, session_id, bound=bound)
+        sub = Subscription(self._conn, session_id, bound=bound, request=self.request)
         await sub.open()
         return sub
 
     async def status(self) -> dict[str, Any]:
-        return await self._conn.call("daemon.status", {})
+        return await self.request("daemon.status", {})
 
 
 @asynccontextmanager
@@ -239,28 +271,21 @@ async def connect(
     """Connect to dshd and ``initialize``; the connection closes when the block ends."""
     path = resolve_socket_path(socket_path)
     timeout = connect_timeout()
-    deadline = trio.current_time() + timeout
+    deadline = anyio.current_time() + timeout
     try:
-        with trio.fail_at(deadline):
-            stream = await trio.open_unix_socket(os.fspath(path))
-    except trio.TooSlowError:
+        with anyio.fail_after(timeout):
+            stream = await anyio.connect_unix(os.fspath(path))
+    except TimeoutError:
         raise DaemonUnresponsive(path, timeout) from None
     except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError) as exc:
         raise DaemonNotRunning(path) from exc
     except OSError as exc:
         raise ConnectFailed(f"cannot connect to dshd at {path}: {exc.strerror or exc}") from exc
     async with open_connection(stream) as conn:
+        client = Client(conn, path)
         try:
-            with trio.fail_at(deadline):
-                server = await conn.call(
-                    "initialize",
-                    {
-                        "protocolVersion": PROTOCOL_VERSION,
-                        "client": {"name": client_name,
-                                   "version": client_version or dsh_version()},
-                        "capabilities": {"approvals": approvals},
-                    },
-                )
-        except trio.TooSlowError:
+            with anyio.fail_after(max(0.0, deadline - anyio.current_time())):
+                await client.initialize(client_name, client_version, approvals)
+        except TimeoutError:
             raise DaemonUnresponsive(path, timeout) from None
-        yield Client(conn, path, server)
+        yield client

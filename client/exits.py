@@ -1,20 +1,29 @@
-"""How a failed ``dsh`` command ends: one stderr line and an exit status, shared by every
-command (``client.cli``) and ``dsh chat`` (``client.chat``).
+"""Every exit status of ``dsh``: how a call's result, a turn, a failure or a check ends the
+command (docs/README.md, "`dsh` exit status").
 
-Theory of operation: trio nurseries wrap failures in exception groups; :func:`single` digs out
-the exception that says what happened. :func:`exit_for` maps it to a status after writing its
-line through the caller's ``note``; it returns None for anything it does not know (a bug: the
-caller re-raises it with its traceback).
+Theory of operation: the commands (``client.cli``) decide nothing about statuses themselves;
+they ask here. :func:`exit_status` maps a ToolResult to a status and its stderr line;
+:func:`turn_status` a turn's end reason (``dsh chat``); :func:`failure_status` an exception
+that ended a command: anyio task groups wrap failures in exception groups, so :func:`single`
+first digs out the exception that says what happened, then its line goes through the caller's
+``note``. It returns None for anything it does not know (a bug: the caller re-raises it with
+its traceback). :func:`detached_status`, :func:`fsck_status` and :func:`decided_status` name
+the remaining cases.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 from client.api import CallLost, DaemonNotRunning, DaemonUnresponsive
+from client.spill import command_ran
 from client.transport import DshClientError
 from protocol.rpc import RpcError
 
+__all__ = ["exit_status", "turn_status", "failure_status", "detached_status", "fsck_status",
+           "single", "leaves", "NEVER_RAN_CODES"]
+
+EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_DAEMON_NOT_RUNNING = 2
 EXIT_OUTCOME_UNKNOWN = 75  # EX_TEMPFAIL: the command may or may not have run
@@ -23,8 +32,95 @@ EXIT_NEVER_RAN = 125
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141
 
+#: errorCodes of a call that never ran (exit 125 whatever else the result says).
+NEVER_RAN_CODES = frozenset({
+    "STORAGE_FAILURE", "SANDBOX_UNAVAILABLE", "APPROVAL_REJECTED", "APPROVAL_UNAVAILABLE",
+    "APPROVAL_CANCELLED", "ABORTED_BEFORE_DISPATCH", "TOOL_NOT_STARTED",
+})
+#: ``dsh chat``: the status for each ``turn/end`` reason.
+TURN_STATUS = {"completed": EXIT_OK, "error": EXIT_ERROR, "interrupted": EXIT_ERROR,
+               "cancelled": EXIT_INTERRUPTED}
 
-def leaves(exc: BaseException):
+
+# ---------------------------------------------------------------------- results
+def _details(result: dict[str, Any]) -> dict[str, Any]:
+    details = result.get("details")
+    return details if isinstance(details, dict) else {}
+
+
+def _exit_code(result: dict[str, Any]) -> int | None:
+    code = result.get("exitCode")
+    if not isinstance(code, int) or isinstance(code, bool):
+        code = _details(result).get("exitCode")
+    return None if isinstance(code, bool) or not isinstance(code, int) else code
+
+
+def _sentence(result: dict[str, Any], error_code: Any) -> str:
+    sentence = result.get("message")  # dshd's sentence when content holds output
+    if not isinstance(sentence, str) and error_code == "TOOL_OUTCOME_UNKNOWN":
+        # Its content is the sentence, then maybe the last output checkpointed.
+        sentence = str(result.get("content") or "").split("\n\n", 1)[0]
+    elif not isinstance(sentence, str):
+        sentence = "" if command_ran(result) else str(result.get("content") or "")
+    return sentence.strip()
+
+
+def exit_status(result: dict[str, Any]) -> tuple[int, str | None]:
+    """The exit status of ``dsh`` for a ToolResult, and a line for stderr (or None).
+
+    TOOL_TIMEOUT: 124. TOOL_CANCELLED: the command's exit code if non-zero, else 130.
+    TOOL_OUTCOME_UNKNOWN (dshd crashed while it ran: it may or may not have run): 75. A code of
+    ``NEVER_RAN_CODES``: 125. Another errorCode: the exit code if non-zero, else 1 -- or 125
+    when there is none (the call never ran). The ``errorCode`` and sentence go to stderr. No
+    errorCode: the exit code (1 when there is none and the result is an error). Never 0 for a
+    result with ``isError``.
+    """
+    error_code = result.get("errorCode")
+    code = _exit_code(result)
+    sentence = _sentence(result, error_code)
+    line = (f"dsh: {error_code}: {sentence}" if sentence else f"dsh: {error_code}") \
+        if error_code else None
+    own = max(0, min(code, 255)) if code is not None else None  # what the command exited with
+    if error_code == "TOOL_TIMEOUT":
+        status = EXIT_TIMEOUT
+    elif error_code == "TOOL_CANCELLED":
+        status = own or EXIT_INTERRUPTED
+    elif error_code == "TOOL_OUTCOME_UNKNOWN":
+        status = EXIT_OUTCOME_UNKNOWN
+    elif error_code in NEVER_RAN_CODES:
+        status = EXIT_NEVER_RAN
+    elif error_code:
+        status = EXIT_NEVER_RAN if own is None else own or EXIT_ERROR
+    else:
+        status = own if own is not None else EXIT_OK
+    if status == EXIT_OK and (error_code or result.get("isError")):
+        status = EXIT_ERROR
+    return status, line
+
+
+def turn_status(reason: Any) -> int:
+    """``dsh chat``: 0 completed, 130 cancelled, 1 for an error or anything else."""
+    return TURN_STATUS.get(reason, EXIT_ERROR) if isinstance(reason, str) else EXIT_ERROR
+
+
+def detached_status(pipe: bool) -> int:
+    """``dsh run`` stopped following before the result: 141 for a closed stdout, else 130."""
+    return EXIT_BROKEN_PIPE if pipe else EXIT_INTERRUPTED
+
+
+def fsck_status(failed: bool) -> int:
+    """``dsh fsck``: 1 when any session is damaged or unchecked."""
+    return EXIT_ERROR if failed else EXIT_OK
+
+
+def decided_status(*, already: bool) -> int:
+    """``dsh approve``: 1 when the request was decided already (or ``dsh cancel``: not
+    running), else 0."""
+    return EXIT_ERROR if already else EXIT_OK
+
+
+# ---------------------------------------------------------------------- failures
+def leaves(exc: BaseException) -> Iterator[BaseException]:
     if isinstance(exc, BaseExceptionGroup):
         for inner in exc.exceptions:
             yield from leaves(inner)
@@ -33,7 +129,7 @@ def leaves(exc: BaseException):
 
 
 def single(exc: BaseException) -> BaseException:
-    """The exception that says what happened, out of nested exception groups (trio nurseries):
+    """The exception that says what happened, out of nested exception groups (task groups):
     the one leaf, or -- when several tasks failed at once, e.g. all of them on the connection
     dshd closed -- the first interrupt, then lost call, client error, error answer, broken pipe.
     Anything else stays the group (a bug: re-raised with its traceback)."""
@@ -69,3 +165,19 @@ def exit_for(exc: BaseException, note: Callable[[str], None]) -> int | None:
     if isinstance(exc, KeyboardInterrupt):
         return EXIT_INTERRUPTED
     return None
+
+
+def failure_status(raised: BaseException, note: Callable[[str], None],
+                   on_broken_pipe: Callable[[], None]) -> int | None:
+    """The status for an exception that ended a command (None: a bug, re-raise it). A closed
+    stdout is 141, after ``on_broken_pipe`` (which keeps the final flush quiet)."""
+    exc = single(raised)
+    if isinstance(exc, BrokenPipeError):
+        on_broken_pipe()
+        return EXIT_BROKEN_PIPE
+    return exit_for(exc, note)
+
+
+def run_status(status: int, *, cancelled_by_user: bool) -> int:
+    """``dsh run``: the result's status, or 130 when Ctrl-C cancelled the call."""
+    return EXIT_INTERRUPTED if cancelled_by_user else status

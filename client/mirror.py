@@ -7,7 +7,7 @@ Anything that makes the mirror suspect -- a non-base batch before any base, a se
 the previous one plus one, a decode error, an apply error -- resets the mirror to empty and
 raises ``MirrorBroken``; the caller subscribes again and the next base batch heals it.
 
-No I/O, no trio: the async side (``client.subscription``) owns the socket and the retries.
+No I/O, no event loop: the async side (``client.subscription``) owns the socket and the retries.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ the output exactly once, in three modes:
 Raw bytes in spill mode are what the command wrote, byte for byte (the window's text is
 cleaned of NUL and C0 controls and has invalid UTF-8 replaced; for clean UTF-8 both agree).
 Pure but for the ``Spill`` it opens (``SpillFile`` reads the real file): the driver
-(``client.cli``) decides when to poll and when to give up waiting.
+(``client.cli.output``) decides when to poll and when to give up waiting.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """A live mirror of one session's lane view that survives gaps and overflow (PROTOCOL.md §3.3).
 
-Theory of operation: ``open`` sends ``subscribe`` and registers an ``Inbox`` for the new
+Theory of operation: ``open`` sends ``subscribe`` (through the client's one request path,
+``Client.request``) and registers an ``Inbox`` for the new
 ``subscriptionId`` from inside the reader (the ``on_result`` hook), so the base batch that
 follows the response lands in it. Iterating takes batches from the inbox and feeds them to a
 ``Mirror``. When the mirror breaks (seq gap, decode or apply error) or the inbox overflowed
@@ -14,9 +15,9 @@ value (a base batch starts with ``r``). Too many restarts in a row without one g
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Awaitable, Callable, Mapping, Protocol
 
-import trio
+import anyio
 
 from client.mirror import Mirror, MirrorBroken
 from client.transport import DEFAULT_INBOX_BOUND, Connection, Inbox, InboxOverflow
@@ -28,14 +29,23 @@ __all__ = ["Subscription", "MAX_RESTARTS_IN_A_ROW"]
 MAX_RESTARTS_IN_A_ROW = 8
 
 
+class Requester(Protocol):
+    """How a subscription sends ``subscribe`` / ``unsubscribe``: ``Client.request``."""
+
+    def __call__(self, method: str, params: Mapping[str, Any] | None = None, *,
+                 on_result: Callable[[Any], None] | None = None) -> Awaitable[Any]: ...
+
+
 class Subscription:
     """Iterate it (``async for view in sub``) to get the lane view after each batch.
 
     The view is the mirror's own value, changed in place by later batches: copy what you keep.
     """
 
-    def __init__(self, conn: Connection, session_id: str, *, bound: int = DEFAULT_INBOX_BOUND) -> None:
-        self._conn = conn
+    def __init__(self, conn: Connection, session_id: str, *, request: Requester,
+                 bound: int = DEFAULT_INBOX_BOUND) -> None:
+        self._conn = conn  # routing of its stream notifications only
+        self._request = request
         self.session_id = session_id
         self._bound = bound
         self._inbox: Inbox | None = None
@@ -55,8 +65,8 @@ class Subscription:
         def register(result: Any) -> None:
             self._conn.register_inbox(result["subscriptionId"], inbox)
 
-        result = await self._conn.call("subscribe", {"sessionId": self.session_id},
-                                       on_result=register)
+        result = await self._request("subscribe", {"sessionId": self.session_id},
+                                     on_result=register)
         self.subscription_id = result["subscriptionId"]
         self._inbox = inbox
         self.mirror.reset()
@@ -87,8 +97,7 @@ class Subscription:
         if self._closed:
             return
         self._closed = True
-        with trio.move_on_after(2) as scope:
-            scope.shield = True
+        with anyio.move_on_after(2, shield=True):
             await self._unsubscribe()
 
     async def __aenter__(self) -> "Subscription":
@@ -108,7 +117,7 @@ class Subscription:
         if self._conn.closed:
             return
         try:
-            await self._conn.call("unsubscribe", {"subscriptionId": sub_id})
+            await self._request("unsubscribe", {"subscriptionId": sub_id})
         except RpcError:
             pass  # already gone on the daemon's side: nothing left to undo
 
@@ -117,7 +126,7 @@ class Subscription:
         """Wait for the next batch, apply it and return the view (restarting when needed)."""
         while True:
             if self._closed:
-                raise trio.ClosedResourceError("subscription is closed")
+                raise anyio.ClosedResourceError("subscription is closed")
             if self._inbox is None:
                 await self.open()
             assert self._inbox is not None

@@ -1,7 +1,8 @@
-"""JSON-RPC 2.0 over one Unix stream socket, NDJSON framed (PROTOCOL.md §1), for trio clients.
+"""JSON-RPC 2.0 over one Unix stream socket, NDJSON framed (PROTOCOL.md §1), on anyio: the
+same code runs under trio and asyncio.
 
-Theory of operation: a ``Connection`` owns one byte stream and two tasks that live in the
-nursery of ``open_connection``. The *writer* task is the only one that writes: callers hand it
+Theory of operation: a ``Connection`` owns one byte stream (an ``anyio.abc.ByteStream``) and
+two tasks that live in the task group of ``open_connection``. The *writer* task is the only one that writes: callers hand it
 whole lines through a bounded channel, so a caller cancelled mid-call never leaves half a line
 on the wire. The *reader* task is the only one that reads: it splits lines, decodes each and
 
@@ -15,7 +16,9 @@ on the wire. The *reader* task is the only one that reads: it splits lines, deco
   and raises it to the calls still waiting when the connection ends.
 
 When the stream ends or breaks every waiting call and every inbox is failed with
-``ConnectionLost`` (or that kept error); calls made later fail at once.
+``ConnectionLost`` (or that kept error); calls made later fail at once. Lines are split by
+``_LineSplitter`` (sans-IO: feed bytes, get whole lines, a bound on a line's length); it is
+the one place framing lives on the client side.
 
 Errors (a tree, mapped once here): ``DshClientError`` > ``DaemonNotRunning`` (in ``api``),
 ``ConnectionLost``; ``RpcError`` (``protocol.rpc``) is what the daemon answered.
@@ -28,8 +31,9 @@ from collections import deque
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Callable
 
+import anyio
+import anyio.abc
 import msgspec
-import trio
 
 from protocol.methods import StreamParams
 from protocol.rpc import (
@@ -77,6 +81,40 @@ class _BadMessage(Exception):
     """The daemon sent a line that is not valid JSON-RPC: the connection cannot be trusted."""
 
 
+class _LineTooLong(Exception):
+    """The daemon sent a line longer than the bound: the connection cannot go on."""
+
+
+class _LineSplitter:
+    """Sans-IO NDJSON framing: ``feed(bytes)`` returns the complete non-blank lines so far;
+    ``check()`` then raises ``_LineTooLong`` when the unfinished rest is over ``max_line``
+    bytes (the lines before it in the same chunk are still handed out)."""
+
+    def __init__(self, max_line: int) -> None:
+        self._max = max_line
+        self._buf = bytearray()
+        self._scan_from = 0
+
+    def feed(self, data: bytes) -> list[bytes]:
+        buf = self._buf
+        buf += data
+        lines: list[bytes] = []
+        start = 0
+        while (end := buf.find(b"\n", self._scan_from)) >= 0:
+            line = bytes(buf[start:end])
+            start = self._scan_from = end + 1
+            if line.strip():
+                lines.append(line)
+        if start:
+            del buf[:start]
+        self._scan_from = len(buf)
+        return lines
+
+    def check(self) -> None:
+        if len(self._buf) > self._max:
+            raise _LineTooLong(f"dshd sent a line over {self._max} bytes")
+
+
 class Inbox:
     """Bounded queue of ``(seq, wire_ops)`` batches for one subscription, fed by the reader."""
 
@@ -85,7 +123,7 @@ class Inbox:
             raise ValueError("inbox bound must be at least 1")
         self._bound = bound
         self._items: deque[tuple[int, list[Any]]] = deque()
-        self._wakeup = trio.Event()
+        self._wakeup = anyio.Event()
         self._overflowed = False
         self._closed: BaseException | None = None
 
@@ -130,7 +168,7 @@ class Inbox:
             item = self.get_nowait()
             if item is not None:
                 return item
-            self._wakeup = trio.Event()
+            self._wakeup = anyio.Event()
             await self._wakeup.wait()
 
 
@@ -138,7 +176,7 @@ class _Waiter:
     __slots__ = ("done", "result", "error", "on_result")
 
     def __init__(self, on_result: Callable[[Any], None] | None) -> None:
-        self.done = trio.Event()
+        self.done = anyio.Event()
         self.result: Any = None
         self.error: BaseException | None = None
         self.on_result = on_result
@@ -147,13 +185,14 @@ class _Waiter:
 class Connection:
     """One JSON-RPC connection. Build it with ``open_connection``; use ``call``."""
 
-    def __init__(self, stream: trio.abc.Stream, *, max_line_bytes: int = MAX_LINE_BYTES) -> None:
+    def __init__(self, stream: anyio.abc.ByteStream, *,
+                 max_line_bytes: int = MAX_LINE_BYTES) -> None:
         self._stream = stream
         self._max_line = max_line_bytes
         self._ids = itertools.count(1)
         self._pending: dict[int, _Waiter] = {}
         self._inboxes: dict[str, Inbox] = {}
-        self._send_in, self._send_out = trio.open_memory_channel[bytes](_SEND_QUEUE)
+        self._send_in, self._send_out = anyio.create_memory_object_stream[bytes](_SEND_QUEUE)
         self._closed: BaseException | None = None
         self._orphan_error: RpcError | None = None
 
@@ -183,7 +222,7 @@ class Connection:
             line = encode_request(request_id, method, {} if params is None else params)
             try:
                 await self._send_in.send(line)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 raise self._closed or ConnectionLost("connection to dshd is closed") from None
             await waiter.done.wait()
         finally:
@@ -210,35 +249,25 @@ class Connection:
         try:
             async with self._send_out:
                 async for line in self._send_out:
-                    await self._stream.send_all(line)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                    await self._stream.send(line)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
             self._close(ConnectionLost(f"connection to dshd lost: {exc}"))
 
     async def _reader(self) -> None:
-        buf = bytearray()
-        scan_from = 0
+        lines = _LineSplitter(self._max_line)
         try:
             while True:
-                data = await self._stream.receive_some(_READ_CHUNK)
-                if not data:
+                try:
+                    data = await self._stream.receive(_READ_CHUNK)
+                except anyio.EndOfStream:
                     self._close(ConnectionLost("dshd closed the connection"))
                     return
-                buf += data
-                start = 0
-                while (end := buf.find(b"\n", scan_from)) >= 0:
-                    line = bytes(buf[start:end])
-                    start = scan_from = end + 1
-                    if line.strip():
-                        self._dispatch(line)
-                if start:
-                    del buf[:start]
-                scan_from = len(buf)
-                if len(buf) > self._max_line:
-                    self._close(ConnectionLost(f"dshd sent a line over {self._max_line} bytes"))
-                    return
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                for line in lines.feed(data):
+                    self._dispatch(line)
+                lines.check()
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
             self._close(ConnectionLost(f"connection to dshd lost: {exc}"))
-        except _BadMessage as exc:
+        except (_BadMessage, _LineTooLong) as exc:
             self._close(ConnectionLost(str(exc)))
 
     # -- reader internals ----------------------------------------------------------------
@@ -299,7 +328,7 @@ class Connection:
 
 @asynccontextmanager
 async def open_connection(
-    stream: trio.abc.Stream, *, max_line_bytes: int = MAX_LINE_BYTES
+    stream: anyio.abc.ByteStream, *, max_line_bytes: int = MAX_LINE_BYTES
 ) -> AsyncIterator[Connection]:
     """Run a ``Connection`` over ``stream`` for the duration of the block, then close it.
 
@@ -307,16 +336,15 @@ async def open_connection(
     """
     conn = Connection(stream, max_line_bytes=max_line_bytes)
     try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(conn._reader)
-            nursery.start_soon(conn._writer)
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(conn._reader)
+            tasks.start_soon(conn._writer)
             try:
                 yield conn
             finally:
                 conn._close(ConnectionLost("connection closed by the client"))
-                nursery.cancel_scope.cancel()
-                with trio.move_on_after(1) as cleanup:
-                    cleanup.shield = True
+                tasks.cancel_scope.cancel()
+                with anyio.move_on_after(1, shield=True):
                     await stream.aclose()
     except BaseExceptionGroup as group:
         if len(group.exceptions) == 1:

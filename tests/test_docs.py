@@ -153,7 +153,7 @@ def test_tool_error_codes_are_in_the_exec_table():
     codes |= {repair.TOOL_NOT_STARTED, repair.TOOL_OUTCOME_UNKNOWN}
     assert codes <= rows, f"missing from EXEC.md §1: {sorted(codes - rows)}"
     never_ran = {line.split("|")[1] for line in table.splitlines() if line.rstrip().endswith("| no |")}
-    from client.cli import NEVER_RAN_CODES
+    from client.exits import NEVER_RAN_CODES
 
     assert {c for c in NEVER_RAN_CODES} <= {c for r in never_ran for c in re.findall(r"[A-Z_]{5,}", r)}
 

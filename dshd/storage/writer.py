@@ -47,7 +47,6 @@ session directory removed or replaced) does not happen: `StorageWriteError` (cau
 
 from __future__ import annotations
 
-import os  # noqa: F401 -- tests patch ``writer.os.fsync`` (the os module itself)
 from contextlib import contextmanager
 from pathlib import Path
 

@@ -4,6 +4,7 @@ flush that fails before the model request (fault injection)."""
 from __future__ import annotations
 
 import errno
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -12,7 +13,6 @@ import pytest
 import trio
 
 from client.api import connect
-from dshd.storage import writer
 from tests.agent.fake_model_server import text_reply, tool_reply
 from tests.agent.helpers import (
     WAIT_S,
@@ -111,7 +111,7 @@ async def test_a_failed_flush_before_the_model_request_sends_nothing(
         def failing_fsync(fd: int) -> None:  # FAULT INJECTION
             raise OSError(errno.EIO, "injected fsync failure")
 
-        monkeypatch.setattr(writer.os, "fsync", failing_fsync)
+        monkeypatch.setattr(os, "fsync", failing_fsync)
         t1 = (await c.call("turn.start", {"sessionId": sid, "input": "hello"}))["turnId"]
         end = await wait_turn_end(c, sid, t1)  # session.events includes the unflushed tail
         assert fake_model.requests == []

@@ -1,4 +1,5 @@
-"""Running ``dsh`` as a subprocess against the fake server (shared by the CLI test modules)."""
+"""Running ``dsh`` as a subprocess against a real dshd or the fake peer (shared by the CLI
+test modules)."""
 
 from __future__ import annotations
 
@@ -22,11 +23,12 @@ def env_for(socket_path: str, **extra: str) -> dict[str, str]:
     return env
 
 
-async def dsh(socket_path: str, *args: str, stdin: bytes = b"") -> subprocess.CompletedProcess:
+async def dsh(socket_path: str | os.PathLike[str], *args: str, stdin: bytes = b"",
+              cwd: str | os.PathLike[str] = ROOT) -> subprocess.CompletedProcess:
     """Run ``dsh ARGS`` to the end; ``stdin`` is fed and closed."""
     return await trio.run_process(dsh_cmd(*args), stdin=stdin, capture_stdout=True,
-                                  capture_stderr=True, check=False, env=env_for(socket_path),
-                                  cwd=str(ROOT))
+                                  capture_stderr=True, check=False,
+                                  env=env_for(str(socket_path)), cwd=str(cwd))
 
 
 class Live:
@@ -38,11 +40,12 @@ class Live:
         self.err_path = tmp / f"{name}.err"
         self.proc: trio.Process | None = None
 
-    async def start(self, socket_path: str, *args: str) -> "Live":
+    async def start(self, socket_path: str | os.PathLike[str], *args: str,
+                    cwd: str | os.PathLike[str] = ROOT) -> "Live":
         with self.out_path.open("wb") as fo, self.err_path.open("wb") as fe:
             self.proc = await trio.lowlevel.open_process(
                 dsh_cmd(*args), stdin=subprocess.PIPE, stdout=fo, stderr=fe,
-                env=env_for(socket_path), cwd=str(ROOT))
+                env=env_for(str(socket_path)), cwd=str(cwd))
         return self
 
     @property
@@ -53,7 +56,7 @@ class Live:
     def err(self) -> str:
         return self.err_path.read_text()
 
-    async def until(self, text: str, *, timeout: float = 10) -> None:
+    async def until(self, text: str, *, timeout: float = 20) -> None:
         """Wait until stderr shows ``text``."""
         with trio.fail_after(timeout):
             while text not in self.err:
@@ -69,7 +72,7 @@ class Live:
         assert self.proc is not None and self.proc.stdin is not None
         await self.proc.stdin.aclose()
 
-    async def wait(self, timeout: float = 10) -> int:
+    async def wait(self, timeout: float = 20) -> int:
         assert self.proc is not None
         with trio.fail_after(timeout):
             return await self.proc.wait()

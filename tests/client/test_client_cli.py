@@ -1,5 +1,7 @@
-"""The ``dsh`` CLI: pure helpers, errors in-process, and whole commands in a subprocess
-against the fake JSON-RPC server (the lead's end-to-end tests use the real dshd)."""
+"""The ``dsh`` CLI: pure helpers, errors in-process, whole commands in a subprocess against a
+real dshd, and -- against the fake peer -- the few answers a real dshd cannot be made to give
+(a call that settled between two lane flushes, an unreadable spill path, a damaged session's
+long reason). tests/e2e/test_e2e_cli.py covers more of the CLI against a real dshd."""
 
 from __future__ import annotations
 
@@ -8,7 +10,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -16,10 +17,13 @@ import pytest
 import trio
 from click.testing import CliRunner
 
-from client.cli import cli, command_string, exit_status
-from fake_dshd import FakeDshd
+from client.api import connect
 
-ROOT = Path(__file__).resolve().parents[2]
+from client.cli import cli
+from client.cli.run import command_string
+from client.exits import exit_status
+from dsh_proc import Live, dsh, dsh_cmd, env_for
+from fake_dshd import FakeDshd, FakeError, settle_ops, tool_entry
 
 
 # ---------------------------------------------------------------------- pure helpers
@@ -79,227 +83,162 @@ def test_bad_call_id_is_refused_before_connecting(tmp_path):
     assert result.exit_code == 2 and "--call-id" in result.stderr
 
 
-# ---------------------------------------------------------------------- subprocess + fake server
+# ---------------------------------------------------------------------- subprocess + real dshd
 @pytest.fixture
-async def fake(nursery):
-    d = tempfile.mkdtemp(prefix="dsh-c-", dir="/tmp")
-    server = FakeDshd(os.path.join(d, "fake.sock"))
-    await nursery.start(server.serve)
-    yield server
-    shutil.rmtree(d, ignore_errors=True)
+def workdir():
+    path = Path(tempfile.mkdtemp(prefix="dsh-w-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
-def _dsh_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "client.cli", *args]
+async def _session(daemon, workdir: Path) -> str:
+    async with connect(daemon.socket) as c:
+        return await c.create_session(workdir)
 
 
-def _env(fake: FakeDshd) -> dict[str, str]:
-    env = dict(os.environ, DSH_SOCKET=fake.path, PYTHONPATH=str(ROOT))
-    env.pop("COLUMNS", None)
-    return env
+async def _tool_calls(daemon, sid: str) -> list[dict]:
+    async with connect(daemon.socket) as c:
+        return [json.loads(e["data"]["arguments"]) async for e in c.iter_events(sid)
+                if e["type"] == "tool/call"]
 
 
-async def dsh(fake: FakeDshd, *args: str) -> subprocess.CompletedProcess:
-    return await trio.run_process(_dsh_cmd(*args), capture_stdout=True, capture_stderr=True,
-                                  check=False, env=_env(fake), cwd=str(ROOT))
-
-
-TEXT = lambda cid: ["tools", cid, "output", "content", 0, "text"]  # noqa: E731
-TOTAL = lambda cid: ["tools", cid, "output", "truncation", "totalBytes"]  # noqa: E731
-
-
-async def test_run_prints_live_output_once_and_exits_with_the_exit_code(fake):
-    c = "k1"
-    fake.call_batches = [
-        [["a", TEXT(c), "one\n"], ["s", TOTAL(c), 4]],
-        [["a", TEXT(c), "two\n"], ["s", TOTAL(c), 8]],
-        [["t", TEXT(c), 4], ["a", TEXT(c), "two\n"], ["s", TOTAL(c), 12]],  # slide, repeated
-        [["a", TEXT(c), "end"], ["s", TOTAL(c), 15]],
-    ]
-    fake.call_result = {"isError": True, "content": "two\ntwo\nend",
-                        "details": {"exitCode": 3, "truncation": {"totalBytes": 15}}, "exitCode": 3}
-    proc = await dsh(fake, "run", "--call-id", c, "--timeout", "9", "--", "make -j2 | tee x")
-    assert proc.stdout.decode() == "one\ntwo\ntwo\nend"
+async def test_run_prints_the_output_once_and_exits_with_the_exit_code(real_dshd, workdir):
+    command = "printf 'one\\n'; sleep 0.2; printf 'two\\n'; exit 3"
+    proc = await dsh(real_dshd.socket, "run", "--call-id", "k1", "--timeout", "9", "--",
+                     command, cwd=workdir)
+    assert proc.stdout == b"one\ntwo\n"
     assert proc.returncode == 3, proc.stderr
-    assert proc.stderr.decode().splitlines()[0] == f"session s1 call {c}"
-    sent = dict(fake.requests)
-    assert sent["session.create"]["cwd"] == str(ROOT)
-    assert sent["session.create"]["title"] == "make -j2 | tee x"
-    assert sent["tool.run"]["arguments"] == {"command": "make -j2 | tee x", "timeout": 9.0}
-    assert sent["tool.run"]["approved"] is True
-    # Subscribed before running, so no output can be missed.
-    methods = [m for m, _ in fake.requests]
-    assert methods.index("subscribe") < methods.index("tool.run")
+    first = proc.stderr.decode().splitlines()[0]
+    assert first.startswith("session ") and first.endswith(" call k1")
+    sid = first.split()[1]
+    async with connect(real_dshd.socket) as c:
+        info = await c.get_session(sid)
+    assert (info["title"], info["cwd"]) == (command, str(workdir))
+    assert await _tool_calls(real_dshd, sid) == [{"command": command, "timeout": 9.0}]
 
 
-async def test_run_in_an_existing_session_joins_argv(fake):
-    fake.call_result = {"isError": False, "content": "", "details": {"exitCode": 0}, "exitCode": 0}
-    proc = await dsh(fake, "run", "--session", "s9", "--", "echo", "a b")
+async def test_run_in_an_existing_session_joins_argv(real_dshd, workdir):
+    sid = await _session(real_dshd, workdir)
+    proc = await dsh(real_dshd.socket, "run", "--session", sid, "--", "echo", "a  b", "$HOME")
+    assert (proc.returncode, proc.stdout) == (0, b"a  b $HOME\n"), proc.stderr
+    assert await _tool_calls(real_dshd, sid) == [{"command": "echo 'a  b' '$HOME'"}]
+
+
+@pytest.mark.parametrize("args, command", [
+    (["--", "echo", "-la"], "echo -la"),
+    (["echo", "-la"], "echo -la"),
+    (["--timeout", "5", "sh", "-c", "echo --json"], "sh -c 'echo --json'"),
+    (["--", "--weird-name", "--json"], "--weird-name --json"),
+])
+async def test_run_takes_everything_after_the_options_as_the_command(real_dshd, workdir, args,
+                                                                     command):
+    sid = await _session(real_dshd, workdir)
+    await dsh(real_dshd.socket, "run", "--session", sid, *args)
+    assert [c["command"] for c in await _tool_calls(real_dshd, sid)] == [command]
+
+
+async def test_reused_call_id_says_nothing_ran_again(real_dshd, workdir):
+    sid = await _session(real_dshd, workdir)
+    first = await dsh(real_dshd.socket, "run", "--session", sid, "--call-id", "k1", "--",
+                      "echo old output")
+    assert "already exists" not in first.stderr.decode()
+    proc = await dsh(real_dshd.socket, "run", "--session", sid, "--call-id", "k1", "--",
+                     "echo new")
     assert proc.returncode == 0, proc.stderr
-    sent = dict(fake.requests)
-    assert "session.create" not in sent
-    assert sent["tool.run"]["sessionId"] == "s9"
-    assert sent["tool.run"]["arguments"] == {"command": "echo 'a b'"}
+    assert (f"dsh: call k1 already exists in session {sid}: showing its result; nothing was run "
+            "again (use a new --call-id to run again)") in proc.stderr.decode().splitlines()
+    assert proc.stdout.decode() == "old output\n"
+    assert len(await _tool_calls(real_dshd, sid)) == 1
 
 
-async def test_run_prints_the_final_tail_when_the_stream_missed_it(fake):
-    # The call ran and settled between two lane flushes: it shows only in "recent", and the
-    # final result supplies the output.
-    fake.call_quiet = True
-    fake.call_result = {"isError": False, "content": "only in the result\n",
-                        "details": {"exitCode": 0}, "exitCode": 0}
-    proc = await dsh(fake, "run", "--", "true")
-    assert proc.stdout.decode() == "only in the result\n"
+async def _started(daemon, sid: str, call_id: str) -> None:
+    """Wait until the call is running in the lane."""
+    async with connect(daemon.socket) as c:
+        with trio.fail_after(20):
+            async for view in await c.subscribe(sid):
+                if view["tools"].get(call_id, {}).get("state") == "running":
+                    return
+
+
+async def test_interrupt_with_cancel_on_interrupt_cancels_and_waits(real_dshd, workdir, tmp_path):
+    sid = await _session(real_dshd, workdir)
+    run = await Live(tmp_path, "run").start(real_dshd.socket, "run", "--session", sid,
+                                            "--call-id", "k2", "--cancel-on-interrupt", "--",
+                                            "echo working; sleep 100")
+    try:
+        with trio.fail_after(20):
+            while "working" not in run.out:  # the command runs (not only dispatched)
+                await trio.sleep(0.02)
+        run.proc.send_signal(signal.SIGINT)
+        assert await run.wait() == 130
+    finally:
+        run.kill()
+    assert "dsh: cancelling the command (Ctrl-C again to detach)" in run.err
+    assert "detached" not in run.err and "TOOL_CANCELLED" in run.err
+    async with connect(real_dshd.socket) as c:
+        assert (await c.wait(sid, "k2"))["errorCode"] == "TOOL_CANCELLED"
+
+
+async def test_attach_shows_the_window_then_live_output_and_exits(real_dshd, workdir, tmp_path):
+    sid = await _session(real_dshd, workdir)
+    async with connect(real_dshd.socket) as c:
+        await c.run_tool(sid, "echo earlier; while [ ! -e go ]; do sleep 0.05; done; echo later",
+                         call_id="k3")
+    await _started(real_dshd, sid, "k3")
+    attach = await Live(tmp_path, "attach").start(real_dshd.socket, "attach", sid)
+    try:
+        await attach.until("── call k3 (bash, running since")
+        (workdir / "go").touch()
+        assert await attach.wait() == 0, attach.err
+    finally:
+        attach.kill()
+    assert attach.out == "earlier\nlater\n"
+    assert "── call k3 exited 0" in attach.err
+
+
+async def test_attach_with_nothing_running_says_so(real_dshd, workdir):
+    sid = await _session(real_dshd, workdir)
+    proc = await dsh(real_dshd.socket, "attach", sid)
     assert proc.returncode == 0
+    assert f"no call is running in session {sid}" in proc.stderr.decode()
 
 
-async def test_run_timeout_is_124_and_never_ran_is_125(fake):
-    fake.call_result = {"isError": True, "content": "", "errorCode": "TOOL_TIMEOUT",
-                        "details": {"exitCode": 143}, "exitCode": 143}
-    proc = await dsh(fake, "run", "--timeout", "1", "--", "sleep 9")
-    assert proc.returncode == 124 and "TOOL_TIMEOUT" in proc.stderr.decode()
-
-    fake.settled = trio.Event()
-    fake.call_result = {"isError": True, "content": "No sandbox provider works here.",
-                        "details": {}, "errorCode": "SANDBOX_UNAVAILABLE"}
-    proc = await dsh(fake, "run", "--", "true")
-    assert proc.returncode == 125
-    assert proc.stdout == b""
-    assert "SANDBOX_UNAVAILABLE: No sandbox provider works here." in proc.stderr.decode()
-
-
-async def _interrupt_run(fake: FakeDshd, tmp: Path, *args: str) -> tuple[int, str, str]:
-    out, err = tmp / "out", tmp / "err"
-    with out.open("wb") as fo, err.open("wb") as fe:
-        proc = await trio.lowlevel.open_process(
-            _dsh_cmd("run", *args, "--", "sleep 100"), stdout=fo, stderr=fe, env=_env(fake),
-            cwd=str(ROOT))
-        try:
-            with trio.fail_after(10):
-                while "tool.wait" not in [m for m, _ in fake.requests]:
-                    await trio.sleep(0.01)
-                await trio.sleep(0.1)
-                proc.send_signal(signal.SIGINT)
-                await proc.wait()
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-    return proc.returncode, out.read_text(), err.read_text()
-
-
-async def test_interrupt_detaches_and_leaves_the_command_running(fake, tmp_path):
-    fake.call_batches = [[["a", TEXT("k2"), "working\n"]]]
-    fake.call_hold = True
-    code, out, err = await _interrupt_run(fake, tmp_path, "--call-id", "k2")
-    assert code == 130
-    assert out == "working\n"
-    assert "detached; the command keeps running. Re-attach: dsh attach s1" in err
-    assert not fake.cancelled
-
-
-async def test_interrupt_with_cancel_on_interrupt_cancels_and_waits(fake, tmp_path):
-    fake.call_hold = True
-    code, out, err = await _interrupt_run(fake, tmp_path, "--cancel-on-interrupt")
-    assert fake.cancelled
-    assert ("tool.cancel", {"sessionId": "s1", "callId": fake.call_id}) in fake.requests
-    assert code == 130 and "detached" not in err
-
-
-async def test_attach_shows_the_window_then_live_output_and_exits(fake):
-    from fake_dshd import lane, tool_entry
-
-    fake.current_lane = lane(tools={"k3": tool_entry("earlier\n", 8, command="make")})
-    fake.call_batches = [[["a", TEXT("k3"), "later\n"], ["s", TOTAL("k3"), 14]]]
-    fake.call_result = {"isError": False, "content": "earlier\nlater\n",
-                        "details": {"exitCode": 0}, "exitCode": 0}
-
-    async def start_call_soon():
-        # Once dsh is subscribed (the base lane is static: a call played before would be lost
-        # and dsh would wait for it forever -- python can take long to start on a busy box).
-        with trio.fail_after(30):
-            while not fake.subscriptions:
-                await trio.sleep(0.01)
-        await trio.sleep(0.2)
-        fake.play("k3", announce=False)
-
-    async with trio.open_nursery() as n:
-        n.start_soon(start_call_soon)
-        proc = await dsh(fake, "attach", "s1")
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.decode() == "earlier\nlater\n"
-    err = proc.stderr.decode()
-    assert "── call k3 (bash, running since" in err and ": make" in err
-    assert "── call k3 exited 0" in err
-
-
-async def test_attach_with_nothing_running_says_so(fake):
-    proc = await dsh(fake, "attach", "s1")
-    assert proc.returncode == 0
-    assert "no call is running in session s1" in proc.stderr.decode()
-
-
-async def test_sessions_log_status_cancel_wait(fake):
-    fake.sessions = [
-        {"sessionId": "s1", "title": "make", "cwd": "/w", "createdAt": 0, "approvalPolicy": "ask",
-         "sandbox": "workspace-write", "running": 1, "lastSeq": 7},
-        {"sessionId": "s2", "title": "old", "cwd": "/w", "createdAt": 0, "approvalPolicy": "ask",
-         "sandbox": "workspace-write", "running": 0, "lastSeq": 3, "damaged": "torn tail"},
-    ]
-    proc = await dsh(fake, "sessions")
-    lines = proc.stdout.decode().splitlines()
-    assert lines[0].split("\t") == ["id", "title", "cwd", "created", "running", "lastSeq"]
-    assert lines[1].split("\t")[0] == "s1" and lines[1].split("\t")[-1] == "7"
-    assert "DAMAGED (torn tail)" in lines[2]
-    proc = await dsh(fake, "--json", "sessions")
-    assert json.loads(proc.stdout) == fake.sessions
-
-    fake.events = [{"seq": i, "time": 1_700_000_000_000, "type": "tool/call",
-                    "data": {"callId": f"c{i}", "arguments": "{\"command\":\"ls\"}"}}
-                   for i in range(1500)]
-    proc = await dsh(fake, "log", "s1", "--after", "10", "--json")
-    rows = [json.loads(line) for line in proc.stdout.decode().splitlines()]
-    assert [r["seq"] for r in rows] == list(range(11, 1500))
-    proc = await dsh(fake, "log", "s1", "--after", "1497")
-    text = proc.stdout.decode().splitlines()
-    assert len(text) == 2 and text[0].split()[0] == "1498" and "tool/call" in text[0]
-
-    proc = await dsh(fake, "status")
-    assert "pid: 1" in proc.stdout.decode() and proc.returncode == 0
-
-    proc = await dsh(fake, "cancel", "s1", "k9")
-    assert proc.returncode == 0 and "cancelled" in proc.stderr.decode()
-
-    fake.settled.set()
-    fake.final_result = {"callId": "k9", "isError": True, "content": "out\n",
-                         "details": {"exitCode": 4}, "exitCode": 4}
-    proc = await dsh(fake, "wait", "s1", "k9")
-    assert (proc.returncode, proc.stdout) == (4, b"out\n")
-
-
-async def test_rpc_error_is_one_line_and_exit_1(fake):
-    proc = await dsh(fake, "attach", "missing")
+async def test_rpc_error_is_one_line_and_exit_1(real_dshd):
+    proc = await dsh(real_dshd.socket, "attach", "missing")
     assert proc.returncode == 1
-    assert proc.stderr.decode() == "dsh: session missing not found; `dsh sessions` lists the sessions\n"
+    [line] = proc.stderr.decode().splitlines()
+    assert line.startswith("dsh: session missing ") and "not found" in line
 
 
-async def test_closed_stdout_detaches_with_141(fake, tmp_path):
-    fake.call_batches = [[["a", TEXT("k4"), f"line {i}\n"]] for i in range(300)]
-    fake.call_delay = 0.005
-    fake.call_hold = True
+async def test_wait_and_cancel(real_dshd, workdir):
+    sid = await _session(real_dshd, workdir)
+    async with connect(real_dshd.socket) as c:
+        await c.run_tool(sid, "echo out; exit 4", call_id="k9")
+    proc = await dsh(real_dshd.socket, "wait", sid, "k9")
+    assert (proc.returncode, proc.stdout) == (4, b"out\n")
+    proc = await dsh(real_dshd.socket, "cancel", sid, "k9")
+    assert proc.returncode == 1 and "was not running" in proc.stderr.decode()
+    proc = await dsh(real_dshd.socket, "--json", "cancel", sid, "k9")
+    assert (proc.returncode, json.loads(proc.stdout)) == (1, {"cancelled": False})
+
+
+async def test_closed_stdout_detaches_with_141(real_dshd, workdir, tmp_path):
+    sid = await _session(real_dshd, workdir)
     err = tmp_path / "err"
     with err.open("wb") as fe:
         proc = await trio.lowlevel.open_process(
-            _dsh_cmd("run", "--call-id", "k4", "--", "yes"), stdout=subprocess.PIPE, stderr=fe,
-            env=_env(fake), cwd=str(ROOT))
-        with trio.fail_after(10):
+            dsh_cmd("run", "--session", sid, "--call-id", "k4", "--", "yes"),
+            stdout=subprocess.PIPE, stderr=fe, env=env_for(str(real_dshd.socket)), cwd=workdir)
+        with trio.fail_after(20):
             first = await proc.stdout.receive_some(100)
             await proc.stdout.aclose()  # like `| head -1`
             await proc.wait()
-    assert first.startswith(b"line 0\n")
+    assert first.startswith(b"y\n")
     assert proc.returncode == 141
     text = err.read_text()
     assert "detached; the command keeps running" in text and "Traceback" not in text
-    assert not fake.cancelled
+    async with connect(real_dshd.socket) as c:
+        assert await c.cancel(sid, "k4") is True  # it was still running
 
 
 # ---------------------------------------------------------------------- strict options of run
@@ -308,26 +247,20 @@ async def test_closed_stdout_detaches_with_141(fake, tmp_path):
     (["run", "--timout", "5", "--", "true"], "--timout"),
     (["run", "-x", "ls"], "-x"),
 ])
-async def test_run_refuses_unknown_options_before_creating_anything(fake, args, wrong):
-    proc = await dsh(fake, *args)
+async def test_run_refuses_unknown_options_before_connecting(tmp_path, args, wrong):
+    proc = await dsh(tmp_path / "none.sock", *args)
     assert proc.returncode == 2, proc.stderr
     err = proc.stderr.decode()
     assert f"No such option: {wrong}" in err or f"No such option '{wrong}'" in err
+    assert "not running" not in err  # it never tried to connect
     assert proc.stdout == b""
-    assert fake.requests == []  # never connected: no session, no call
 
 
-@pytest.mark.parametrize("args, command", [
-    (["--", "ls", "-la"], "ls -la"),
-    (["ls", "-la"], "ls -la"),
-    (["--timeout", "5", "sh", "-c", "echo --json"], "sh -c 'echo --json'"),
-    (["--", "--weird-name", "--json"], "--weird-name --json"),
-])
-async def test_run_takes_everything_after_the_options_as_the_command(fake, args, command):
-    fake.call_result = {"isError": False, "content": "", "details": {"exitCode": 0}, "exitCode": 0}
-    proc = await dsh(fake, "run", *args)
-    assert proc.returncode == 0, proc.stderr
-    assert dict(fake.requests)["tool.run"]["arguments"]["command"] == command
+async def test_log_after_is_checked_before_asking(tmp_path):
+    proc = await dsh(tmp_path / "none.sock", "log", "s1", "--after", "-5")
+    assert proc.returncode == 2
+    err = proc.stderr.decode()
+    assert "--after" in err and "-5" in err and "not running" not in err
 
 
 # ---------------------------------------------------------------------- exit status rules
@@ -369,78 +302,74 @@ def test_run_help_documents_the_exit_status():
         assert line in text
 
 
-async def test_cancelled_run_whose_command_exits_0_exits_130(fake):
-    fake.call_batches = [[["a", TEXT("k5"), "got TERM\nend\n"], ["s", TOTAL("k5"), 13]]]
-    fake.call_result = {"isError": True, "content": "got TERM\nend\n",
-                        "errorCode": "TOOL_CANCELLED",
-                        "message": "cancelled; the process group was killed",
-                        "details": {"exitCode": 0, "truncation": {"totalBytes": 13}},
-                        "exitCode": 0}
-    proc = await dsh(fake, "run", "--call-id", "k5", "--", "sh -c 'trap ... TERM'")
-    assert proc.stdout == b"got TERM\nend\n"
-    assert proc.returncode == 130
-    assert "TOOL_CANCELLED" in proc.stderr.decode()
+# ---------------------------------------------------------------------- the fake peer
+@pytest.fixture
+async def fake(nursery):
+    d = tempfile.mkdtemp(prefix="dsh-c-", dir="/tmp")
+    server = FakeDshd(os.path.join(d, "fake.sock"))
+    await nursery.start(server.serve)
+    yield server
+    shutil.rmtree(d, ignore_errors=True)
 
 
-# ---------------------------------------------------------------------- sessions, log
-async def test_sessions_cuts_long_titles_and_damage_reasons(fake):
-    title = "make " + "x" * 100_000
-    reason = "checksum mismatch at byte 123456 " + "y" * 5_000
-    fake.sessions = [
-        {"sessionId": "s1", "title": title, "cwd": "/w", "createdAt": 0, "running": 0,
-         "lastSeq": 7},
-        {"sessionId": "s2", "title": "a\tb\nc", "cwd": "/w", "createdAt": 0, "running": 0,
-         "lastSeq": 3, "damaged": reason},
-    ]
-    proc = await dsh(fake, "sessions")
-    lines = proc.stdout.decode().splitlines()
-    assert len(lines) == 3
-    assert all(len(line) < 200 for line in lines)
-    first, second = (line.split("\t") for line in lines[1:])
-    assert len(first) == len(second) == 6
-    assert first[1].startswith("make xxx") and first[1].endswith("…")
-    assert second[1].startswith("DAMAGED (checksum mismatch at byte 123456")
-    assert "…)" in second[1] and second[1].endswith("a\\tb\\nc")
-    proc = await dsh(fake, "--json", "sessions")
-    assert json.loads(proc.stdout) == fake.sessions  # complete
+def _one_call(fake: FakeDshd, batches: list[list], result: dict) -> None:
+    """Script ``session.create``, ``tool.run`` (publishing ``batches``) and ``tool.wait``."""
+    settled = trio.Event()
+
+    async def create(params):
+        return {"sessionId": "s1"}
+
+    async def run(params):
+        async def play() -> None:
+            await trio.sleep(0.05)
+            for batch in batches:
+                await fake.publish(batch)
+            settled.set()
+
+        fake.nursery.start_soon(play)
+        return {"callId": params["callId"]}
+
+    async def wait(params):
+        await settled.wait()
+        return dict(result, callId=params["callId"])
+
+    fake.handlers.update({"session.create": create, "tool.run": run, "tool.wait": wait})
 
 
-async def test_log_after_is_checked_before_asking(fake):
-    proc = await dsh(fake, "log", "s1", "--after", "-5")
-    assert proc.returncode == 2
-    assert "--after" in proc.stderr.decode() and "-5" in proc.stderr.decode()
-    assert fake.requests == []
-    fake.events = [{"seq": 0, "time": 0, "type": "x", "data": {}}]
-    proc = await dsh(fake, "log", "s1", "--after", "-1")
-    assert proc.returncode == 0 and proc.stdout.decode().split()[0] == "0"
+TEXT = lambda cid: ["tools", cid, "output", "content", 0, "text"]  # noqa: E731
+TOTAL = lambda cid: ["tools", cid, "output", "truncation", "totalBytes"]  # noqa: E731
 
 
-# ---------------------------------------------------------------------- output from the spill
+async def test_run_prints_the_final_tail_when_the_stream_missed_it(fake):
+    # The call ran and settled between two lane flushes: it shows only in "recent", and the
+    # final result supplies the output.
+    _one_call(fake, [settle_ops("k1", keep=True)],
+              {"isError": False, "content": "only in the result\n", "details": {"exitCode": 0},
+               "exitCode": 0})
+    proc = await dsh(fake.path, "run", "--call-id", "k1", "--", "true")
+    assert proc.stdout.decode() == "only in the result\n"
+    assert proc.returncode == 0
+
+
+async def test_run_that_could_not_be_logged_exits_125(fake):
+    async def create(params):
+        return {"sessionId": "s1"}
+
+    async def run(params):
+        raise FakeError(-32014, "the session log could not be made durable (ENOSPC)")
+
+    fake.handlers.update({"session.create": create, "tool.run": run})
+    with trio.fail_after(10):
+        proc = await dsh(fake.path, "run", "--", "true")
+    assert proc.returncode == 125
+    assert proc.stderr.decode().splitlines()[-1] == (
+        "dsh: STORAGE_FAILURE: the session log could not be made durable (ENOSPC)")
+
+
 def _spilled_output(text: str, total: int, spill: str) -> dict:
     return {"content": [{"type": "text", "text": text}], "details": {"spillPath": spill},
             "truncation": {"truncated": True, "truncatedBy": "lines", "totalBytes": total,
                            "totalLines": 0, "maxBytes": 51200, "maxLines": 50}}
-
-
-async def test_run_prints_what_slid_out_of_the_window_from_the_spill_file(fake, tmp_path):
-    c = "k6"
-    full = b"".join(b"line %d\n" % i for i in range(5000))
-    spill = tmp_path / "spill" / f"{c}.log"
-    spill.parent.mkdir()
-    spill.write_bytes(full)
-    window = b"".join(full.splitlines(keepends=True)[-50:]).decode()
-    fake.call_batches = [
-        [["a", TEXT(c), "line 0\nline 1\n"], ["s", TOTAL(c), 14]],
-        # The window slid far past what dsh printed (a flood between two lane flushes).
-        [["s", ["tools", c, "output"], _spilled_output(window, len(full), str(spill))]],
-    ]
-    fake.call_result = {"isError": False, "content": window, "exitCode": 0,
-                        "details": {"exitCode": 0, "spillPath": str(spill),
-                                    "truncation": {"truncated": True, "totalBytes": len(full)}}}
-    proc = await dsh(fake, "run", "--call-id", c, "--", "flood")
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == full
-    assert "not shown" not in proc.stderr.decode()
 
 
 async def test_run_with_an_unreadable_spill_file_says_what_was_not_shown(fake, tmp_path):
@@ -449,14 +378,15 @@ async def test_run_with_an_unreadable_spill_file_says_what_was_not_shown(fake, t
     window = b"".join(full.splitlines(keepends=True)[-50:]).decode()
     spill = tmp_path / "a-directory"  # opens, but cannot be read
     spill.mkdir()
-    fake.call_batches = [
+    _one_call(fake, [
+        [["s", ["tools", c], tool_entry()]],
         [["a", TEXT(c), "line 0\nline 1\n"], ["s", TOTAL(c), 14]],
         [["s", ["tools", c, "output"], _spilled_output(window, len(full), str(spill))]],
-    ]
-    fake.call_result = {"isError": False, "content": window, "exitCode": 0,
-                        "details": {"exitCode": 0, "spillPath": str(spill),
-                                    "truncation": {"truncated": True, "totalBytes": len(full)}}}
-    proc = await dsh(fake, "run", "--call-id", c, "--", "flood")
+        settle_ops(c),
+    ], {"isError": False, "content": window, "exitCode": 0,
+        "details": {"exitCode": 0, "spillPath": str(spill),
+                    "truncation": {"truncated": True, "totalBytes": len(full)}}})
+    proc = await dsh(fake.path, "run", "--call-id", c, "--", "flood")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == b"line 0\nline 1\n" + window.encode()  # the window, as before
     err = proc.stderr.decode()
@@ -464,3 +394,31 @@ async def test_run_with_an_unreadable_spill_file_says_what_was_not_shown(fake, t
     missing = len(full) - len(proc.stdout)
     assert f"dsh: {missing} of {len(full)} bytes of output were not shown" in err
     assert f"the full output is in {spill}" in err
+
+
+async def test_sessions_cuts_long_titles_and_damage_reasons(fake):
+    title = "make " + "x" * 100_000
+    reason = "checksum mismatch at byte 123456 " + "y" * 5_000
+    rows = [
+        {"sessionId": "s1", "title": title, "cwd": "/w", "createdAt": 0, "running": 0,
+         "lastSeq": 7},
+        {"sessionId": "s2", "title": "a\tb\nc", "cwd": "/w", "createdAt": 0, "running": 0,
+         "lastSeq": 3, "damaged": reason},
+    ]
+
+    async def listing(params):
+        return {"sessions": rows}
+
+    fake.handlers["session.list"] = listing
+    proc = await dsh(fake.path, "sessions")
+    lines = proc.stdout.decode().splitlines()
+    assert len(lines) == 3
+    assert lines[0].split("\t") == ["id", "title", "cwd", "created", "running", "lastSeq"]
+    assert all(len(line) < 200 for line in lines)
+    first, second = (line.split("\t") for line in lines[1:])
+    assert len(first) == len(second) == 6
+    assert first[1].startswith("make xxx") and first[1].endswith("…")
+    assert second[1].startswith("DAMAGED (checksum mismatch at byte 123456")
+    assert "…)" in second[1] and second[1].endswith("a\\tb\\nc")
+    proc = await dsh(fake.path, "--json", "sessions")
+    assert json.loads(proc.stdout) == rows  # complete

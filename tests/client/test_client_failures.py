@@ -1,5 +1,5 @@
 """``dsh`` when things go wrong: a daemon that accepts but never answers ``initialize``, calls
-that never ran or whose outcome is unknown, a reused ``--call-id``, dshd dying under ``run``."""
+that never ran or whose outcome is unknown, dshd dying under ``run`` (a real dshd, killed)."""
 
 from __future__ import annotations
 
@@ -13,18 +13,20 @@ import trio
 from click.testing import CliRunner
 
 from client.api import DaemonUnresponsive, connect, connect_timeout
-from client.cli import cli, exit_status
+from client.cli import cli
+from client.exits import exit_status
+from conftest import start_dshd, stop_dshd
 from dsh_proc import Live, dsh, dsh_cmd, env_for, ROOT
-from fake_dshd import FakeDshd
 
 
 @pytest.fixture
-async def fake(nursery):
-    d = tempfile.mkdtemp(prefix="dsh-f-", dir="/tmp")
-    server = FakeDshd(os.path.join(d, "fake.sock"))
-    await nursery.start(server.serve)
-    yield server
-    shutil.rmtree(d, ignore_errors=True)
+def own_dshd():
+    """A real dshd of this test alone (the test kills it)."""
+    daemon = start_dshd()
+    try:
+        yield daemon
+    finally:
+        stop_dshd(daemon)
 
 
 @pytest.fixture
@@ -122,59 +124,37 @@ def test_help_documents_75_and_125(command):
     assert "125  the call did not run" in text and "STORAGE_FAILURE" in text
 
 
-async def test_run_whose_outcome_is_unknown_exits_75(fake):
-    fake.call_result = {"isError": True, "errorCode": "TOOL_OUTCOME_UNKNOWN", "details": {},
-                        "content": "it may or may not have run; check the outside world first"}
-    proc = await dsh(fake.path, "run", "--", "make deploy")
-    assert proc.returncode == 75
-    assert ("dsh: TOOL_OUTCOME_UNKNOWN: it may or may not have run; check the outside world "
-            "first") in proc.stderr.decode()
-    proc = await dsh(fake.path, "wait", "s1", "minted")
-    assert proc.returncode == 75
+async def test_wait_for_a_call_dshd_crashed_under_exits_75(own_dshd, tmp_path):
+    async with connect(own_dshd.socket) as c:
+        sid = await c.create_session(tmp_path)
+        cid = await c.run_tool(sid, "echo started; sleep 100")
+        with trio.fail_after(20):
+            async for view in await c.subscribe(sid):  # until the command runs and printed
+                output = view["tools"].get(cid, {}).get("output") or {}
+                if "started" in str(output.get("content")):
+                    break
+    own_dshd.kill9()
+    own_dshd.start()  # opening the session repairs it: TOOL_OUTCOME_UNKNOWN
+    proc = await dsh(own_dshd.socket, "wait", sid, cid)
+    assert proc.returncode == 75, proc.stderr
+    assert "dsh: TOOL_OUTCOME_UNKNOWN: " in proc.stderr.decode()
 
 
-async def test_run_that_could_not_be_logged_exits_125(fake):
-    fake.run_error = (-32014, "the session log could not be made durable (ENOSPC)")
-    with trio.fail_after(10):
-        proc = await dsh(fake.path, "run", "--", "true")
-    assert proc.returncode == 125
-    assert proc.stderr.decode().splitlines()[-1] == (
-        "dsh: STORAGE_FAILURE: the session log could not be made durable (ENOSPC)")
-
-
-# ---------------------------------------------------------------------- --call-id reused
-async def test_reused_call_id_says_nothing_ran_again(fake):
-    fake.existing = {"k1"}
-    fake.final_result = {"callId": "k1", "isError": False, "content": "old output\n",
-                         "details": {"exitCode": 0}, "exitCode": 0}
-    fake.settled.set()
-    proc = await dsh(fake.path, "run", "--session", "s1", "--call-id", "k1", "--", "rm -rf x")
-    assert proc.returncode == 0, proc.stderr
-    assert ("dsh: call k1 already exists in session s1: showing its result; nothing was run "
-            "again (use a new --call-id to run again)") in proc.stderr.decode().splitlines()
-    assert proc.stdout.decode() == "old output\n"
-
-
-async def test_new_call_id_gets_no_note(fake):
-    fake.call_result = {"isError": False, "content": "", "details": {"exitCode": 0}, "exitCode": 0}
-    proc = await dsh(fake.path, "run", "--call-id", "k2", "--", "true")
-    assert proc.returncode == 0 and "already exists" not in proc.stderr.decode()
-
-
-# ---------------------------------------------------------------------- dshd dies under run
-async def test_dshd_dying_under_run_says_how_to_learn_the_outcome(fake, tmp_path):
-    fake.call_hold = True
-    run = await Live(tmp_path, "run").start(fake.path, "run", "--call-id", "k3", "--", "sleep 100")
+async def test_dshd_dying_under_run_says_how_to_learn_the_outcome(own_dshd, tmp_path):
+    run = await Live(tmp_path, "run").start(own_dshd.socket, "run", "--call-id", "k3", "--",
+                                            "echo started; sleep 100", cwd=tmp_path)
     try:
-        with trio.fail_after(10):
-            while "tool.wait" not in [m for m, _ in fake.requests]:
-                await trio.sleep(0.01)
-        await fake.close_connections()
+        await run.until("session ")
+        with trio.fail_after(20):
+            while "started" not in run.out:
+                await trio.sleep(0.02)
+        own_dshd.kill9()
         assert await run.wait() == 75  # outcome unknown
     finally:
         run.kill()
+    sid = run.err.split("session ", 1)[1].split()[0]
     assert run.err.splitlines()[-2:] == [
         "dsh: dshd closed the connection",
-        "dsh: after restarting dshd, `dsh wait s1 k3` shows what became of the call",
+        f"dsh: after restarting dshd, `dsh wait {sid} k3` shows what became of the call",
     ]
     assert "Traceback" not in run.err

@@ -1,5 +1,7 @@
 """``dsh fsck``: through the fake server (the verdicts from session.list / session.get /
-session.events), and ``--offline`` over hand-built logs in a temporary state directory."""
+session.events), and ``--offline`` over hand-built logs in a temporary state directory: that
+one runs ``python -m dshd fsck --offline`` (the daemon's package reads its own logs), so these
+tests pin that the output and exit statuses of ``dsh fsck --offline`` did not change."""
 
 from __future__ import annotations
 
@@ -13,8 +15,10 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from client.fsck import Verdict, check_offline, repairs_in
+from client.cli.fsck import offline_command
+from client.fsck import Verdict, repairs_in
 from dsh_proc import dsh
+from client.api import connect
 from fake_dshd import FakeDshd, FakeError
 
 
@@ -69,18 +73,65 @@ def test_repairs_in_names_the_closers_only():
 def test_verdict_text_and_json():
     assert Verdict("s", "ok").text() == "ok"
     assert Verdict("s", "damaged", "bad frame").text() == "damaged: bad frame"
-    v = Verdict("s", "torn", offset=90, recovered=2, repairs=["call c TOOL_OUTCOME_UNKNOWN"],
-                pending=True)
-    assert v.text() == ("torn tail at byte 90: 2 records recovered (the daemon drops the torn "
-                        "bytes on its next write); needs repair on open: call c TOOL_OUTCOME_UNKNOWN")
-    assert v.to_json() == {"sessionId": "s", "state": "torn", "offset": 90, "recovered": 2,
-                           "needsRepair": ["call c TOOL_OUTCOME_UNKNOWN"]}
+    v = Verdict("s", "repaired", repairs=["call c TOOL_OUTCOME_UNKNOWN"])
+    assert v.text() == "repaired: call c TOOL_OUTCOME_UNKNOWN"
+    assert v.to_json() == {"sessionId": "s", "state": "repaired",
+                           "repairs": ["call c TOOL_OUTCOME_UNKNOWN"]}
     assert not v.failed and Verdict("s", "unchecked", "locked").failed
 
 
+def test_offline_runs_the_daemons_check_with_this_interpreter():
+    import sys
+
+    assert offline_command(None, None, False) == [sys.executable, "-m", "dshd", "fsck",
+                                                  "--offline"]
+    assert offline_command("/st", "-s1", True) == [sys.executable, "-m", "dshd", "fsck",
+                                                   "--offline", "--state-dir", "/st", "--json",
+                                                   "--", "-s1"]
+
+
+def test_the_client_never_reads_the_logs_itself():
+    import ast
+
+    from conftest import ROOT
+
+    for path in (ROOT / "client").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not any(n == "dshd" or n.startswith("dshd.") for n in names), path
+
+
 # ---------------------------------------------------------------------- online
+def _script(fake: FakeDshd, rows: list[dict], events: dict[str, list[dict]],
+            infos: dict[str, object]) -> None:
+    """session.list answers ``rows``; session.get a SessionInfo from ``events`` or the error
+    in ``infos``; session.events pages of ``events``."""
+
+    async def listing(params):
+        return {"sessions": rows}
+
+    async def get(params):
+        sid = params["sessionId"]
+        answer = infos.get(sid)
+        if isinstance(answer, FakeError):
+            raise answer
+        if sid not in events and not any(r["sessionId"] == sid for r in rows):
+            raise FakeError(-32004, f"session {sid} not found; `dsh sessions` lists the sessions")
+        log = events.get(sid, [])
+        return {"sessionId": sid, "lastSeq": log[-1]["seq"] if log else -1}
+
+    async def page(params):
+        log = events.get(params["sessionId"], [])
+        after, limit = params.get("afterSeq", -1), params.get("limit", 1000)
+        return {"events": [e for e in log if e["seq"] > after][:limit],
+                "lastSeq": log[-1]["seq"] if log else -1}
+
+    fake.handlers.update({"session.list": listing, "session.get": get, "session.events": page})
+
+
 async def test_fsck_reports_ok_repaired_and_damaged_and_exits_1(fake):
-    fake.sessions = [
+    rows = [
         _row("s1", 3),
         _row("s2", 3),
         {"sessionId": "s3", "damaged": "session s3: log /x is damaged at byte 118: frame does not "
@@ -88,12 +139,11 @@ async def test_fsck_reports_ok_repaired_and_damaged_and_exits_1(fake):
         _row("s4", 2),
         _row("s5", 0),
     ]
-    fake.session_events = {"s1": CRASHED[:4], "s2": CRASHED}
-    fake.infos = {
+    _script(fake, rows, {"s1": CRASHED[:4], "s2": CRASHED}, {
         "s4": FakeError(-32014, "session s4 cannot be opened: log damaged at byte 40",
                         {"code": "LOG_DAMAGED"}),
         "s5": FakeError(-32005, "session s5 is locked by another process: process 7"),
-    }
+    })
     proc = await dsh(fake.path, "fsck")
     assert proc.returncode == 1
     assert proc.stdout.decode() == (
@@ -112,8 +162,7 @@ async def test_fsck_reports_ok_repaired_and_damaged_and_exits_1(fake):
 
 
 async def test_fsck_one_session_and_json_exit_0(fake):
-    fake.sessions = [_row("s1", 3), _row("s2", 3)]
-    fake.session_events = {"s2": CRASHED}
+    _script(fake, [_row("s1", 3), _row("s2", 3)], {"s2": CRASHED}, {})
     proc = await dsh(fake.path, "fsck", "--json", "s2")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == [{"sessionId": "s2", "state": "repaired", "repairs": [
@@ -121,15 +170,20 @@ async def test_fsck_one_session_and_json_exit_0(fake):
     assert [p["sessionId"] for m, p in fake.requests if m == "session.get"] == ["s2"]
 
 
-async def test_fsck_of_an_unknown_session_is_the_daemons_error(fake):
-    proc = await dsh(fake.path, "fsck", "missing")
+async def test_fsck_of_an_unknown_session_is_the_daemons_error(real_dshd):
+    proc = await dsh(real_dshd.socket, "fsck", "missing")
     assert proc.returncode == 1
-    assert proc.stderr.decode() == "dsh: session missing not found; `dsh sessions` lists the sessions\n"
+    [line] = proc.stderr.decode().splitlines()
+    assert line.startswith("dsh: session missing ") and "not found" in line
 
 
-async def test_fsck_without_sessions_is_0(fake):
-    proc = await dsh(fake.path, "fsck")
-    assert (proc.returncode, proc.stdout, proc.stderr) == (0, b"", b"fsck: 0 sessions\n")
+async def test_fsck_of_healthy_sessions_is_0(real_dshd, tmp_path):
+    async with connect(real_dshd.socket) as c:
+        sid = await c.create_session(tmp_path)
+        await c.wait(sid, await c.run_tool(sid, "true"))
+    proc = await dsh(real_dshd.socket, "fsck", sid)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, f"{sid}\tok\n".encode(),
+                                                          b"fsck: 1 session: 1 ok\n")
 
 
 async def test_fsck_without_daemon_is_2(tmp_path):
@@ -244,8 +298,3 @@ async def test_fsck_offline_warns_when_a_daemon_holds_the_state_dir(state, tmp_p
         os.close(fd)
     assert proc.returncode == 0
     assert proc.stderr.decode().startswith(f"dsh: a running dshd holds {state}:")
-
-
-def test_check_offline_of_a_clean_plain_log(tmp_path):
-    _plain_log(tmp_path, "p1", b"".join(_lines("p1", CLEAN[0] + CLEAN[1])))
-    assert check_offline(tmp_path, "p1") == Verdict("p1", "ok", pending=True)

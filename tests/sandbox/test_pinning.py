@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 
-from dshd.execution import landlock_exec, sandbox
+from dshd.execution import landlock_exec
 from dshd.execution.sandbox import SandboxUnavailable, close_fds, pin_workspace
 
 from .helpers import call_env

@@ -2,8 +2,9 @@
 
 Theory of operation: ``LineReader`` reads stdin in a worker thread with ``os.read`` on the file
 descriptor -- never through ``sys.stdin``, whose buffered reader an abandoned thread would hold
-locked at interpreter shutdown -- and queues each line with the trio time it arrived; EOF is
-sticky. ``line(since)`` takes the next line. On a terminal a line that arrived before
+locked at interpreter shutdown -- and queues each line with the time it arrived
+(``anyio.current_time``) in a bounded channel (``LINE_BOUND`` lines: past that it stops
+reading until the answerer takes one); EOF is sticky. ``line(since)`` takes the next line. On a terminal a line that arrived before
 ``since`` (the moment a prompt was shown) is dropped: an answer typed for a request that was
 decided elsewhere meanwhile must never approve the next one. From a pipe every line counts, in
 order (``printf 'y\\nn\\n' | dsh attach --approve S`` answers the first two requests).
@@ -19,21 +20,20 @@ events after a known seq), for a request that left the lane while we were not de
 
 from __future__ import annotations
 
-import math
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import trio
+import anyio
 
+from client.api import Client
 from client.output import printable
-
-if TYPE_CHECKING:
-    from client.api import Client
 
 __all__ = ["LineReader", "request_lines", "parse_answer", "visible", "Outcomes",
            "sandbox_label"]
 
 _READ_SIZE = 4096
+#: Lines read ahead of the answerer (more are left in the pipe until it takes one).
+LINE_BOUND = 256
 
 
 class LineReader:
@@ -45,27 +45,28 @@ class LineReader:
             self.tty = os.isatty(fd)
         except OSError:
             self.tty = False
-        self._send, self._receive = trio.open_memory_channel[tuple[float, "str | None"]](math.inf)
+        self._send, self._receive = anyio.create_memory_object_stream[
+            tuple[float, "str | None"]](LINE_BOUND)
         self.eof = False
 
     async def run(self) -> None:
         buf = b""
         while True:
             try:
-                chunk = await trio.to_thread.run_sync(os.read, self.fd, _READ_SIZE,
-                                                      abandon_on_cancel=True)
+                chunk = await anyio.to_thread.run_sync(os.read, self.fd, _READ_SIZE,
+                                                       abandon_on_cancel=True)
             except OSError:
                 chunk = b""
-            now = trio.current_time()
+            now = anyio.current_time()
             if not chunk:
                 if buf:
-                    self._send.send_nowait((now, buf.decode("utf-8", "replace")))
-                self._send.send_nowait((now, None))
+                    await self._send.send((now, buf.decode("utf-8", "replace")))
+                await self._send.send((now, None))
                 return
             buf += chunk
             while b"\n" in buf:
                 line, buf = buf.split(b"\n", 1)
-                self._send.send_nowait((now, line.decode("utf-8", "replace").rstrip("\r")))
+                await self._send.send((now, line.decode("utf-8", "replace").rstrip("\r")))
 
     async def line(self, since: float | None = None) -> str | None:
         """The next line (None at EOF). On a terminal, lines that came before ``since`` are
@@ -131,7 +132,7 @@ def request_lines(session_id: str, approval_id: str, request: dict[str, Any], mo
 class Outcomes:
     """How approvals were decided, from ``approval/decided`` events after ``after_seq``."""
 
-    def __init__(self, client: "Client", session_id: str, after_seq: int) -> None:
+    def __init__(self, client: Client, session_id: str, after_seq: int) -> None:
         self.client = client
         self.session_id = session_id
         self.after_seq = after_seq

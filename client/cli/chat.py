@@ -13,8 +13,8 @@ A batch may fold several changes together (a short call can come and go between 
 publishes), so whenever a step ends the log is the referee: its ``message/assistant`` prints
 whatever of the text the lane did not show, and each proposed call's ``tool/result`` closes
 it (its last output, or the sentence of a call that never ran). The turn is over when the
-lane's turn stops being ours; ``turn/end`` gives the exit status: 0 completed, 1 error,
-130 cancelled. Ctrl-C once cancels the turn, twice detaches (the turn goes on in dshd).
+lane's turn stops being ours; ``turn/end`` gives the exit status
+(``client.exits.turn_status``): 0 completed, 1 error, 130 cancelled. Ctrl-C once cancels the turn, twice detaches (the turn goes on in dshd).
 Without a prompt, lines are read from stdin, one turn each, until end of file.
 
 stdin is read by one task for the whole command (:class:`Lines`), so a prompt for the next
@@ -29,11 +29,12 @@ import signal
 import sys
 from typing import Any
 
+import anyio
 import click
-import trio
 
 from client.api import CallLost, Client, connect
-from client.exits import EXIT_ERROR, EXIT_INTERRUPTED, exit_for, single
+from client.cli.common import run_program
+from client.exits import EXIT_INTERRUPTED, single, turn_status
 from client.follow import CallOutput
 from client.output import printable
 from client.spill import command_ran
@@ -41,9 +42,6 @@ from client.transport import ConnectionLost
 from protocol.rpc import RpcError
 
 __all__ = ["chat", "run_chat"]
-
-END_STATUS = {"completed": 0, "error": EXIT_ERROR, "interrupted": EXIT_ERROR,
-              "cancelled": EXIT_INTERRUPTED}
 
 
 # ---------------------------------------------------------------------- terminal
@@ -64,12 +62,12 @@ class Lines:
     """stdin, one line at a time, read by a single task (``run``); None at end of file."""
 
     def __init__(self) -> None:
-        self._send, self._receive = trio.open_memory_channel[str | None](0)
+        self._send, self._receive = anyio.create_memory_object_stream[str | None](0)
 
     async def run(self) -> None:
         async with self._send:  # closed at end of file: every later next() is None
             while True:
-                line = await trio.to_thread.run_sync(sys.stdin.readline, abandon_on_cancel=True)
+                line = await anyio.to_thread.run_sync(sys.stdin.readline, abandon_on_cancel=True)
                 if not line:
                     return
                 await self._send.send(line.rstrip("\n"))
@@ -80,7 +78,7 @@ class Lines:
             sys.stderr.flush()
         try:
             return await self._receive.receive()
-        except trio.EndOfChannel:
+        except anyio.EndOfStream:
             return None
 
 
@@ -94,8 +92,8 @@ class Approver:
         self.yes = yes
         self.seen: set[str] = set()
         self.pending: dict[str, dict] = {}
-        self._asking: tuple[str, trio.CancelScope] | None = None
-        self._send, self._receive = trio.open_memory_channel[str](64)
+        self._asking: tuple[str, anyio.CancelScope] | None = None
+        self._send, self._receive = anyio.create_memory_object_stream[str](64)
 
     def offer(self, view: Any) -> None:
         """Queue the view's new approval requests; drop the question about one that left
@@ -109,7 +107,7 @@ class Approver:
                 continue
             try:
                 self._send.send_nowait(approval_id)
-            except trio.WouldBlock:
+            except anyio.WouldBlock:
                 continue  # offered again with the next view
             self.seen.add(approval_id)
             self.pending[approval_id] = entry
@@ -117,7 +115,7 @@ class Approver:
     async def run(self) -> None:
         async for approval_id in self._receive:
             entry = self.pending.pop(approval_id)
-            with trio.CancelScope() as scope:
+            with anyio.CancelScope() as scope:
                 self._asking = (approval_id, scope)
                 await self._answer(approval_id, entry)
             self._asking = None
@@ -312,8 +310,8 @@ async def run_turn(client: Client, sub, session_id: str, text: str, approver: Ap
 async def _show_turn(client: Client, sub, session_id: str, screen: TurnScreen,
                      approver: Approver) -> int:
     detached = False
-    with trio.open_signal_receiver(signal.SIGINT) as signals:
-        async with trio.open_nursery() as nursery:
+    with anyio.open_signal_receiver(signal.SIGINT) as signals:
+        async with anyio.create_task_group() as nursery:
 
             async def on_interrupt() -> None:
                 nonlocal detached
@@ -345,7 +343,7 @@ async def _show_turn(client: Client, sub, session_id: str, screen: TurnScreen,
     if reason != "completed":
         detail = ": ".join(str(x) for x in (end.get("errorCode"), end.get("message")) if x)
         _note(f"dsh: turn {reason}" + (f" ({detail})" if detail else ""))
-    return END_STATUS.get(reason, EXIT_ERROR)
+    return turn_status(reason)
 
 
 async def _chat(socket: str | None, session_id: str | None, prompt: str | None, yes: bool) -> int:
@@ -358,7 +356,7 @@ async def _chat(socket: str | None, session_id: str | None, prompt: str | None, 
         sub = await client.subscribe(session_id)
         try:
             await sub.next_view()
-            async with trio.open_nursery() as nursery:
+            async with anyio.create_task_group() as nursery:
                 approver = Approver(client, session_id, lines, yes)
                 nursery.start_soon(lines.run)
                 nursery.start_soon(approver.run)
@@ -376,20 +374,13 @@ async def _chat(socket: str | None, session_id: str | None, prompt: str | None, 
                 nursery.cancel_scope.cancel()
             return status
         finally:
-            with trio.move_on_after(1) as cleanup:
-                cleanup.shield = True
+            with anyio.move_on_after(1, shield=True):
                 await sub.aclose()
 
 
 def run_chat(socket: str | None, session_id: str | None, prompt: str | None, yes: bool) -> int:
     """Run the chat; map client errors to one stderr line and an exit status."""
-    try:
-        return trio.run(_chat, socket, session_id, prompt, yes)
-    except BaseException as raised:  # noqa: BLE001 - mapped below, re-raised when unknown
-        code = exit_for(single(raised), _note)
-        if code is None:
-            raise
-        return code
+    return run_program(lambda: _chat(socket, session_id, prompt, yes))
 
 
 @click.command("chat")

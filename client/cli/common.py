@@ -1,0 +1,67 @@
+"""What every ``dsh`` command shares: the global options and how a command body is run.
+
+Theory of operation: ``execute`` runs one command body -- an async function of a connected
+``client.api.Client`` -- as one anyio program on ``BACKEND`` and turns whatever ended it into
+an exit status (``client.exits.failure_status``: one stderr line, a status; an unknown
+exception is re-raised with its traceback).
+
+The CLI runs on trio (``BACKEND``): the library is anyio and runs on asyncio as well (the
+tests run it on both), but the CLI's Ctrl-C handling, signal receivers and subprocess tests
+were built and proven on trio, and trio is installed with dsh anyway (the daemon runs on it);
+asyncio would buy the CLI nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+import anyio
+import click
+
+from client.api import Client, connect
+from client.cli.terminal import note, silence_stdout
+from client.exits import failure_status
+
+__all__ = ["Options", "pass_options", "json_flag", "execute", "run_program", "BACKEND"]
+
+#: The event loop the ``dsh`` CLI runs on (module doc).
+BACKEND = "trio"
+
+
+@dataclass
+class Options:
+    """The group's options, handed to every command."""
+
+    socket: str | None
+    json: bool = False
+
+
+pass_options = click.make_pass_decorator(Options)
+
+
+def json_flag(func: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")(func)
+
+
+def run_program(main: Callable[[], Awaitable[int]]) -> int:
+    """Run ``main`` on ``BACKEND``; map what ended it to an exit status."""
+    try:
+        return anyio.run(main, backend=BACKEND)
+    except BaseException as raised:  # noqa: BLE001 - mapped below, re-raised when unknown
+        code = failure_status(raised, note, silence_stdout)
+        if code is None:
+            raise
+        return code
+
+
+def execute(opts: Options, body: Callable[[Client], Awaitable[int]], *,
+            approvals: bool = False) -> int:
+    """Connect, run ``body``, map client errors to one stderr line and an exit status.
+    ``approvals``: connect as an approval answerer (PROTOCOL.md §3.4)."""
+
+    async def main() -> int:
+        async with connect(opts.socket, approvals=approvals) as client:
+            return await body(client)
+
+    return run_program(main)
