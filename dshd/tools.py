@@ -14,14 +14,19 @@ the cap (``protocol.methods.arguments_problem``) or that break the tool's struct
 the error as ``-32602`` / ``-32012``; the turn loop settles the model's call with the same
 sentence (``INVALID_ARGUMENTS`` / ``UNKNOWN_TOOL``).
 
+A spec also carries the tool's implementation, ``invoke``: checked arguments in, an
+:class:`Invocation` out (the script the command's owner runs, closed by it, and the call's
+timeout). The call pipeline (``dshd.sessions.command``) looks the tool up here and confines and
+runs whatever script it gets, so it names no tool.
+
 Adding a tool: its arguments struct (in ``protocol.methods`` when clients build it), one
-:data:`TOOLS` entry here, and its implementation (``dshd/execution/``); ``initialize`` lists
-it and the model sees it from this table.
+:data:`TOOLS` entry here with its ``invoke``, and what that needs (``dshd/execution/``);
+``initialize`` lists it and the model sees it from this table.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,8 +35,18 @@ import msgspec
 from protocol.methods import BashArguments, arguments_problem
 
 from .errors import InvalidParams, UnknownTool
+from .execution.process import BashScript
 
-__all__ = ["BASH", "TOOLS", "ToolSpec", "check_arguments", "tool_names"]
+__all__ = ["BASH", "TOOLS", "Invocation", "ToolSpec", "check_arguments", "tool_names"]
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """What the command's owner runs for one call: ``script`` (its ``argv``; the owner closes
+    it) and ``timeout`` in seconds (None: no timeout)."""
+
+    script: BashScript
+    timeout: float | None
 
 
 @dataclass(frozen=True)
@@ -44,6 +59,8 @@ class ToolSpec:
     arguments: type
     #: May run at the same time as other concurrent calls of the same step.
     concurrent: bool
+    #: The implementation: checked arguments (their JSON object) -> what to run.
+    invoke: Callable[[Mapping[str, Any]], Invocation]
     sentences: Mapping[str, str] = field(default_factory=dict)
 
     def parameters(self) -> dict[str, Any]:
@@ -67,6 +84,12 @@ class ToolSpec:
         }
 
 
+def _invoke_bash(arguments: Mapping[str, Any]) -> Invocation:
+    timeout = arguments.get("timeout")
+    return Invocation(BashScript(arguments["command"]),
+                      float(timeout) if timeout is not None else None)
+
+
 BASH = ToolSpec(
     name="bash",
     description=(
@@ -76,6 +99,7 @@ BASH = ToolSpec(
     ),
     arguments=BashArguments,
     concurrent=False,  # it may write: one at a time
+    invoke=_invoke_bash,
     sentences={
         "command": "bash needs arguments.command, a non-empty string",
         "timeout": "arguments.timeout is seconds, a number > 0 (at most 7 days)",

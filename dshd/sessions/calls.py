@@ -370,8 +370,8 @@ class CallTable:
         assert call.capture is not None
         call.pending = PendingOutput(self.dir, call.call_id)
         outcome, completeness = await command.run(
-            command.CommandSpec(call.call_id, call.arguments, call.capture, call.pending,
-                                call.terminate),
+            command.CommandSpec(call.call_id, call.name, call.arguments, call.capture,
+                                call.pending, call.terminate),
             self.host, self.log.header.cwd, self.config, self.sandbox,
             on_start=started, on_output=self.lane.mark_dirty,
         )

@@ -3,6 +3,7 @@
 Theory of operation (EXEC.md §1, §3; HOST.md §2): once a call has passed its gate and its
 barrier, :func:`run` hands its command to the command's *owner* and watches it until the owner
 reports an outcome. Today the owner is ``dshd.execution.process.run_command``, in this process:
+the tool's registry entry (``dshd.tools``) turns the call's arguments into a script,
 the command line is confined by the session's sandbox (``confine``; the session env and the
 call's ids are set inside the sandbox by ``env(1)``, so nothing in them reaches the wrapper),
 runs as the session's owner with the documented minimal environment, and its output is captured
@@ -21,11 +22,11 @@ from typing import Callable, Protocol
 
 import trio
 
-from .. import identity
+from .. import identity, tools
 from ..config import Config
 from ..execution.capture import OutputCapture
 from ..execution.env import tool_env
-from ..execution.process import BashScript, ExecOutcome, run_command
+from ..execution.process import ExecOutcome, run_command
 from ..execution.sandbox import SandboxUnavailable
 from ..paths import is_within
 from ..results import CallFailed, sentence
@@ -43,10 +44,11 @@ def tool_base_env(config: Config, owner: int | None) -> dict[str, str]:
 
 @dataclass
 class CommandSpec:
-    """What the owner needs of a call: its id, its arguments, where its output goes, and the
-    terminate request it watches."""
+    """What the owner needs of a call: its id, its tool and arguments, where its output goes,
+    and the terminate request it watches."""
 
     call_id: str
+    name: str
     arguments: dict
     capture: OutputCapture
     pending: PendingOutput
@@ -74,7 +76,8 @@ async def run(spec: CommandSpec, session: SessionSettings, cwd: str, config: Con
     inner_env["DSH_CALL_ID"] = spec.call_id
     inner_env["DSH_SESSION_ID"] = session.id
     inner = ["env", "--", *(f"{k}={v}" for k, v in inner_env.items())]
-    script = BashScript(spec.arguments["command"])  # run_command closes it
+    invocation = tools.TOOLS[spec.name].invoke(spec.arguments)
+    script = invocation.script  # run_command closes it
     fds: list[int] = []  # the sandbox's pinned workspace and lease; run_command closes them
     try:
         argv, completeness = sandbox.confine(
@@ -87,13 +90,12 @@ async def run(spec: CommandSpec, session: SessionSettings, cwd: str, config: Con
         raise CallFailed("SANDBOX_UNAVAILABLE", sentence("SANDBOX_UNAVAILABLE", reason=exc)) from None
     env = tool_base_env(config, session.owner)
     on_start()
-    timeout = spec.arguments.get("timeout")
     with barrier.passed("tool/dispatch"):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(checkpoint_output, spec, session.id)
             outcome = await run_command(
                 argv, cwd=cwd, env=env, capture=spec.capture, on_output=on_output,
-                timeout=float(timeout) if timeout is not None else None,
+                timeout=invocation.timeout,
                 cancel=spec.terminate,
                 kill_grace=config.kill_grace_seconds, eof_grace=config.eof_grace_seconds,
                 as_user=identity.run_as_for(session.owner), script=script, pass_fds=fds,
