@@ -60,10 +60,11 @@ has already wrapped it — and runs it to a settled :class:`ExecOutcome`:
   is opened as a pidfd and its environment read again through ``/proc`` before the signal, so
   a pid reused between the scan and the kill is not hit. If end of file still does not come, a holder of
   the pipe escaped both; the reader is cancelled and the call settles anyway.
-* **Outside cancellation** (daemon shutdown) or an unexpected error: the ``finally`` clause,
-  shielded under a bounded ``move_on_after``, closes the pipe (writers get SIGPIPE), sends
-  SIGTERM to the command, waits up to ``kill_grace`` s for the leader, then SIGKILLs as above
-  and reaps — and only then lets the cancellation propagate.
+* **Outside cancellation** (a session whose stop deadline came; the graceful stop asks
+  through ``cancel`` first) or an unexpected error: the ``finally`` clause, shielded under a
+  bounded ``move_on_after``, closes the pipe (writers get SIGPIPE), SIGKILLs everything left
+  at once as above (no grace: the time is up) and reaps — and only then lets the
+  cancellation propagate.
 
 Always, at the end: ``capture.finish()``, a last spill flush, ``capture.spill.close()`` and a
 last ``on_output()``. The exit code is the process's, or 128+signal when a signal killed it.
@@ -111,6 +112,9 @@ PIPE_SIZE = 1_048_576
 #: Spill bytes buffered (written by the spill task in a worker thread) before the reader
 #: waits: the back-pressure that lets a slow disk slow the command down through the pipe.
 SPILL_HIGH_WATER = 4 * 1_048_576
+#: Seconds the shielded cleanup may take beyond reaping a SIGKILLed command (closing the
+#: pipe, the last spill write).
+CLEANUP_SLACK_SECONDS = 5.0
 #: Seconds to wait for a SIGKILLed leader to be reaped before giving up on its exit code.
 KILL_REAP_TIMEOUT = 10.0
 #: The environment variable that carries a run's kill-sweep token (see the module doc).
@@ -331,7 +335,7 @@ class _Run:
                 nursery.cancel_scope.cancel()  # a reader still blocked: a holder outside the group
             self.settled = True
         finally:
-            with trio.move_on_after(self.kill_grace + KILL_REAP_TIMEOUT + 5.0) as cleanup:
+            with trio.move_on_after(KILL_REAP_TIMEOUT + CLEANUP_SLACK_SECONDS) as cleanup:
                 cleanup.shield = True
                 await self._cleanup()
             self.proc.close()
@@ -449,13 +453,14 @@ class _Run:
             await self.eof.wait()
 
     async def _cleanup(self) -> None:
-        """Runs shielded: kill what is left after an abnormal exit, then settle the capture."""
+        """Runs shielded: kill what is left after an abnormal exit, then settle the capture.
+
+        An abnormal exit is a cancellation from outside (a session whose stop deadline came,
+        a crash) or an error of the run itself: there is no time for a grace, so everything
+        left is SIGKILLed at once (the graceful TERM, ``kill_grace``, KILL is ``_terminate``'s,
+        for a cancel the call asked for)."""
         await self.stream.aclose()
         if not self.settled:
-            if self.proc.returncode is None:
-                self._term_command()
-                with trio.move_on_after(self.kill_grace):
-                    await self.proc.wait()
             self._kill_all()
             if self.proc.returncode is None:
                 with trio.move_on_after(KILL_REAP_TIMEOUT):

@@ -67,6 +67,10 @@ log = structlog.get_logger("dshd.session")
 
 #: Seconds a wind-down may take when no caller gave a deadline (an idle close, a crash).
 WIND_DOWN_SECONDS = 10.0
+#: Of the time a close leaves, the part kept for settling and flushing after the work that
+#: still runs is cancelled (``_work_deadline``): this share, at most this many seconds.
+SETTLE_SHARE = 0.25
+SETTLE_RESERVE_SECONDS = 2.0
 
 
 class AgentSlot(Protocol):
@@ -210,6 +214,14 @@ class Session:
             self._deadline = trio.current_time() + WIND_DOWN_SECONDS
         return self._deadline
 
+    def _work_deadline(self) -> float:
+        """When work still running at a close is cancelled: :data:`SETTLE_SHARE` of the time
+        left (at most :data:`SETTLE_RESERVE_SECONDS`) before :meth:`deadline` stays for the
+        wind-down to settle the cancelled calls and flush."""
+        deadline = self.deadline()
+        left = max(0.0, deadline - trio.current_time())
+        return deadline - min(SETTLE_RESERVE_SECONDS, SETTLE_SHARE * left)
+
     def has_call(self, call_id: str) -> bool:
         """The session knows ``call_id`` (a ``tool/call`` or a ``tool/result`` names it, or a
         recorded model answer proposed it)."""
@@ -272,6 +284,10 @@ class Session:
                     if self.agent is not None:
                         self.agent.stop()  # the running turn ends ``interrupted``
                     self._calls.stop(self._stop_policy)
+                    # The calls end gracefully (TERM, kill_grace, KILL) while the deadline
+                    # allows; what still runs near it is cancelled (its command killed at
+                    # once), leaving the last part of the time to settle and flush.
+                    work.cancel_scope.deadline = self._work_deadline()
                 self._work = None
                 nursery.cancel_scope.cancel()
         except Exception as exc:  # escaped the guards: the session's own code failed

@@ -4,6 +4,7 @@ the results from the log with nothing left for the crash repair. Harness: ``conf
 
 from __future__ import annotations
 
+import pytest
 import trio
 
 from .conftest import running_daemon
@@ -80,3 +81,25 @@ async def test_shutdown_ends_a_running_turn_interrupted(daemon, daemon_clock, nu
                          "message": "dshd stopped during the turn"}]
         [result] = [e["data"] for e in events if e["type"] == "tool/result"]
         assert result["errorCode"] == "APPROVAL_CANCELLED"
+
+
+@pytest.mark.parametrize("daemon_overrides", [{"kill_grace_seconds": 30.0,
+                                               "stop_timeout_seconds": 10.0}])
+async def test_a_call_that_ignores_term_cannot_stretch_the_stop(daemon, daemon_clock, nursery,
+                                                                tmp_path, daemon_overrides):
+    """The stop budget bounds the calls too: a command that ignores SIGTERM under a kill grace
+    longer than the budget is SIGKILLed when the budget runs out, and still settles durably."""
+    wire = await daemon.connect(nursery=nursery)
+    sid = await daemon.create_session(wire)
+    lane = await wire.subscribe(sid)
+    stubborn = await wire.run(sid, "trap '' TERM; echo started; while :; do sleep 0.05; done")
+    await wire.wait_lane(lane, lambda l: "started" in output(l, stubborn), "the running call")
+    began = trio.current_time()
+    await daemon.stop()
+    took = trio.current_time() - began
+    assert took <= daemon.config.stop_timeout_seconds, (
+        f"the stop took {took:.1f} s of a {daemon.config.stop_timeout_seconds} s budget")
+    async with running_daemon(tmp_path, daemon.config, daemon_clock) as again:
+        reader = await again.connect(nursery=nursery)
+        result = await reader.wait(sid, stubborn, timeout=0)
+        assert result["errorCode"] == "TOOL_CANCELLED" and result["content"] == "started\n"
