@@ -164,6 +164,7 @@ class Daemon:
         """``conn`` closed: end its subscriptions (the sessions' tool calls keep running)."""
         self.connections.discard(conn)
         for sub in list(conn.subscriptions.values()):
+            sub.end()
             session = self.registry.opened(sub.session_id)
             if session is not None:
                 session.unsubscribe(sub)

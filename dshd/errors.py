@@ -105,7 +105,7 @@ class LimitExceeded(DshError):
     CODE = rpc.LIMIT_EXCEEDED
 
 
-# -- room B (issue 11): the sessions' and the turn loop's refusals ----------------------------
+# -- the sessions' and the turn loop's refusals ---------------------------------------------
 class CallLimit(LimitExceeded):
     """A call past ``max_calls_per_session`` or ``max_calls`` (``data.code`` ``CALL_LIMIT``);
     ``limit`` is the sentence naming the limit (a model's refused call quotes it)."""

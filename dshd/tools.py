@@ -95,7 +95,8 @@ BASH = ToolSpec(
     description=(
         "Run a shell command with bash in the session's working directory, confined by the "
         "session's sandbox, after a person approves it. stdout and stderr come back merged; "
-        "long output keeps its last 2,000 lines / 50 KB. Non-interactive: stdin is empty."
+        "long output keeps only its tail (the daemon's output window; the result says what was "
+        "cut). Non-interactive: stdin is empty."
     ),
     arguments=BashArguments,
     concurrent=False,  # it may write: one at a time

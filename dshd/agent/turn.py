@@ -79,6 +79,8 @@ log = structlog.get_logger("dshd.agent")
 MAX_STEERS = 16
 
 ABORTED_SENTENCE = sentence("ABORTED_BEFORE_DISPATCH", "turn")
+#: turn/end's message when the daemon stopped during the turn.
+STOPPED_TEXT = "dshd stopped during the turn"
 
 
 def clean(text: str) -> str:
@@ -218,6 +220,8 @@ class TurnDriver:
                         turn.closing = True
             except ModelError as exc:
                 end = {"reason": "error", "errorCode": exc.code, "message": exc.sentence}
+            except errors.SessionClosing:  # a stop between two steps: the turn is interrupted
+                end = {"reason": "interrupted", "message": STOPPED_TEXT}
             except errors.StorageFailure as exc:
                 end = {"reason": "error", "errorCode": "STORAGE_FAILURE", "message": str(exc)}
             except Exception:
@@ -228,13 +232,13 @@ class TurnDriver:
             # Cancelled from outside (the daemon stops without the session's stop hook).
             with trio.CancelScope(shield=True), trio.move_on_at(self.port.deadline()):
                 await self._finish(turn, {"reason": "interrupted",
-                                          "message": "dshd stopped during the turn"}, slog)
+                                          "message": STOPPED_TEXT}, slog)
             raise
         await self._finish(turn, end, slog)
 
     def _cancelled(self, turn: Turn) -> dict:
         if turn.stopping:
-            return {"reason": "interrupted", "message": "dshd stopped during the turn"}
+            return {"reason": "interrupted", "message": STOPPED_TEXT}
         return {"reason": "cancelled"}
 
     async def _loop(self, turn: Turn, provider: Provider, slog) -> dict:

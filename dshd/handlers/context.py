@@ -18,7 +18,7 @@ __all__ = ["AfterResponse", "ConnectionPort", "DaemonPort", "may_use"]
 
 
 class DaemonPort(Protocol):
-    """What handlers use of the daemon (``dshd.server.Daemon``)."""
+    """What handlers use of the daemon (``dshd.daemon.Daemon``)."""
 
     registry: Any  # dshd.sessions.registry.SessionRegistry: get create list opened
     sandbox: Any  # the probe: describe()

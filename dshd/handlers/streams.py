@@ -35,6 +35,7 @@ async def unsubscribe(conn: ConnectionPort, p: m.UnsubscribeParams) -> m.EmptyRe
     if sub is None:
         raise InvalidParams(f"no subscription {p.subscription_id!r} on this connection",
                             field="subscriptionId")
+    sub.end()
     session = conn.daemon.registry.opened(sub.session_id)
     if session is not None:
         session.unsubscribe(sub)

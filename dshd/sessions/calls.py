@@ -281,7 +281,8 @@ class CallTable:
                 self.host.crashed(lane_exc)
             result = plain(self._failed(call, "ABORTED_BEFORE_DISPATCH", sentence(
                 "ABORTED_BEFORE_DISPATCH", "could-not-start", error=f"{type(exc).__name__}: {exc}")))
-            self.log.append("tool/result", result)
+            # wait() makes it durable before answering (never a result that may be lost).
+            self._result_seqs[call_id] = self.log.append("tool/result", result).seq
             self.results[call_id] = result
             self._settled[call_id].set()
             raise

@@ -4,8 +4,10 @@ Theory of operation: the lane is a JSON value (``protocol.lane.LaneView``) held 
 ``protocol.Tracker``, published by the session's ``Publisher`` (``dshd.sessions.streams``).
 :class:`Lane` is the only writer of that value: the session's settings, the unsettled calls
 (``tools``), the pending approvals, the last ``RECENT_MAX`` settled calls (``recent``, newest
-first) and the running turn. Every writer method takes a typed value from ``protocol.lane``,
-changes the tracker and marks the publisher dirty; nothing is sent until the publisher's next
+first) and the running turn. Its writer methods take the typed values of ``protocol.lane``
+where the lane has a struct (a call's entry, an approval request, a recent entry, a turn;
+a call's live output, a settings value or a turn field is a plain JSON value), change the
+tracker and mark the publisher dirty; nothing is sent until the publisher's next
 paced publish, except where a method says "published now" (a call leaving the lane, a turn
 beginning), so that every subscriber sees that state. The lane is derived: it is rebuilt from
 the log when a session is opened (``recent`` from its ``tool/result`` events) and never read

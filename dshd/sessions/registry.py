@@ -73,7 +73,7 @@ def mint_session_id() -> str:
 
 
 #: Bound on waiting for a crashed or closing session to release its log before reopening it,
-#: seconds (its calls get kill_grace + eof_grace to settle; its final flush is bounded too).
+#: seconds (its wind-down ends by its own deadline, ``WIND_DOWN_SECONDS`` after a crash).
 REOPEN_WAIT_SECONDS = 30.0
 #: Crashed sessions reopened for their subscribers, at most this many times per session a minute.
 REVIVE_MAX = 3
@@ -213,8 +213,7 @@ class SessionRegistry:
             log.error("session.revive_failed", session=crashed.id, error=str(exc))
             return
         for sub in crashed.subscriptions():
-            live = getattr(sub.sink, "subscriptions", {}).get(sub.id) is sub
-            if not sub.closed and live:
+            if not sub.closed:  # ended subscriptions are marked so by their subscriber
                 session.subscribe(sub, answerer=crashed.is_answerer(sub))
 
     async def _make_room(self) -> None:

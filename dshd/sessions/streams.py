@@ -59,6 +59,11 @@ class Subscription:
         self.dropped_batches = 0
         self._encoder = Encoder()
 
+    def end(self) -> None:
+        """The subscriber ended it (unsubscribe, or its connection closed): nothing more is
+        sent, and no session re-attaches it (a crashed session's revival skips it)."""
+        self.closed = True
+
     def _offer(self, ops: list) -> bool:
         wire = self._encoder.encode(ops)
         line = _json.encode(
@@ -141,7 +146,7 @@ class Publisher:
         sub.send_base(self.tracker.value)
 
     def detach(self, sub: Subscription) -> None:
-        sub.closed = True
+        sub.end()
         self.subscriptions.pop(sub.id, None)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:

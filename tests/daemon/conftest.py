@@ -19,13 +19,12 @@ Theory of operation (h11's ``ConnectionPair``, trio's ``memory_stream_pair``):
   request so pytest-trio runs on it) with autojump, made safe for a daemon that does real work
   in worker threads (:class:`ThreadAwareAutojump`). A plain ``MockClock(autojump_threshold=0)``
   jumps to the next deadline whenever no task is runnable *at this instant*, so while a worker
-  thread fsyncs the next pending deadline fires at once: measured on this suite, 4-5 of its
-  12 wire tests failed per run (3 runs of 3) on a liveness bound that fired while
-  ``session.create`` waited for its first fsync; the same would cut the session's shielded
-  10 s wind-down or a call's 5 s settle. So the clock (1) never jumps while a worker thread
-  runs (``trio.to_thread`` goes through ``trio._threads.start_thread_soon``, wrapped here to
-  count threads in flight: a thread at work, however long, takes no virtual time; 8 of 8 runs
-  pass), and (2) jumps only after the process has been idle for
+  thread fsyncs the next pending deadline fires at once (when this level was written, a
+  third of its tests failed that way: a liveness bound fired while ``session.create`` waited
+  for its first fsync; the same would cut a session's wind-down deadline). So the clock (1)
+  never jumps while a worker thread runs (``trio.to_thread`` goes through
+  ``trio._threads.start_thread_soon``, a private trio name wrapped here to count threads in
+  flight: a thread at work, however long, takes no virtual time), and (2) jumps only after the process has been idle for
   :data:`AUTOJUMP_REAL_SECONDS` of real time, a cushion for a real child process (exiting
   after SIGTERM, being reaped) to be seen before the next virtual deadline (``kill_grace``,
   ``KILL_REAP_TIMEOUT``). Virtual time still runs as fast as the loop is idle: a 10 s
