@@ -151,3 +151,16 @@ class Lane:
         else:
             self.tracker.set_text(["turn", "text"], text)
         self.mark_dirty()
+
+
+class TurnLane:
+    """The lane's ``turn`` value as the agent loop gets it (``dshd.agent.port.TurnLane``):
+    the four turn writers of one :class:`Lane`, and nothing else of it."""
+
+    __slots__ = ("begin_turn", "set_turn", "update_turn", "turn_text")
+
+    def __init__(self, lane: Lane) -> None:
+        self.begin_turn = lane.begin_turn
+        self.set_turn = lane.set_turn
+        self.update_turn = lane.update_turn
+        self.turn_text = lane.turn_text

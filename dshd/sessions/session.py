@@ -60,7 +60,7 @@ from ..storage.writer import SessionLog
 from .approval import ApprovalDesk
 from .calls import CallTable, StopPolicy
 from .faults import TestFault
-from .lane import Lane
+from .lane import Lane, TurnLane
 from .streams import Subscription
 
 log = structlog.get_logger("dshd.session")
@@ -184,9 +184,10 @@ class Session:
         start = max(after_seq + 1, 0)
         return evs[start : start + limit]
 
-    def history(self) -> list:
-        """Every event of the session, oldest first (the agent builds its messages from it)."""
-        return self._log.events
+    def history(self) -> tuple:
+        """Every event of the session, oldest first (the agent builds its messages from it); a
+        snapshot, so no caller can change the log's own list."""
+        return tuple(self._log.events)
 
     def record(self, type_: str, data: dict) -> int:
         """Append an event to the log (buffered; :meth:`wait_durable` makes it durable)."""
@@ -257,9 +258,10 @@ class Session:
         self._lane.publisher.rebase(sub)
 
     @property
-    def turn_lane(self) -> Lane:
-        """The lane, for the agent loop's ``turn`` value (``dshd.agent.port.TurnLane``)."""
-        return self._lane
+    def turn_lane(self) -> TurnLane:
+        """The lane's ``turn`` value, for the agent loop (``dshd.agent.port.TurnLane``): only
+        its four writers, never the lane's tracker or publisher."""
+        return TurnLane(self._lane)
 
     # ----------------------------------------------------------------- the approval port
     def show_approval(self, approval_id: str, request: ApprovalRequest) -> None:
