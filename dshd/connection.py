@@ -40,6 +40,8 @@ server's business (``dshd.server``), and what a request does is ``dispatch``'s
   (bounded in bytes, ``REFUSE_DRAIN_BYTES``, and in time, a share of the stop budget) before
   closing, so the peer reads the line instead of a connection reset. Every time bound of a
   refusal or a close is a share of ``stop_timeout_seconds`` (``dshd.daemon.StopBudget``).
+* At a graceful stop the server calls :meth:`Connection.finish`: reading stops and the
+  connection ends as after a half-close, its answers in flight sent (within the stop budget).
 * When the connection ends, the server ends its subscriptions (``Daemon.forget``); the
   sessions' tool calls keep running.
 """
@@ -165,6 +167,7 @@ class Connection:
         self._closing = False
         self._nursery: trio.Nursery | None = None
         self._init_deadline: trio.CancelScope | None = None  # until initialize is completed
+        self._reading = trio.CancelScope()  # cancelled by finish(): read no more
         self.log = log.bind(conn=self.id, uid=uid)
 
     # ------------------------------------------------------------------ sending
@@ -195,6 +198,11 @@ class Connection:
     def want_resync(self, subscription: "Subscription") -> None:
         self._resync[subscription.id] = subscription
         self._wakeup.set()
+
+    def finish(self) -> None:
+        """The daemon stops: read no more, answer what is in flight, then close, as after a
+        half-close (the caller bounds how long that may take)."""
+        self._reading.cancel()
 
     def close(self, reason: str) -> None:
         if not self._closing:
@@ -240,7 +248,10 @@ class Connection:
                 self._nursery = nursery
                 nursery.start_soon(self._writer)
                 try:
-                    if await self._read_with_init_deadline(nursery):
+                    ended = False
+                    with self._reading:
+                        ended = await self._read_with_init_deadline(nursery)
+                    if ended or self._reading.cancelled_caught:
                         await self._answer_in_flight()
                 finally:
                     nursery.cancel_scope.cancel()

@@ -55,6 +55,12 @@ class StopBudget:
         return self.total * 0.8
 
     @property
+    def answers(self) -> float:
+        """From the start of a stop until the connections' answers in flight must be sent
+        (after the sessions' share; ``Connection.finish``)."""
+        return self.total * 0.9
+
+    @property
     def close_stream(self) -> float:
         """Closing one connection's stream (shielded: it also runs when cancelled)."""
         return self.total * 0.1
@@ -93,6 +99,10 @@ class Served(Protocol):
 
     subscriptions: dict[str, Subscription]
 
+    def finish(self) -> None:
+        """Read no more; answer what is in flight, then close."""
+        ...
+
 
 def _group_members(group: str) -> set[int]:
     import grp
@@ -123,6 +133,7 @@ class Daemon:
         self.sandbox = sandbox
         self.registry = SessionRegistry(config, state_dir, sandbox, daemon_lock)
         self.connections: set[Served] = set()
+        self._connection_gone = trio.Event()
         self.refusing = 0  # connections being refused for max_connections (MAX_REFUSING)
         self.refusing_peers = 0  # peers being refused -32001; they hold a connection slot
         self.line_budget = LineBudget(config.max_buffered_bytes)
@@ -160,9 +171,20 @@ class Daemon:
         if session is not None:
             session.rebase(sub)
 
+    async def finish_connections(self, deadline: float) -> None:
+        """A graceful stop's last part: every connection stops reading and sends its answers
+        in flight; returns when all have closed or at ``deadline`` (trio time)."""
+        for conn in list(self.connections):
+            conn.finish()
+        with trio.move_on_at(deadline):
+            while self.connections:
+                self._connection_gone = trio.Event()
+                await self._connection_gone.wait()
+
     def forget(self, conn: Served) -> None:
         """``conn`` closed: end its subscriptions (the sessions' tool calls keep running)."""
         self.connections.discard(conn)
+        self._connection_gone.set()
         for sub in list(conn.subscriptions.values()):
             sub.end()
             session = self.registry.opened(sub.session_id)

@@ -312,11 +312,20 @@ async def _until_stop(signals, monitor: ServiceMonitor) -> None:
 
 async def _stop(daemon: Daemon, notifier: Notifier, accepting: trio.CancelScope) -> None:
     """The graceful stop, within ``stop_timeout_seconds``: stop accepting, then the sessions
-    settle their calls (TOOL_CANCELLED) and flush within their share of it. The caller then
-    cancels the handlers; each connection's close is bounded by its own share."""
+    settle their calls (TOOL_CANCELLED) and flush within their share of it, the connections
+    send their answers in flight; the caller then cancels the handlers; each connection's
+    close is bounded by its own share."""
     notifier.send(stopping_message(daemon.stop_budget))
     accepting.cancel()
+    await stop_gracefully(daemon)
+
+
+async def stop_gracefully(daemon: Daemon) -> None:
+    """Stop the sessions (:func:`stop_sessions`), then let every connection send its answers
+    in flight (the ``tool.wait``s the stop settled) by ``stop_budget.answers`` from the start."""
+    answers_by = trio.current_time() + daemon.stop_budget.answers
     await stop_sessions(daemon)
+    await daemon.finish_connections(answers_by)
 
 
 async def stop_sessions(daemon: Daemon) -> None:

@@ -41,7 +41,7 @@ Theory of operation (h11's ``ConnectionPair``, trio's ``memory_stream_pair``):
 What it shares with ``dshd.server`` instead of copying: each connection is served by
 ``serve_stream`` (the socket handler minus reading the peer's credentials; the uid is given),
 with a ``peer_gone`` check polling one end of a real ``socketpair`` whose other end the test
-closes when it closes its side, and a graceful stop is ``stop_sessions`` then cancelling the
+closes when it closes its side, and a graceful stop is ``stop_gracefully`` then cancelling the
 handlers, as ``serve`` does on SIGTERM.
 """
 
@@ -65,7 +65,7 @@ import trio.testing
 from dshd.config import Config, ModelConfig
 from dshd.execution.sandbox import probe
 from dshd.daemon import Daemon
-from dshd.server import peer_gone, serve_stream, stop_sessions
+from dshd.server import peer_gone, serve_stream, stop_gracefully
 from dshd.storage.lock import DaemonLock
 from protocol.apply import apply, is_base
 from protocol.codec import Decoder
@@ -429,7 +429,7 @@ class DaemonUnderTest:
     async def stop(self) -> None:
         """Graceful stop as ``serve`` does it on SIGTERM (module doc)."""
         assert self.daemon is not None and self._handlers and self._outer
-        await stop_sessions(self.daemon)
+        await stop_gracefully(self.daemon)
         self._handlers.cancel_scope.cancel()
         self._outer.cancel_scope.cancel()
         with trio.fail_after(LIVENESS):

@@ -103,3 +103,22 @@ async def test_a_call_that_ignores_term_cannot_stretch_the_stop(daemon, daemon_c
         reader = await again.connect(nursery=nursery)
         result = await reader.wait(sid, stubborn, timeout=0)
         assert result["errorCode"] == "TOOL_CANCELLED" and result["content"] == "started\n"
+
+
+async def test_a_stop_sends_every_answer_in_flight(daemon, daemon_clock, nursery):
+    """PROTOCOL.md §1: responses are never dropped. Twenty pipelined tool.waits on one
+    connection, settled by the stop, are all answered before the connection closes."""
+    wire = await daemon.connect(nursery=nursery)
+    sid = await daemon.create_session(wire)
+    lane = await wire.subscribe(sid)
+    call_id = await wire.run(sid, "echo started; sleep 1000")
+    await wire.wait_lane(lane, lambda l: "started" in output(l, call_id), "the running call")
+    waits = [wire.request_object("tool.wait", {"sessionId": sid, "callId": call_id})
+             for _ in range(20)]
+    for message in waits:
+        await wire.send(message)
+    await daemon.stop()
+    answers = [wire.answer(message["id"]) for message in waits]
+    assert all(a is not None for a in answers), (
+        f"{sum(a is None for a in answers)} of 20 answers were dropped at the stop")
+    assert {a["result"]["errorCode"] for a in answers} == {"TOOL_CANCELLED"}
