@@ -43,8 +43,10 @@ __all__ = [
 REPAIR_CODES = ("TOOL_OUTCOME_UNKNOWN", "TOOL_NOT_STARTED")
 
 
-class _Data(JsonView, msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """Base of event data: snake_case attributes, camelCase in the log; absent is ``UNSET``."""
+class _Data(JsonView, msgspec.Struct, frozen=True, kw_only=True, rename="camel",
+            omit_defaults=True):
+    """Base of event data: snake_case attributes, camelCase in the log; absent is ``UNSET``,
+    and a flag at its default (``steer``, ``partial``: False) is left out, as the log does."""
 
 
 class ApprovalPolicyData(_Data):
@@ -135,8 +137,10 @@ class ApprovalDecidedData(_Data):
     by: str | UnsetType = UNSET
 
 
-class _Event(JsonView, msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
-    """Base of the event union: ``seq`` (dense from 0), ``time`` (ms since the epoch)."""
+class _Event(JsonView, msgspec.Struct, frozen=True, kw_only=True, tag_field="type",
+             omit_defaults=True):
+    """Base of the event union: ``seq`` (dense from 0), ``time`` (ms since the epoch);
+    ``ignorable`` is left out when False, as the log does."""
 
     seq: int
     time: int
@@ -201,7 +205,7 @@ class ToolResultEvent(_Event, tag="tool/result"):
     data: ToolResult
 
 
-class UnknownEvent(JsonView, msgspec.Struct, frozen=True, kw_only=True):
+class UnknownEvent(JsonView, msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """An event of a type this module does not know; ``data`` stays a plain dict."""
 
     seq: int

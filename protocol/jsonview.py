@@ -57,4 +57,8 @@ class JsonView:
                 msgspec.structs.astuple(self) == msgspec.structs.astuple(other))  # type: ignore[arg-type]
         return NotImplemented
 
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
     __hash__ = None  # type: ignore[assignment]  # equal to a dict, so never a set member
