@@ -10,7 +10,9 @@ lane view and sends ``turn.start``. From then on the lane drives the screen:
   all with ``--yes``) and answers with ``approval.decide``.
 
 A batch may fold several changes together (a short call can come and go between two
-publishes), so whenever a step ends the log is the referee: its ``message/assistant`` prints
+publishes), so whenever a step ends the log is the referee (its events typed by
+``protocol.events``; a call's ``tool/result`` is the ``protocol.lane.ToolResult`` ``tool.wait``
+answers): its ``message/assistant`` prints
 whatever of the text the lane did not show, and each proposed call's ``tool/result`` closes
 it (its last output, or the sentence of a call that never ran). The turn is over when the
 lane's turn stops being ours; ``turn/end`` gives the exit status
