@@ -11,7 +11,7 @@ It is a context manager, so every daemon a bench starts is stopped however the b
 
 :class:`StalledReader` is a raw subscriber that can stop reading on demand (small kernel
 buffers, so that not reading really backs the daemon's writer up); it heals its own mirror
-with ``client.mirror.Mirror`` when it reads again.
+with ``protocol.mirror.Mirror`` when it reads again.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from client.mirror import Mirror
+from protocol.mirror import Mirror
 
 __all__ = ["BenchDaemon", "StalledReader", "top_frames", "ROOT"]
 

@@ -12,10 +12,16 @@ answerer for every session it subscribes to (§3.4). A missing or refusing socke
 
 Every request -- ``initialize``, each method below, a ``Subscription``'s ``subscribe`` and
 ``unsubscribe`` -- goes through ``Client.request(method, params)``: the one place params are
-encoded and results decoded (today plain JSON objects of the spec; the place where the shared
-``protocol.methods`` structs plug in). The daemon's errors come out as
-``protocol.rpc.RpcError`` with its ``code``, ``message`` and ``data``. This layer names the
-calls, it does not model the domain.
+encoded and results decoded, with the structs the daemon decodes and encodes
+(``protocol.methods.METHODS``: name -> params, result; msgspec's ``asyncio-kv`` pattern). Each
+method is one wrapper here that builds its params struct and returns the result struct (or
+the one field of it that matters); an event of ``session.events`` decodes with
+``protocol.events``. Results read by attribute (``result.exit_code``) and, for code written
+against the wire's JSON, by wire name (``result["exitCode"]``, ``protocol.jsonview``).
+``Client.call`` is the untyped door: plain JSON params, plain JSON result. The daemon's errors
+come out as ``protocol.rpc.RpcError`` with its ``code``, ``message`` and ``data``; a result
+that does not have its protocol shape is ``BadAnswer``. This layer names the calls, it does
+not model the domain.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ import anyio
 import msgspec
 
 from client.paths import socket_path as resolve_socket_path
+from protocol import events
+from protocol import methods as m
 from client.subscription import Subscription
 from client.transport import (
     DEFAULT_INBOX_BOUND,
@@ -41,9 +49,9 @@ from client.transport import (
 )
 
 __all__ = ["Client", "connect", "DaemonNotRunning", "DaemonUnresponsive", "ConnectFailed",
-           "CallLost", "PROTOCOL_VERSION", "dsh_version", "connect_timeout"]
+           "CallLost", "BadAnswer", "PROTOCOL_VERSION", "dsh_version", "connect_timeout"]
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = m.PROTOCOL_VERSION
 #: How long ``connect`` waits for the socket and the ``initialize`` answer (seconds).
 CONNECT_TIMEOUT_S = 10.0
 
@@ -94,6 +102,17 @@ class ConnectFailed(DshClientError):
     """The socket exists but could not be connected to for another reason (e.g. permissions)."""
 
 
+class BadAnswer(DshClientError):
+    """dshd answered with a result (or an event) that does not have its protocol shape."""
+
+
+class _Seq(msgspec.Struct):
+    seq: int
+
+
+_seq_decoder = msgspec.json.Decoder(_Seq)
+
+
 def dsh_version() -> str:
     """This client's version (the installed ``dsh`` distribution, else "0")."""
     try:
@@ -102,96 +121,115 @@ def dsh_version() -> str:
         return "0"
 
 
-def _camel(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(part[:1].upper() + part[1:] for part in rest)
-
-
 class Client:
     """An initialized connection to dshd. Get one from ``connect``."""
 
-    def __init__(self, conn: Connection, path: Path, server: dict[str, Any] | None = None) -> None:
+    def __init__(self, conn: Connection, path: Path,
+                 server: m.InitializeResult | None = None) -> None:
         self._conn = conn
         self.socket_path = path
-        #: The ``initialize`` result: protocolVersion, server {name, version}, sandbox.
-        self.server: dict[str, Any] = server or {}
+        #: The ``initialize`` result (None until it came): protocol version, server, sandbox,
+        #: tools, methods, capabilities.
+        self.server: m.InitializeResult | None = server
 
     @property
     def connection(self) -> Connection:
         return self._conn
 
-    async def request(self, method: str, params: Mapping[str, Any] | msgspec.Struct | None = None,
-                      *, on_result: Callable[[Any], None] | None = None) -> Any:
-        """Send one request and return its decoded result (``RpcError`` for an error answer).
+    async def request(self, method: str, params: msgspec.Struct | None = None, *,
+                      on_result: Callable[[Any], None] | None = None) -> Any:
+        """Send one request and return its result (``RpcError`` for an error answer).
 
-        The one path of every request this client sends (module doc): ``params`` is a mapping
-        or a msgspec ``Struct`` (encoded by its own field names and renames, as the daemon
-        decodes it). ``on_result`` runs in the reader as the answer arrives
-        (``Connection.call``).
+        The one path of every request this client sends (module doc): ``params`` is the
+        method's params struct (``protocol.methods.METHODS[method].params``); its fields that
+        are None are left out (to the daemon's struct a missing field and ``null`` are the
+        same). The result is decoded into ``METHODS[method].result``; a result that does not
+        fit it is ``BadAnswer``. ``on_result`` runs in the reader with the decoded result as
+        the answer arrives (``Connection.call``).
         """
-        if isinstance(params, msgspec.Struct):
-            wire: Any = msgspec.to_builtins(params)
-        else:
-            wire = dict(params or {})
-        return await self._conn.call(method, wire, on_result=on_result)
+        entry = m.METHODS.get(method)
+        if entry is not None and params is not None and not isinstance(params, entry.params):
+            raise TypeError(f"{method} takes {entry.params.__name__}, not "
+                            f"{type(params).__name__}")
+        wire = {} if params is None else {
+            k: v for k, v in msgspec.to_builtins(params).items() if v is not None}
+        result_type = Any if entry is None else entry.result
+        try:
+            return await self._conn.call(method, wire, result_type=result_type,
+                                         on_result=on_result)
+        except msgspec.ValidationError as exc:
+            raise BadAnswer(f"dshd answered {method} with a result this client cannot read: "
+                            f"{exc}") from None
 
     async def call(self, method: str, params: Mapping[str, Any] | None = None) -> Any:
-        """Any method, by name (for methods this class has no wrapper for)."""
-        return await self.request(method, params)
+        """Any method by name with plain JSON params; its result as plain JSON (for methods
+        this client has no wrapper for, and for scripts that speak the wire's JSON)."""
+        return await self._conn.call(method, dict(params or {}))
 
     async def initialize(self, client_name: str, client_version: str | None,
-                         approvals: bool) -> dict[str, Any]:
+                         approvals: bool) -> m.InitializeResult:
         """``initialize`` (PROTOCOL.md §2); keeps and returns the server's answer."""
-        self.server = await self.request("initialize", {
-            "protocolVersion": PROTOCOL_VERSION,
-            "client": {"name": client_name, "version": client_version or dsh_version()},
-            "capabilities": {"approvals": approvals},
-        })
+        self.server = await self.request("initialize", m.InitializeParams(
+            protocol_version=PROTOCOL_VERSION,
+            client=m.ClientInfo(name=client_name, version=client_version or dsh_version()),
+            capabilities=m.ClientCapabilities(approvals=approvals),
+        ))
         return self.server
 
     # -- sessions ------------------------------------------------------------------------
     async def create_session(self, cwd: str | os.PathLike[str], title: str | None = None, *,
                              sandbox: str | None = None, approval_policy: str | None = None,
-                             **opts: Any) -> str:
+                             env: dict[str, str] | None = None) -> str:
         """``session.create``. ``sandbox`` (``read-only`` | ``workspace-write`` |
         ``danger-full-access``) and ``approval_policy`` (``ask`` | ``never``) default to the
-        daemon's config when None; ``opts`` are further params (``env``, ...; snake_case names
-        are sent in camelCase). Returns the new session id."""
-        params: dict[str, Any] = {"cwd": os.fspath(cwd)}
-        if title is not None:
-            params["title"] = title
-        opts = {"sandbox": sandbox, "approval_policy": approval_policy, **opts}
-        for key, value in opts.items():
-            if value is not None:
-                params[_camel(key)] = value
-        result = await self.request("session.create", params)
-        return result["sessionId"]
+        daemon's config when None. Returns the new session id."""
+        params = m.SessionCreateParams(cwd=os.fspath(cwd), title=title, sandbox=sandbox,
+                                       approval_policy=approval_policy, env=env)
+        result: m.SessionCreateResult = await self.request("session.create", params)
+        return result.session_id
 
-    async def list_sessions(self) -> list[dict[str, Any]]:
-        result = await self.request("session.list", {})
-        return result["sessions"]
+    async def list_sessions(self) -> list[m.SessionInfo]:
+        result: m.SessionListResult = await self.request("session.list", m.EmptyParams())
+        return result.sessions
 
-    async def get_session(self, session_id: str) -> dict[str, Any]:
-        return await self.request("session.get", {"sessionId": session_id})
+    async def get_session(self, session_id: str) -> m.SessionInfo:
+        return await self.request("session.get", m.SessionGetParams(session_id=session_id))
 
-    async def events(self, session_id: str, after_seq: int = -1, limit: int = 1000) -> dict[str, Any]:
-        """One page of ``session.events``: ``{"events": [...], "lastSeq": n}``."""
-        return await self.request(
-            "session.events", {"sessionId": session_id, "afterSeq": after_seq, "limit": limit}
-        )
+    async def events(self, session_id: str, after_seq: int = -1,
+                     limit: int = 1000) -> m.SessionEventsResult:
+        """One page of ``session.events``: ``events`` (raw JSON records) and ``last_seq``."""
+        return await self.request("session.events", m.SessionEventsParams(
+            session_id=session_id, after_seq=after_seq, limit=limit))
 
-    async def iter_events(self, session_id: str, after_seq: int = -1,
-                          page_size: int = 1000) -> AsyncIterator[dict[str, Any]]:
-        """Every event after ``after_seq``, oldest first, page by page, up to the ``lastSeq``
-        the daemon reported when the walk reached it."""
+    async def iter_records(self, session_id: str, after_seq: int = -1,
+                           page_size: int = 1000) -> AsyncIterator[msgspec.Raw]:
+        """Every event after ``after_seq`` as its raw JSON record, oldest first, page by page,
+        up to the ``lastSeq`` the daemon reported when the walk reached it."""
         while True:
             page = await self.events(session_id, after_seq, page_size)
-            events = page["events"]
-            for event in events:
-                yield event
-            if not events or events[-1]["seq"] >= page["lastSeq"]:
+            for raw in page.events:
+                yield raw
+            if not page.events:
                 return
-            after_seq = events[-1]["seq"]
+            last = _seq_decoder.decode(page.events[-1]).seq
+            if last >= page.last_seq:
+                return
+            after_seq = last
+
+    async def iter_events(self, session_id: str, after_seq: int = -1,
+                          page_size: int = 1000) -> AsyncIterator[events.AnyEvent]:
+        """``iter_records``, each decoded with ``protocol.events`` (an unknown type is an
+        ``UnknownEvent``; a known type of the wrong shape is ``BadAnswer``)."""
+        async for raw in self.iter_records(session_id, after_seq, page_size):
+            try:
+                yield events.decode_event(raw)
+            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+                raise BadAnswer(f"dshd sent an event this client cannot read: {exc}") from None
+
+    async def set_policy(self, session_id: str, policy: str) -> None:
+        """``session.setApprovalPolicy`` (``ask`` | ``never``)."""
+        await self.request("session.setApprovalPolicy",
+                           m.SetApprovalPolicyParams(session_id=session_id, policy=policy))
 
     # -- tools ---------------------------------------------------------------------------
     async def run_tool(self, session_id: str, command: str, *, call_id: str | None = None,
@@ -201,53 +239,58 @@ class Client:
         ``call_id`` names a call already in the session)."""
         result = await self.start_tool(session_id, command, call_id=call_id, timeout=timeout,
                                        approved=approved, name=name)
-        return result["callId"]
+        return result.call_id
 
     async def start_tool(self, session_id: str, command: str, *, call_id: str | None = None,
                          timeout: float | None = None, approved: bool = True,
-                         name: str = "bash") -> dict[str, Any]:
-        """``tool.run`` of the bash tool; returns its result: ``{"callId"}``, with
-        ``"existing": true`` when ``call_id`` names a call already in the session (nothing
-        was run again)."""
+                         name: str = "bash") -> m.ToolRunResult:
+        """``tool.run`` of the bash tool; ``existing`` is true when ``call_id`` names a call
+        already in the session (nothing was run again)."""
         arguments: dict[str, Any] = {"command": command}
         if timeout is not None:
             arguments["timeout"] = timeout
-        params: dict[str, Any] = {
-            "sessionId": session_id,
-            "name": name,
-            "arguments": arguments,
-            "approved": approved,
-        }
-        if call_id is not None:
-            params["callId"] = call_id
-        return await self.request("tool.run", params)
+        return await self.request("tool.run", m.ToolRunParams(
+            session_id=session_id, name=name, arguments=arguments, call_id=call_id,
+            approved=approved))
 
-    async def wait(self, session_id: str, call_id: str, timeout: float | None = None) -> dict[str, Any]:
+    async def wait(self, session_id: str, call_id: str,
+                   timeout: float | None = None) -> m.ToolResult:
         """``tool.wait``: the ToolResult once durable. With ``timeout`` the daemon answers
         ``-32010`` when it passes (and the call keeps running)."""
-        params: dict[str, Any] = {"sessionId": session_id, "callId": call_id}
-        if timeout is not None:
-            params["timeout"] = timeout
-        return await self.request("tool.wait", params)
+        return await self.request("tool.wait", m.ToolWaitParams(
+            session_id=session_id, call_id=call_id, timeout=timeout))
 
     async def cancel(self, session_id: str, call_id: str) -> bool:
-        result = await self.request("tool.cancel", {"sessionId": session_id, "callId": call_id})
-        return bool(result["cancelled"])
+        result: m.CancelledResult = await self.request(
+            "tool.cancel", m.ToolCancelParams(session_id=session_id, call_id=call_id))
+        return result.cancelled
 
     # -- approvals (PROTOCOL.md §3.4) -------------------------------------------------------
     async def decide(self, session_id: str, approval_id: str, decision: str) -> str:
         """``approval.decide`` (``decision``: ``allow`` | ``reject``); returns the outcome
         (``allowed-once`` | ``rejected``). A request decided already is ``RpcError`` -32011 with
         ``data["outcome"]``; an unknown one -32007."""
-        result = await self.request(
-            "approval.decide",
-            {"sessionId": session_id, "approvalId": approval_id, "decision": decision},
-        )
-        return result["outcome"]
+        result: m.ApprovalDecideResult = await self.request("approval.decide", m.ApprovalDecideParams(
+            session_id=session_id, approval_id=approval_id, decision=decision))
+        return result.outcome
 
-    async def set_policy(self, session_id: str, policy: str) -> None:
-        """``session.setApprovalPolicy`` (``ask`` | ``never``)."""
-        await self.request("session.setApprovalPolicy", {"sessionId": session_id, "policy": policy})
+    # -- turns (PROTOCOL.md §3.5) ----------------------------------------------------------
+    async def start_turn(self, session_id: str, text: str) -> str:
+        """``turn.start``: the agent loop takes ``text``; returns the turn id."""
+        result: m.TurnStartResult = await self.request(
+            "turn.start", m.TurnStartParams(session_id=session_id, input=text))
+        return result.turn_id
+
+    async def cancel_turn(self, session_id: str) -> bool:
+        """``turn.cancel``: whether a turn was running."""
+        result: m.CancelledResult = await self.request(
+            "turn.cancel", m.TurnCancelParams(session_id=session_id))
+        return result.cancelled
+
+    async def steer_turn(self, session_id: str, text: str) -> m.TurnSteerResult:
+        """``turn.steer``: ``text`` joins the running turn (``queued``)."""
+        return await self.request("turn.steer",
+                                  m.TurnSteerParams(session_id=session_id, input=text))
 
     # -- streams and daemon --------------------------------------------------------------
     async def subscribe(self, session_id: str, *, bound: int = DEFAULT_INBOX_BOUND) -> Subscription:
@@ -256,8 +299,8 @@ class Client:
         await sub.open()
         return sub
 
-    async def status(self) -> dict[str, Any]:
-        return await self.request("daemon.status", {})
+    async def status(self) -> m.DaemonStatus:
+        return await self.request("daemon.status", m.EmptyParams())
 
 
 @asynccontextmanager

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator
 from client.api import CallLost, DaemonNotRunning, DaemonUnresponsive
 from client.spill import command_ran
 from client.transport import DshClientError
+from protocol.lane import ToolResult
 from protocol.rpc import RpcError
 
 __all__ = ["exit_status", "turn_status", "failure_status", "detached_status", "fsck_status",
@@ -43,29 +44,22 @@ TURN_STATUS = {"completed": EXIT_OK, "error": EXIT_ERROR, "interrupted": EXIT_ER
 
 
 # ---------------------------------------------------------------------- results
-def _details(result: dict[str, Any]) -> dict[str, Any]:
-    details = result.get("details")
-    return details if isinstance(details, dict) else {}
+def _exit_code(result: ToolResult) -> int | None:
+    """The command's exit code: the result's own, else the one in ``details``."""
+    return result.exit_code if result.exit_code is not None else result.details.exit_code
 
 
-def _exit_code(result: dict[str, Any]) -> int | None:
-    code = result.get("exitCode")
-    if not isinstance(code, int) or isinstance(code, bool):
-        code = _details(result).get("exitCode")
-    return None if isinstance(code, bool) or not isinstance(code, int) else code
-
-
-def _sentence(result: dict[str, Any], error_code: Any) -> str:
-    sentence = result.get("message")  # dshd's sentence when content holds output
-    if not isinstance(sentence, str) and error_code == "TOOL_OUTCOME_UNKNOWN":
+def _sentence(result: ToolResult) -> str:
+    sentence = result.message  # dshd's sentence when content holds output
+    if sentence is None and result.error_code == "TOOL_OUTCOME_UNKNOWN":
         # Its content is the sentence, then maybe the last output checkpointed.
-        sentence = str(result.get("content") or "").split("\n\n", 1)[0]
-    elif not isinstance(sentence, str):
-        sentence = "" if command_ran(result) else str(result.get("content") or "")
+        sentence = result.content.split("\n\n", 1)[0]
+    elif sentence is None:
+        sentence = "" if command_ran(result) else result.content
     return sentence.strip()
 
 
-def exit_status(result: dict[str, Any]) -> tuple[int, str | None]:
+def exit_status(result: ToolResult) -> tuple[int, str | None]:
     """The exit status of ``dsh`` for a ToolResult, and a line for stderr (or None).
 
     TOOL_TIMEOUT: 124. TOOL_CANCELLED: the command's exit code if non-zero, else 130.
@@ -75,9 +69,9 @@ def exit_status(result: dict[str, Any]) -> tuple[int, str | None]:
     errorCode: the exit code (1 when there is none and the result is an error). Never 0 for a
     result with ``isError``.
     """
-    error_code = result.get("errorCode")
+    error_code = result.error_code
     code = _exit_code(result)
-    sentence = _sentence(result, error_code)
+    sentence = _sentence(result)
     line = (f"dsh: {error_code}: {sentence}" if sentence else f"dsh: {error_code}") \
         if error_code else None
     own = max(0, min(code, 255)) if code is not None else None  # what the command exited with
@@ -93,7 +87,7 @@ def exit_status(result: dict[str, Any]) -> tuple[int, str | None]:
         status = EXIT_NEVER_RAN if own is None else own or EXIT_ERROR
     else:
         status = own if own is not None else EXIT_OK
-    if status == EXIT_OK and (error_code or result.get("isError")):
+    if status == EXIT_OK and (error_code or result.is_error):
         status = EXIT_ERROR
     return status, line
 

@@ -6,7 +6,8 @@ Theory of operation: a session is in one of a few states, each a ``Verdict``:
 - ``repaired``: opening it for write appended crash closers. ``session.list`` reads logs
   without opening them, so its ``lastSeq`` against the one of ``session.get`` (which opens the
   session, and repairs it) says whether anything was appended; ``repairs_in`` reads the new
-  events and names the closers: ``TOOL_OUTCOME_UNKNOWN`` / ``TOOL_NOT_STARTED`` results,
+  events and names the closers (``protocol.events.closer_label``, the labels of the daemon's
+  offline check): ``TOOL_OUTCOME_UNKNOWN`` / ``TOOL_NOT_STARTED`` results,
   approvals decided ``by: repair``, turns ended ``interrupted`` (and, with those, closed steps).
   New events without any closer are live activity: the session is ``ok``;
 - ``damaged``: the daemon refuses to open it (a corrupt frame, a missing log, a newer format);
@@ -23,10 +24,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-__all__ = ["Verdict", "repairs_in", "closer_label", "REPAIR_CODES"]
+import msgspec
 
-#: The errorCodes of the results a repair appends (STORAGE.md §5, EXEC.md §1).
-REPAIR_CODES = ("TOOL_OUTCOME_UNKNOWN", "TOOL_NOT_STARTED")
+from protocol.events import AnyEvent, StepEnd, closer_label, event_type
+
+__all__ = ["Verdict", "repairs_in"]
 
 
 @dataclass
@@ -60,31 +62,20 @@ class Verdict:
         return out
 
 
-def closer_label(type_: str, data: Any) -> str | None:
-    """A short label for a crash closer (``None`` when the event is not one)."""
-    if not isinstance(data, dict):
-        return None
-    if type_ == "tool/result" and data.get("errorCode") in REPAIR_CODES:
-        return f"call {data.get('callId')} {data['errorCode']}"
-    if type_ == "approval/decided" and data.get("by") == "repair":
-        return f"approval {data.get('approvalId')} {data.get('outcome', 'cancelled')}"
-    if type_ == "turn/end" and data.get("reason") == "interrupted":
-        return f"turn {data.get('turnId')} interrupted"
-    return None
-
-
-def repairs_in(events: Iterable[dict[str, Any]]) -> list[str]:
-    """Labels of the crash closers among ``events`` (session.events objects), in order.
+def repairs_in(events: Iterable[AnyEvent]) -> list[str]:
+    """Labels of the crash closers among ``events`` (``session.events``, typed by
+    ``protocol.events``), in order; the labels are ``protocol.events.closer_label``'s, the
+    ones the daemon's offline check prints.
 
     A ``step/end`` is a closer only beside other closers: steps also end normally.
     """
     labels: list[str] = []
     steps: list[str] = []
     for event in events:
-        type_, data = event.get("type"), event.get("data")
-        label = closer_label(str(type_), data)
+        if isinstance(event, StepEnd):
+            steps.append(f"step {event.data.step_id} closed")
+            continue
+        label = closer_label(event_type(event), msgspec.to_builtins(event.data))
         if label is not None:
             labels.append(label)
-        elif type_ == "step/end" and isinstance(data, dict):
-            steps.append(f"step {data.get('stepId')} closed")
     return labels + steps if labels else []

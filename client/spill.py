@@ -47,6 +47,7 @@ import os
 from typing import Any, Callable, Protocol, Sequence
 
 from client.follow import CallOutput
+from protocol.lane import ToolResult
 
 __all__ = ["CompleteOutput", "Spill", "SpillFile", "command_ran", "incomplete_utf8_tail",
            "TAKE_CHUNK"]
@@ -139,20 +140,18 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def command_ran(result: Any) -> bool:
+def command_ran(result: ToolResult) -> bool:
     """True when a ToolResult's command started, so its ``content`` is output (else it is the
-    sentence of a call that never ran). Every result has ``details.truncation`` (zeros when
-    the command never ran), so its presence says nothing: a started command has an
-    ``exitCode``, a ``message`` next to its output, or output (``totalBytes`` > 0)."""
-    if not isinstance(result, dict):
-        return False
-    details = result.get("details") if isinstance(result.get("details"), dict) else {}
-    if _int(result.get("exitCode")) is not None or _int(details.get("exitCode")) is not None:
+    sentence of a call that never ran). Every result the session builds has
+    ``details.truncation`` (zeros when the command never ran), so its presence says nothing: a
+    started command has an ``exitCode``, a ``message`` next to its output, or output
+    (``totalBytes`` > 0)."""
+    details = result.details
+    if result.exit_code is not None or details.exit_code is not None:
         return True
-    if isinstance(result.get("message"), str):
+    if result.message is not None:
         return True
-    total = _int(_get(details, "truncation", "totalBytes"))
-    return total is not None and total > 0
+    return details.truncation is not None and details.truncation.total_bytes > 0
 
 
 def _encode(text: str) -> bytes:
@@ -244,17 +243,16 @@ class CompleteOutput:
                    _get(output, "details", "spillPath"),
                    _get(output, "truncation", "truncated"), text if isinstance(text, str) else "")
 
-    def finish(self, result: dict[str, Any]) -> None:
+    def finish(self, result: ToolResult) -> None:
         """The call settled with ``result`` (its ToolResult)."""
         self.finished = True
-        details = result.get("details") if isinstance(result.get("details"), dict) else {}
-        truncation = details.get("truncation")
-        content = result.get("content")
-        if not command_ran(result) or not isinstance(content, str):
+        if not command_ran(result):
             return  # never ran: its content is a sentence, not output
-        total = _int(_get(truncation, "totalBytes"))
-        piece = self.watcher.finish(content, total)
-        self._step(piece, total, details.get("spillPath"), _get(truncation, "truncated"), content)
+        truncation = result.details.truncation
+        total = truncation.total_bytes if truncation is not None else None
+        piece = self.watcher.finish(result.content, total)
+        self._step(piece, total, result.details.spill_path,
+                   truncation.truncated if truncation is not None else None, result.content)
 
     def _step(self, piece: str, total: int | None, spill_path: Any, truncated: Any,
               text: str | None) -> None:

@@ -9,18 +9,21 @@ follows the response lands in it. Iterating takes batches from the inbox and fee
 (in that order: an approval answerer stays attached throughout) and carries on from the new
 base batch: the consumer sees the current view again, never a broken one.
 ``resubscribes`` counts those restarts; ``mirror.last_ops`` tells how the last batch changed the
-value (a base batch starts with ``r``). Too many restarts in a row without one good batch raise
+value (a base batch starts with ``r``). The view is the plain JSON value the batches build
+(``protocol.mirror``), not a struct: ops apply to JSON. Too many restarts in a row without one good batch raise
 ``MirrorBroken`` rather than loop forever.
 """
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable, Mapping, Protocol
+from typing import Any, Awaitable, Callable, Protocol
 
 import anyio
+import msgspec
 
-from client.mirror import Mirror, MirrorBroken
 from client.transport import DEFAULT_INBOX_BOUND, Connection, Inbox, InboxOverflow
+from protocol.methods import SubscribeParams, SubscribeResult, UnsubscribeParams
+from protocol.mirror import Mirror, MirrorBroken
 from protocol.rpc import RpcError
 
 __all__ = ["Subscription", "MAX_RESTARTS_IN_A_ROW"]
@@ -32,7 +35,7 @@ MAX_RESTARTS_IN_A_ROW = 8
 class Requester(Protocol):
     """How a subscription sends ``subscribe`` / ``unsubscribe``: ``Client.request``."""
 
-    def __call__(self, method: str, params: Mapping[str, Any] | None = None, *,
+    def __call__(self, method: str, params: msgspec.Struct | None = None, *,
                  on_result: Callable[[Any], None] | None = None) -> Awaitable[Any]: ...
 
 
@@ -62,12 +65,12 @@ class Subscription:
         """Send ``subscribe``; the base batch follows."""
         inbox = Inbox(self._bound)
 
-        def register(result: Any) -> None:
-            self._conn.register_inbox(result["subscriptionId"], inbox)
+        def register(result: SubscribeResult) -> None:
+            self._conn.register_inbox(result.subscription_id, inbox)
 
-        result = await self._request("subscribe", {"sessionId": self.session_id},
+        result = await self._request("subscribe", SubscribeParams(session_id=self.session_id),
                                      on_result=register)
-        self.subscription_id = result["subscriptionId"]
+        self.subscription_id = result.subscription_id
         self._inbox = inbox
         self.mirror.reset()
 
@@ -117,7 +120,7 @@ class Subscription:
         if self._conn.closed:
             return
         try:
-            await self._request("unsubscribe", {"subscriptionId": sub_id})
+            await self._request("unsubscribe", UnsubscribeParams(subscription_id=sub_id))
         except RpcError:
             pass  # already gone on the daemon's side: nothing left to undo
 

@@ -17,8 +17,10 @@ on the wire. The *reader* task is the only one that reads: it splits lines, deco
 
 When the stream ends or breaks every waiting call and every inbox is failed with
 ``ConnectionLost`` (or that kept error); calls made later fail at once. Lines are split by
-``_LineSplitter`` (sans-IO: feed bytes, get whole lines, a bound on a line's length); it is
-the one place framing lives on the client side.
+``protocol.framing.LineBuffer``, the framing the daemon uses too (sans-IO: feed bytes, get
+whole lines, a bound on a line's length); the client's policy for a line from dshd over its
+limit (``max_line_bytes``) is to end the connection (``ConnectionLost``) as soon as the line
+passes the limit.
 
 Errors (a tree, mapped once here): ``DshClientError`` > ``DaemonNotRunning`` (in ``api``),
 ``ConnectionLost``; ``RpcError`` (``protocol.rpc``) is what the daemon answered.
@@ -35,6 +37,7 @@ import anyio
 import anyio.abc
 import msgspec
 
+from protocol.framing import NEED_DATA, LineBuffer, Oversize
 from protocol.methods import StreamParams
 from protocol.rpc import (
     ErrorResponse,
@@ -83,36 +86,6 @@ class _BadMessage(Exception):
 
 class _LineTooLong(Exception):
     """The daemon sent a line longer than the bound: the connection cannot go on."""
-
-
-class _LineSplitter:
-    """Sans-IO NDJSON framing: ``feed(bytes)`` returns the complete non-blank lines so far;
-    ``check()`` then raises ``_LineTooLong`` when the unfinished rest is over ``max_line``
-    bytes (the lines before it in the same chunk are still handed out)."""
-
-    def __init__(self, max_line: int) -> None:
-        self._max = max_line
-        self._buf = bytearray()
-        self._scan_from = 0
-
-    def feed(self, data: bytes) -> list[bytes]:
-        buf = self._buf
-        buf += data
-        lines: list[bytes] = []
-        start = 0
-        while (end := buf.find(b"\n", self._scan_from)) >= 0:
-            line = bytes(buf[start:end])
-            start = self._scan_from = end + 1
-            if line.strip():
-                lines.append(line)
-        if start:
-            del buf[:start]
-        self._scan_from = len(buf)
-        return lines
-
-    def check(self) -> None:
-        if len(self._buf) > self._max:
-            raise _LineTooLong(f"dshd sent a line over {self._max} bytes")
 
 
 class Inbox:
@@ -173,13 +146,14 @@ class Inbox:
 
 
 class _Waiter:
-    __slots__ = ("done", "result", "error", "on_result")
+    __slots__ = ("done", "result", "error", "on_result", "result_type")
 
-    def __init__(self, on_result: Callable[[Any], None] | None) -> None:
+    def __init__(self, on_result: Callable[[Any], None] | None, result_type: Any) -> None:
         self.done = anyio.Event()
         self.result: Any = None
         self.error: BaseException | None = None
         self.on_result = on_result
+        self.result_type = result_type
 
 
 class Connection:
@@ -206,17 +180,20 @@ class Connection:
         method: str,
         params: Any = None,
         *,
+        result_type: Any = Any,
         on_result: Callable[[Any], None] | None = None,
     ) -> Any:
         """Send a request and return its ``result``; raise ``RpcError`` for an ``error``.
 
-        ``on_result`` runs in the reader task as the response arrives, before any later line
-        is looked at; if it raises, the call raises that instead of returning.
+        The result is decoded into ``result_type`` (plain JSON by default; a result that does
+        not fit raises ``msgspec.ValidationError``). ``on_result`` runs in the reader task as
+        the response arrives, before any later line is looked at; if it raises, the call
+        raises that instead of returning.
         """
         if self._closed is not None:
             raise self._closed
         request_id = next(self._ids)
-        waiter = _Waiter(on_result)
+        waiter = _Waiter(on_result, result_type)
         self._pending[request_id] = waiter
         try:
             line = encode_request(request_id, method, {} if params is None else params)
@@ -254,7 +231,7 @@ class Connection:
             self._close(ConnectionLost(f"connection to dshd lost: {exc}"))
 
     async def _reader(self) -> None:
-        lines = _LineSplitter(self._max_line)
+        lines = LineBuffer(self._max_line)
         try:
             while True:
                 try:
@@ -262,16 +239,30 @@ class Connection:
                 except anyio.EndOfStream:
                     self._close(ConnectionLost("dshd closed the connection"))
                     return
-                for line in lines.feed(data):
-                    self._dispatch(line)
-                lines.check()
+                lines.feed(data)
+                self._take_lines(lines)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
             self._close(ConnectionLost(f"connection to dshd lost: {exc}"))
         except (_BadMessage, _LineTooLong) as exc:
             self._close(ConnectionLost(str(exc)))
 
+    def _take_lines(self, lines: LineBuffer) -> None:
+        """Dispatch every complete line fed so far. The client's oversize policy: a daemon
+        that breaks the client's limit is broken, so the connection ends at once -- the moment
+        the buffer starts discarding, without waiting for the line's newline."""
+        while True:
+            event = lines.next_event()
+            if event is NEED_DATA:
+                if lines.discarding:
+                    raise _LineTooLong(f"dshd sent a line over {self._max_line} bytes")
+                return
+            if isinstance(event, Oversize):
+                raise _LineTooLong(f"dshd sent a line over {self._max_line} bytes")
+            assert isinstance(event, (bytes, bytearray))  # no budget: never OverBudget
+            self._dispatch(event)
+
     # -- reader internals ----------------------------------------------------------------
-    def _dispatch(self, line: bytes) -> None:
+    def _dispatch(self, line: bytes | bytearray) -> None:
         for msg in parse_message(line):
             if isinstance(msg, Notification):
                 self._notification(msg)
@@ -304,7 +295,7 @@ class Connection:
             waiter.error = RpcError(msg.error.code, msg.error.message, msg.error.data)
         else:
             try:
-                waiter.result = msgspec.json.decode(msg.result)
+                waiter.result = msgspec.json.decode(msg.result, type=waiter.result_type)
                 if waiter.on_result is not None:
                     waiter.on_result(waiter.result)
             except Exception as exc:  # noqa: BLE001 - handed to the caller, not lost

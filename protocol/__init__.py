@@ -15,7 +15,9 @@ I/O and feeds bytes and values through here:
   (PROTOCOL.md §1, §4);
 * ``methods``: every method's params and result structs and the one method table
   (PROTOCOL.md §2–§3); ``events``: a session's events as a tagged union (STORAGE.md §3);
-  ``ids``: the id rule (PROTOCOL.md §3.1).
+  ``ids``: the id rule (PROTOCOL.md §3.1); ``lane``: the lane view and the ToolResult as
+  structs; ``jsonview``: a struct read by its wire names, as the JSON object it encodes to;
+  ``framing``: NDJSON line framing for both shells.
 """
 
 from .apply import apply, is_base

@@ -7,10 +7,16 @@ Theory of operation: a log record is ``{"seq", "time", "type", "data", "ignorabl
 :func:`decode_event` / :func:`decode_events` read ``session.events``' answer (or a log line)
 into it. A type this module does not know (a newer dshd's ``ignorable`` event) is not an
 error: it decodes as :class:`UnknownEvent` with its ``data`` a plain dict, so a reader skips
-what it does not know, as STORAGE.md §3 asks. Unknown keys inside ``data`` are ignored.
+what it does not know, as STORAGE.md §3 asks. Unknown keys inside ``data`` are ignored. An
+event also reads as its JSON record (``protocol.jsonview``: ``event["type"]``,
+``event["data"]["callId"]``).
 
 The daemon writes events with its own storage structs; this module is the reading half, for
-clients and for anything that wants the data typed. Pure: msgspec only.
+clients and for anything that wants the data typed. :func:`event_type` names an event's type
+whatever it decoded as. :func:`closer_label` names a crash closer (what a repair appends,
+STORAGE.md §5) from an event's type and plain data: the words both fsck checks print, the
+daemon's offline one (``dshd.storage.fsck``) and the client's online one (``client.fsck``).
+Pure: msgspec only.
 """
 
 from __future__ import annotations
@@ -20,19 +26,27 @@ from typing import Any, Union
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from .jsonview import JsonView
+from .lane import ToolResult
+
 __all__ = [
     "AnyEvent", "ApprovalAsked", "ApprovalAskedData", "ApprovalDecided", "ApprovalDecidedData",
     "ApprovalPolicyData", "ApprovalPolicySet", "AssistantMessage", "AssistantMessageData",
     "Event", "EVENT_TYPES", "ProposedCall", "SandboxModeData", "SandboxModeSet", "SessionEnv",
     "SessionEnvData", "SessionOwner", "SessionOwnerData", "StepData", "StepEnd", "StepStart",
-    "ToolCall", "ToolCallData", "ToolResultData", "ToolResultEvent", "TurnData", "TurnEnd",
+    "ToolCall", "ToolCallData", "ToolResult", "ToolResultEvent", "TurnData", "TurnEnd",
     "TurnEndData", "TurnStart", "UnknownEvent", "UserMessage", "UserMessageData",
-    "decode_event", "decode_events",
+    "REPAIR_CODES", "closer_label", "decode_event", "decode_events", "event_type",
 ]
 
+#: The errorCodes of the results a crash repair appends (STORAGE.md §5, EXEC.md §1).
+REPAIR_CODES = ("TOOL_OUTCOME_UNKNOWN", "TOOL_NOT_STARTED")
 
-class _Data(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """Base of event data: snake_case attributes, camelCase in the log; absent is ``UNSET``."""
+
+class _Data(JsonView, msgspec.Struct, frozen=True, kw_only=True, rename="camel",
+            omit_defaults=True):
+    """Base of event data: snake_case attributes, camelCase in the log; absent is ``UNSET``,
+    and a flag at its default (``steer``, ``partial``: False) is left out, as the log does."""
 
 
 class ApprovalPolicyData(_Data):
@@ -123,20 +137,10 @@ class ApprovalDecidedData(_Data):
     by: str | UnsetType = UNSET
 
 
-class ToolResultData(_Data):
-    """The ToolResult of PROTOCOL.md §3.2 as recorded."""
-
-    call_id: str
-    is_error: bool
-    content: Any = None
-    details: Any = None
-    error_code: str | None | UnsetType = UNSET
-    exit_code: int | None | UnsetType = UNSET
-    message: str | None | UnsetType = UNSET
-
-
-class _Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
-    """Base of the event union: ``seq`` (dense from 0), ``time`` (ms since the epoch)."""
+class _Event(JsonView, msgspec.Struct, frozen=True, kw_only=True, tag_field="type",
+             omit_defaults=True):
+    """Base of the event union: ``seq`` (dense from 0), ``time`` (ms since the epoch);
+    ``ignorable`` is left out when False, as the log does."""
 
     seq: int
     time: int
@@ -196,10 +200,12 @@ class ApprovalDecided(_Event, tag="approval/decided"):
 
 
 class ToolResultEvent(_Event, tag="tool/result"):
-    data: ToolResultData
+    """``data``: the ToolResult as recorded, the struct ``tool.wait`` answers with."""
+
+    data: ToolResult
 
 
-class UnknownEvent(msgspec.Struct, frozen=True, kw_only=True):
+class UnknownEvent(JsonView, msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """An event of a type this module does not know; ``data`` stays a plain dict."""
 
     seq: int
@@ -240,3 +246,25 @@ def decode_event(raw: bytes | msgspec.Raw | str) -> AnyEvent:
 def decode_events(raws: list[msgspec.Raw] | list[bytes]) -> list[AnyEvent]:
     """``session.events``' ``events`` (each ``msgspec.Raw``), typed, oldest first."""
     return [decode_event(raw) for raw in raws]
+
+
+def event_type(event: AnyEvent) -> str:
+    """The ``type`` of an event: a known type's tag, or an :class:`UnknownEvent`'s own."""
+    if isinstance(event, UnknownEvent):
+        return event.type
+    return type(event).__struct_config__.tag  # type: ignore[return-value]
+
+
+def closer_label(type_: str, data: Any) -> str | None:
+    """A short label for a crash closer (``None`` when the event is not one): a result with a
+    repair's errorCode, an approval decided ``by: repair``, a turn ended ``interrupted``.
+    ``data`` is the event's data as plain JSON (camelCase keys)."""
+    if not isinstance(data, dict):
+        return None
+    if type_ == "tool/result" and data.get("errorCode") in REPAIR_CODES:
+        return f"call {data.get('callId')} {data['errorCode']}"
+    if type_ == "approval/decided" and data.get("by") == "repair":
+        return f"approval {data.get('approvalId')} {data.get('outcome', 'cancelled')}"
+    if type_ == "turn/end" and data.get("reason") == "interrupted":
+        return f"turn {data.get('turnId')} interrupted"
+    return None

@@ -9,6 +9,8 @@ defaults to None), the others always carry every key (a ``None`` is a JSON ``nul
 order is the wire's key order, so a value encoded from a struct is byte-for-byte what the dicts
 it replaces encoded to. The daemon turns a struct into the builtin value the tracker and the log
 hold with ``msgspec.to_builtins`` (:func:`plain`); a client decodes with ``msgspec.convert``.
+Each struct also reads as the JSON object it encodes to (``protocol.jsonview.JsonView``:
+``result["exitCode"]``), for code written against the plain JSON.
 
 Pure: no I/O.
 """
@@ -18,6 +20,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import msgspec
+
+from .jsonview import JsonView
 
 __all__ = [
     "ApprovalRequest", "LaneSession", "LaneView", "RecentEntry", "SandboxNote", "ToolEntry",
@@ -30,7 +34,7 @@ ToolState = Literal["waiting-approval", "running"]
 TurnState = Literal["starting", "running", "waiting-tools", "cancelling"]
 
 
-class Truncation(msgspec.Struct, rename="camel"):
+class Truncation(JsonView, msgspec.Struct, rename="camel"):
     """``details.truncation`` of a ToolResult and ``truncation`` of a ToolOutput: every key
     always present; a call that never ran has zero totals with the limits it would have had."""
 
@@ -42,21 +46,25 @@ class Truncation(msgspec.Struct, rename="camel"):
     max_lines: int = 0
 
 
-class SandboxNote(msgspec.Struct, rename="camel"):
+class SandboxNote(JsonView, msgspec.Struct, rename="camel"):
     """``details.sandbox``: present only when the confinement was not ``full``."""
 
     provider: str
     completeness: str
 
 
-class ToolResultDetails(msgspec.Struct, rename="camel", omit_defaults=True):
-    truncation: Truncation
+class ToolResultDetails(JsonView, msgspec.Struct, rename="camel", omit_defaults=True):
+    """``details`` of a ToolResult. Every result the session builds has ``truncation``; the
+    results a crash repair appends (``dshd.storage.repair``) may have none (``details: {}``),
+    so a reader takes it as optional."""
+
+    truncation: Truncation | None = None
     spill_path: str | None = None
     exit_code: int | None = None
     sandbox: SandboxNote | None = None
 
 
-class ToolResult(msgspec.Struct, rename="camel", omit_defaults=True):
+class ToolResult(JsonView, msgspec.Struct, rename="camel", omit_defaults=True):
     """PROTOCOL.md §3.2. ``content`` is the command's output, or the sentence when it never
     started; ``message`` the sentence next to output; ``error_code`` the symbolic reason."""
 
@@ -69,7 +77,7 @@ class ToolResult(msgspec.Struct, rename="camel", omit_defaults=True):
     message: str | None = None
 
 
-class ToolEntry(msgspec.Struct, rename="camel", omit_defaults=True):
+class ToolEntry(JsonView, msgspec.Struct, rename="camel", omit_defaults=True):
     """``tools[callId]``: a call that has not settled. ``args`` are the arguments, or the first
     ``LANE_ARGS_BYTES`` of their JSON as a string when ``args_cut``; ``output`` is the live
     ToolOutput (content, details, truncation)."""
@@ -82,7 +90,7 @@ class ToolEntry(msgspec.Struct, rename="camel", omit_defaults=True):
     args_cut: bool = False
 
 
-class ApprovalRequest(msgspec.Struct, rename="camel"):
+class ApprovalRequest(JsonView, msgspec.Struct, rename="camel"):
     """``approvals[approvalId]``: a call waiting for a person's decision."""
 
     call_id: str
@@ -91,7 +99,7 @@ class ApprovalRequest(msgspec.Struct, rename="camel"):
     asked_at: int
 
 
-class RecentEntry(msgspec.Struct, rename="camel"):
+class RecentEntry(JsonView, msgspec.Struct, rename="camel"):
     """One of ``recent`` (newest first): a settled call."""
 
     call_id: str
@@ -101,7 +109,7 @@ class RecentEntry(msgspec.Struct, rename="camel"):
     error_code: str | None
 
 
-class TurnView(msgspec.Struct, rename="camel"):
+class TurnView(JsonView, msgspec.Struct, rename="camel"):
     """``turn``: the running turn (``null`` between turns)."""
 
     turn_id: str
@@ -112,7 +120,7 @@ class TurnView(msgspec.Struct, rename="camel"):
     calls: list[str]
 
 
-class LaneSession(msgspec.Struct, rename="camel"):
+class LaneSession(JsonView, msgspec.Struct, rename="camel"):
     session_id: str
     title: str | None
     cwd: str
@@ -120,7 +128,7 @@ class LaneSession(msgspec.Struct, rename="camel"):
     sandbox: str
 
 
-class LaneView(msgspec.Struct, rename="camel"):
+class LaneView(JsonView, msgspec.Struct, rename="camel"):
     """The whole lane value a subscriber's base batch carries."""
 
     session: LaneSession

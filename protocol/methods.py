@@ -28,6 +28,8 @@ from msgspec import UNSET, Meta, UnsetType
 
 from .errors import OpError
 from .ids import ID_PATTERN, RESERVED_IDS
+from .jsonview import JsonView
+from .lane import ToolResult
 from .ops import check_json_value
 
 __all__ = [
@@ -92,9 +94,10 @@ class _Params(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """Base of params structs: snake_case attributes, camelCase on the wire."""
 
 
-class _Result(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+class _Result(JsonView, msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """Base of result structs: snake_case attributes, camelCase on the wire, fields in the
-    order the daemon has always sent them; ``UNSET`` fields are left out."""
+    order the daemon has always sent them; ``UNSET`` fields are left out. A result also reads
+    as its JSON object (``protocol.jsonview``: ``info["lastSeq"]``)."""
 
 
 # ---------------------------------------------------------------------- initialize (§2)
@@ -139,14 +142,16 @@ class DaemonCapabilities(_Result):
 
 class InitializeResult(_Result):
     """``tools``: the built-in tools; ``methods``: every method this daemon answers;
-    ``capabilities``: what else it supports (a client degrades on an older daemon)."""
+    ``capabilities``: what else it supports (a client degrades on an older daemon). This
+    daemon always sends all three; an older one sent none, so a client reads them as empty
+    lists and the default capabilities when they are missing."""
 
     protocol_version: int
     server: ServerInfo
     sandbox: SandboxInfo
-    tools: list[str]
-    methods: list[str]
-    capabilities: DaemonCapabilities
+    tools: list[str] = msgspec.field(default_factory=list)
+    methods: list[str] = msgspec.field(default_factory=list)
+    capabilities: DaemonCapabilities = msgspec.field(default_factory=DaemonCapabilities)
 
 
 class EmptyParams(_Params):
@@ -282,10 +287,6 @@ class BashArguments(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError("arguments.command must not contain a NUL character (a shell "
                              "cannot run one) - at `$.command`")
 
-
-#: ``tool.wait``'s answer: the ToolResult of §3.2 as the session recorded it (a struct of
-#: ``protocol.lane`` once that module exists).
-ToolResult = dict[str, Any]
 
 
 class ToolWaitParams(_Params):

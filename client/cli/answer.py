@@ -27,6 +27,8 @@ import anyio
 
 from client.api import Client
 from client.output import printable
+from protocol.events import ApprovalDecided
+from protocol.methods import SandboxInfo
 
 __all__ = ["LineReader", "request_lines", "parse_answer", "visible", "Outcomes",
            "sandbox_label"]
@@ -98,13 +100,14 @@ def visible(text: str) -> str:
     return printable(text, keep="\n\t")
 
 
-def sandbox_label(mode: Any, provider: Any) -> str:
-    """Where the call would run: the session's sandbox mode and how far the daemon confines."""
+def sandbox_label(mode: Any, provider: SandboxInfo | None) -> str:
+    """Where the call would run: the session's sandbox mode and how far the daemon confines
+    (``provider``: the ``sandbox`` of the ``initialize`` answer)."""
     mode = mode if isinstance(mode, str) else "?"
-    provider = provider if isinstance(provider, dict) else {}
     if mode == "danger-full-access":
         return "sandbox danger-full-access (not confined)"
-    name, completeness = provider.get("provider"), provider.get("completeness")
+    name = provider.provider if provider is not None else None
+    completeness = provider.completeness if provider is not None else None
     if not name:
         return f"sandbox {mode}"
     if completeness == "none" or name == "none":
@@ -115,7 +118,7 @@ def sandbox_label(mode: Any, provider: Any) -> str:
 
 
 def request_lines(session_id: str, approval_id: str, request: dict[str, Any], mode: Any,
-                  provider: Any) -> list[str]:
+                  provider: SandboxInfo | None) -> list[str]:
     """The lines that show one pending request (see module doc)."""
     tool = request.get("tool", "?")
     summary = request.get("summary")
@@ -141,8 +144,7 @@ class Outcomes:
     async def lookup(self, approval_id: str) -> str | None:
         if approval_id not in self.known:
             async for event in self.client.iter_events(self.session_id, self.after_seq):
-                self.after_seq = max(self.after_seq, int(event.get("seq", self.after_seq)))
-                data = event.get("data")
-                if event.get("type") == "approval/decided" and isinstance(data, dict):
-                    self.known[str(data.get("approvalId"))] = str(data.get("outcome"))
+                self.after_seq = max(self.after_seq, event.seq)
+                if isinstance(event, ApprovalDecided):
+                    self.known[event.data.approval_id] = event.data.outcome
         return self.known.get(approval_id)

@@ -30,6 +30,7 @@ from typing import Any
 
 import anyio
 import click
+from msgspec import UNSET
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from client.api import Client
@@ -41,6 +42,7 @@ from client.cli.terminal import emit, end_line, note, print_json, prompt
 from client.exits import EXIT_ERROR, decided_status
 from client.output import printable
 from client.subscription import Subscription
+from protocol.methods import ApprovalDecideResult
 from protocol.rpc import ALREADY_DECIDED, APPROVAL_NOT_FOUND, RpcError
 
 __all__ = ["answer_session", "Answerer", "approve", "policy"]
@@ -139,7 +141,7 @@ class Answerer:
             return
         self.printer.pause()
         self.asked += 1
-        provider = self.client.server.get("sandbox")
+        provider = self.client.server.sandbox if self.client.server else None
         lines = request_lines(self.session_id, approval_id, self.live[approval_id], run_mode,
                               provider)
         note(lines[0], "bold")
@@ -179,10 +181,10 @@ class Answerer:
         # the fallback (dshd's lane has shown the config default instead of the mode given to
         # session.create: the person deciding must see the real one).
         try:
-            info = await self.client.get_session(self.session_id)
+            mode = (await self.client.get_session(self.session_id)).sandbox
         except RpcError:
-            info = {}
-        return info.get("sandbox") or self._lane_mode
+            mode = None
+        return mode or self._lane_mode  # UNSET (a damaged session) is falsy too
 
     async def _gone(self, approval_id: str) -> None:
         outcome = await self.outcomes.lookup(approval_id)
@@ -208,7 +210,7 @@ async def answer_session(client: Client, session_id: str, follow: bool, *,
                          stdin_fd: int = 0) -> int:
     """``dsh attach --approve`` (module doc); returns the exit status."""
     start = await client.get_session(session_id)
-    outcomes = Outcomes(client, session_id, int(start.get("lastSeq", -1)))
+    outcomes = Outcomes(client, session_id, -1 if start.last_seq is UNSET else start.last_seq)
     reader, printer, deciding = LineReader(stdin_fd), Printer(), anyio.Lock()
     answerer = Answerer(client, session_id, reader, printer, deciding, outcomes)
     watchers: Watchers = {}
@@ -279,7 +281,7 @@ def approve(opts: Options, session_id: str, approval_id: str, reject: bool, as_j
             note(f"dsh: approval {approval_id} already decided: {done}")
             return decided_status(already=True)
         if as_json or opts.json:
-            print_json({"outcome": outcome})
+            print_json(ApprovalDecideResult(outcome=outcome))
         else:
             emit(f"{printable(str(outcome))}\n")
         return decided_status(already=False)

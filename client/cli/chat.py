@@ -10,7 +10,9 @@ lane view and sends ``turn.start``. From then on the lane drives the screen:
   all with ``--yes``) and answers with ``approval.decide``.
 
 A batch may fold several changes together (a short call can come and go between two
-publishes), so whenever a step ends the log is the referee: its ``message/assistant`` prints
+publishes), so whenever a step ends the log is the referee (its events typed by
+``protocol.events``; a call's ``tool/result`` is the ``protocol.lane.ToolResult`` ``tool.wait``
+answers): its ``message/assistant`` prints
 whatever of the text the lane did not show, and each proposed call's ``tool/result`` closes
 it (its last output, or the sentence of a call that never ran). The turn is over when the
 lane's turn stops being ours; ``turn/end`` gives the exit status
@@ -39,6 +41,14 @@ from client.follow import CallOutput
 from client.output import printable
 from client.spill import command_ran
 from client.transport import ConnectionLost
+from protocol.events import (
+    AnyEvent,
+    AssistantMessage,
+    AssistantMessageData,
+    ToolResultEvent,
+    TurnEnd,
+    TurnEndData,
+)
 from protocol.rpc import RpcError
 
 __all__ = ["chat", "run_chat"]
@@ -134,11 +144,7 @@ class Approver:
             allow = (answer or "").strip().lower() in ("y", "yes")
         self._asking = None  # answered: its leaving the view from here on is our own doing
         try:
-            await self.client.call(
-                "approval.decide",
-                {"sessionId": self.session_id, "approvalId": approval_id,
-                 "decision": "allow" if allow else "reject"},
-            )
+            await self.client.decide(self.session_id, approval_id, "allow" if allow else "reject")
         except RpcError as exc:  # decided meanwhile (cancelled, answerer left…)
             _note(f"dsh: {exc.message}", dim=True)
 
@@ -153,10 +159,6 @@ def _command_of(arguments: Any) -> str:
     if isinstance(arguments, dict) and isinstance(arguments.get("command"), str):
         return arguments["command"]
     return json.dumps(arguments)
-
-
-def _ran(result: dict) -> bool:
-    return command_ran(result)
 
 
 class TurnScreen:
@@ -174,7 +176,7 @@ class TurnScreen:
         self.closed_calls: set[str] = set()
         self.closed_steps: set[str] = set()
         self.seen = False
-        self.end: dict | None = None
+        self.end: TurnEndData | None = None
         self._line_start = True
 
     def open_call(self) -> str | None:
@@ -192,7 +194,7 @@ class TurnScreen:
             _emit("\n")
             self._line_start = True
 
-    async def _events(self) -> list[dict]:
+    async def _events(self) -> list[AnyEvent]:
         return [e async for e in self.client.iter_events(self.session_id, self.after_seq)]
 
     async def update(self, view: Any, ops: list) -> None:
@@ -231,16 +233,16 @@ class TurnScreen:
 
     async def _ended(self) -> bool:
         """The turn is not in the view and was never seen there: over already?"""
-        return any(e["type"] == "turn/end" and e["data"].get("turnId") == self.turn_id
+        return any(isinstance(e, TurnEnd) and e.data.turn_id == self.turn_id
                    for e in await self._events())
 
-    async def close_steps(self, events: list[dict], before: str | None = None) -> None:
+    async def close_steps(self, events: list[AnyEvent], before: str | None = None) -> None:
         """Close, in log order, every step of the turn not closed yet (up to ``before``):
         steps can pass between two batches without the lane ever showing them."""
-        answers: dict[str, dict] = {}
+        answers: dict[Any, AssistantMessageData] = {}
         for e in events:
-            if e["type"] == "message/assistant" and e["data"].get("turnId") == self.turn_id:
-                answers[e["data"].get("stepId")] = e["data"]  # the last one of a step wins
+            if isinstance(e, AssistantMessage) and e.data.turn_id == self.turn_id:
+                answers[e.data.step_id] = e.data  # the last one of a step wins
         for step, answer in answers.items():
             if step == before:
                 return
@@ -248,32 +250,33 @@ class TurnScreen:
                 self.closed_steps.add(step)
                 self.close_step(step, answer, events)
 
-    def close_step(self, step: str, answer: dict, events: list[dict]) -> None:
+    def close_step(self, step: str, answer: AssistantMessageData,
+                   events: list[AnyEvent]) -> None:
         """Print what the lane did not show of the step: its text's end, its calls' ends."""
-        full = answer.get("text") or ""
+        full = answer.text
         shown = self.printed.get(step, "")
         self._text(full[len(shown):] if full.startswith(shown) else "\n" + full)
         self.printed[step] = full
-        results = {e["data"].get("callId"): e["data"] for e in events if e["type"] == "tool/result"}
-        for call in answer.get("toolCalls") or []:
-            call_id = call.get("callId")
+        results = {e.data.call_id: e.data for e in events if isinstance(e, ToolResultEvent)}
+        for call in answer.tool_calls or []:  # UNSET (no calls) is falsy
+            call_id = call.call_id
             result = results.get(call_id)
             if call_id in self.closed_calls or result is None:
                 continue
             self.closed_calls.add(call_id)
             if call_id not in self.headed:
                 self._newline()
-                _note(f"── {call.get('name')}: {_command_of(call.get('arguments'))}", dim=True)
+                _note(f"── {call.name}: {_command_of(call.arguments)}", dim=True)
                 self.headed.add(call_id)
-            if _ran(result):
-                content = result.get("content") if isinstance(result.get("content"), str) else ""
+            if command_ran(result):
                 output = self.outputs.get(call_id)
-                total = ((result.get("details") or {}).get("truncation") or {}).get("totalBytes")
-                self._text(output.finish(content, total) if output else content)
+                truncation = result.details.truncation
+                total = truncation.total_bytes if truncation is not None else None
+                self._text(output.finish(result.content, total) if output else result.content)
             self._newline()
-            code, exit_code = result.get("errorCode"), result.get("exitCode")
-            if code and not _ran(result):
-                _note(f"── not run: {code}: {result.get('content')}", dim=True)
+            code, exit_code = result.error_code, result.exit_code
+            if code and not command_ran(result):
+                _note(f"── not run: {code}: {result.content}", dim=True)
             elif code:
                 _note(f"── {code}" + (f" (exit {exit_code})" if exit_code is not None else ""),
                       dim=True)
@@ -285,17 +288,18 @@ class TurnScreen:
         events = await self._events()
         await self.close_steps(events)
         for e in events:
-            if e["type"] == "turn/end" and e["data"].get("turnId") == self.turn_id:
-                self.end = e["data"]
+            if isinstance(e, TurnEnd) and e.data.turn_id == self.turn_id:
+                self.end = e.data
         if self.end is None:
-            self.end = {"reason": "error", "message": "the turn's end is not in the log yet"}
+            self.end = TurnEndData(turn_id=self.turn_id, reason="error",
+                                   message="the turn's end is not in the log yet")
         self._newline()
 
 
 async def run_turn(client: Client, sub, session_id: str, text: str, approver: Approver) -> int:
     """One turn, shown until it ends; returns its exit status."""
-    after_seq = (await client.get_session(session_id))["lastSeq"]
-    turn_id = (await client.call("turn.start", {"sessionId": session_id, "input": text}))["turnId"]
+    after_seq = (await client.get_session(session_id)).last_seq
+    turn_id = await client.start_turn(session_id, text)
     screen = TurnScreen(client, session_id, turn_id, after_seq)
     try:
         return await _show_turn(client, sub, session_id, screen, approver)
@@ -320,7 +324,7 @@ async def _show_turn(client: Client, sub, session_id: str, screen: TurnScreen,
                     if not cancelling:
                         cancelling = True
                         _note("dsh: cancelling the turn (Ctrl-C again to detach)")
-                        await client.call("turn.cancel", {"sessionId": session_id})
+                        await client.cancel_turn(session_id)
                         continue
                     detached = True
                     nursery.cancel_scope.cancel()
@@ -338,10 +342,11 @@ async def _show_turn(client: Client, sub, session_id: str, screen: TurnScreen,
     if detached:
         _note(f"detached; the turn keeps running in dshd. Follow it: dsh attach {session_id}")
         return EXIT_INTERRUPTED
-    end = screen.end or {}
-    reason = end.get("reason", "error")
+    end = screen.end
+    reason = end.reason if end is not None else "error"
     if reason != "completed":
-        detail = ": ".join(str(x) for x in (end.get("errorCode"), end.get("message")) if x)
+        parts = (end.error_code, end.message) if end is not None else ()
+        detail = ": ".join(str(x) for x in parts if x)  # UNSET is falsy: left out
         _note(f"dsh: turn {reason}" + (f" ({detail})" if detail else ""))
     return turn_status(reason)
 

@@ -24,6 +24,7 @@ from client.cli.common import Options, execute, json_flag, pass_options
 from client.cli.terminal import emit, is_tty, note, print_json, stdout
 from client.exits import EXIT_ERROR, fsck_status
 from client.output import printable
+from protocol.methods import SessionInfo
 from protocol.rpc import STORAGE_FAILURE, RpcError
 
 __all__ = ["fsck", "fsck_online", "offline_command"]
@@ -37,19 +38,18 @@ async def fsck_online(client: Client, session_id: str | None,
     """Judge the sessions through dshd (``client.fsck``): list, then open each one."""
     rows = await client.list_sessions()
     if session_id is not None:
-        rows = [r for r in rows if r.get("sessionId") == session_id]
+        rows = [r for r in rows if r.session_id == session_id]
         if not rows:
             await client.get_session(session_id)  # the daemon's own "not found" error
-            rows = [{"sessionId": session_id, "lastSeq": None}]
+            rows = [SessionInfo(session_id=session_id)]  # listed before: nothing to compare
     for row in rows:
         report(await _judge(client, row))
 
 
-async def _judge(client: Client, row: dict) -> _fsck.Verdict:
-    sid = str(row.get("sessionId"))
-    damaged = row.get("damaged")
-    if damaged:
-        reason = str(damaged)
+async def _judge(client: Client, row: SessionInfo) -> _fsck.Verdict:
+    sid = row.session_id
+    if row.damaged:
+        reason = row.damaged
         reason = reason[: -len(_RUN_FSCK)] if reason.endswith(_RUN_FSCK) else reason
         return _fsck.Verdict(sid, "damaged", reason)
     try:
@@ -57,7 +57,7 @@ async def _judge(client: Client, row: dict) -> _fsck.Verdict:
     except RpcError as exc:
         state = "damaged" if exc.code == STORAGE_FAILURE else "unchecked"
         return _fsck.Verdict(sid, state, exc.message)
-    before, after = row.get("lastSeq"), info.get("lastSeq")
+    before, after = row.last_seq, info.last_seq  # UNSET when not known
     repairs: list[str] = []
     if isinstance(before, int) and isinstance(after, int) and after > before:
         repairs = _fsck.repairs_in([e async for e in client.iter_events(sid, before)])

@@ -29,6 +29,7 @@ from client.cli.terminal import emit_bytes, fmt_time, note, short
 from client.exits import exit_status
 from client.spill import CompleteOutput, command_ran
 from client.subscription import Subscription
+from protocol.lane import ToolResult
 
 __all__ = ["drain", "keep_up", "settle_output", "finish_call", "Printer", "Emit",
            "tools_of", "show_calls", "followed", "Watchers", "SPILL_POLL_S", "SPILL_WAIT_S"]
@@ -39,11 +40,6 @@ SPILL_POLL_S = 0.02
 SPILL_WAIT_S = 5.0
 
 Emit = Callable[[bytes], None]
-
-
-def _details(result: dict[str, Any]) -> dict[str, Any]:
-    details = result.get("details")
-    return details if isinstance(details, dict) else {}
 
 
 def tools_of(view: Any) -> dict[str, Any]:
@@ -103,7 +99,7 @@ async def keep_up(outputs: Callable[[], Iterable[tuple[CompleteOutput, Emit]]],
             stalls.check(out, progressed)
 
 
-async def settle_output(out: CompleteOutput, result: dict[str, Any], emit: Emit) -> None:
+async def settle_output(out: CompleteOutput, result: ToolResult, emit: Emit) -> None:
     """Print the rest of a settled call's output: through the result's ``totalBytes`` when
     its spill file is readable (waiting up to SPILL_WAIT_S without progress for it)."""
     out.finish(result)
@@ -123,12 +119,12 @@ async def settle_output(out: CompleteOutput, result: dict[str, Any], emit: Emit)
     out.close()
 
 
-def closing_note(out: CompleteOutput, result: dict[str, Any]) -> None:
+def closing_note(out: CompleteOutput, result: ToolResult) -> None:
     """Say how much of the output was not shown, and where all of it is."""
     missing = out.unshown() if command_ran(result) else 0
     if missing <= 0 or out.total is None:
         return
-    where = _details(result).get("spillPath")
+    where = result.details.spill_path
     if out.denied:
         # A system-mode daemon keeps the spill file root's: say so once, and how to read it.
         note(f"dsh: {missing} of {out.total} bytes of output were not shown: the complete "
@@ -141,7 +137,7 @@ def closing_note(out: CompleteOutput, result: dict[str, Any]) -> None:
          + (f"; the full output is in {where}" if where else ""))
 
 
-async def finish_call(out: CompleteOutput, result: dict[str, Any],
+async def finish_call(out: CompleteOutput, result: ToolResult,
                       emit: Emit = emit_bytes) -> int:
     """Print the rest of a settled call and its closing notes; return the exit status."""
     await settle_output(out, result, emit)
@@ -165,10 +161,10 @@ def call_header(call_id: str, call: Any) -> str:
             f"{fmt_time(call.get('startedAt'))}): {short(what, 80)}")
 
 
-def ended_line(call_id: str, result: dict[str, Any]) -> str:
-    code = result.get("exitCode", _details(result).get("exitCode"))
-    if result.get("errorCode"):
-        return f"── call {call_id} ended: {result['errorCode']}" + (
+def ended_line(call_id: str, result: ToolResult) -> str:
+    code = result.exit_code if result.exit_code is not None else result.details.exit_code
+    if result.error_code:
+        return f"── call {call_id} ended: {result.error_code}" + (
             f" (exit {code})" if isinstance(code, int) else "")
     return f"── call {call_id} exited {code}"
 
@@ -232,7 +228,7 @@ def followed(watchers: Watchers,
 
 async def show_calls(client: Client, session_id: str, sub: Subscription, view: Any,
                      watchers: Watchers, printer: Printer,
-                     only: str | None = None) -> tuple[CompleteOutput, dict[str, Any]] | None:
+                     only: str | None = None) -> tuple[CompleteOutput, ToolResult] | None:
     """Print what one batch changed in the calls' output (module doc). With ``only``, follow
     that call alone and return its output and result once it settled (the caller prints its
     end)."""

@@ -40,10 +40,11 @@ from client.cli.common import Options, execute, pass_options
 from client.cli.output import drain, finish_call, keep_up
 from client.cli.terminal import emit_bytes, note, silence_stdout
 from client.exits import EXIT_NEVER_RAN, detached_status, run_status, single
-from client.paths import is_valid_id
+from client.paths import ID_CHARS, is_valid_id
 from client.spill import CompleteOutput
 from client.subscription import Subscription
 from client.transport import ConnectionLost
+from protocol.lane import ToolResult
 from protocol.methods import MAX_TITLE_CHARS
 from protocol.rpc import STORAGE_FAILURE, RpcError
 
@@ -95,7 +96,7 @@ class Settled:
 
 @dataclass(frozen=True)
 class Result:
-    result: dict[str, Any]
+    result: ToolResult
 
 
 RunEvent = Detach | Cancelling | Waits | Settled | Result
@@ -106,7 +107,7 @@ Events = MemoryObjectSendStream[RunEvent]
 class Followed:
     """How following ended: the result (None when detached first) and what we knew."""
 
-    result: dict[str, Any] | None
+    result: ToolResult | None
     detached: str = ""
     waiting: str | None = None
     cancelling: bool = False
@@ -193,7 +194,7 @@ async def _submit(client: Client, call: Call, command: str, timeout: float | Non
             raise
         note(f"dsh: STORAGE_FAILURE: {exc.message}")
         return EXIT_NEVER_RAN
-    if isinstance(started, dict) and started.get("existing"):
+    if started.existing:
         note(f"dsh: call {call.call_id} already exists in session {call.session_id}: showing "
              "its result; nothing was run again (use a new --call-id to run again)")
     return None
@@ -252,7 +253,7 @@ async def _wait_result(client: Client, call: Call, events: Events) -> None:
 
 async def _decide(events: MemoryObjectReceiveStream[RunEvent], call: Call) -> Followed:
     """Read the tasks' events until the call settled after its result, or a detach."""
-    result: dict[str, Any] | None = None
+    result: ToolResult | None = None
     waiting: str | None = None
     asked = settled = cancelling = False
     with anyio.CancelScope() as grace:  # its deadline is set once the result is in
@@ -290,7 +291,7 @@ async def _conclude(call: Call, out: CompleteOutput, followed: Followed) -> int:
             silence_stdout()
         return detached_status(followed.detached == "pipe")
     status = await finish_call(out, followed.result)
-    if followed.result.get("errorCode") == "APPROVAL_UNAVAILABLE":
+    if followed.result.error_code == "APPROVAL_UNAVAILABLE":
         note(f"dsh: keep an answerer attached (`dsh attach --approve --follow {call.session_id}`"
              f" in another terminal), then run it again with `dsh run --ask --session "
              f"{call.session_id}`")
@@ -341,7 +342,7 @@ def run(opts: Options, session_id: str | None, timeout: float | None, call_id: s
       141  stdout was closed (detached)
     """
     if call_id is not None and not is_valid_id(call_id):
-        raise click.BadParameter("ids match [A-Za-z0-9_-]{1,64}", param_hint="--call-id")
+        raise click.BadParameter(f"ids match {ID_CHARS}", param_hint="--call-id")
     if session_id is not None and (sandbox or policy):
         raise click.UsageError("--sandbox and --policy set up a new session, not with --session "
                                "(`dsh policy SESSION ask|never` changes a session's policy)")

@@ -2,7 +2,8 @@
 ``dsh log``, ``dsh status``, ``dsh wait``, ``dsh cancel``.
 
 Theory of operation: each is one request (or one page walk) and prints its answer: as JSON
-with ``--json``, else as text -- a rich table on a terminal, tab-separated text otherwise,
+with ``--json`` (the result struct encoded as on the wire; ``dsh log`` prints each record as
+dshd sent it), else as text -- a rich table on a terminal, tab-separated text otherwise,
 every cell on one line and cut to a width (``client.cli.terminal.cell``). ``dsh wait`` prints
 the call's output from its result and exits with the call's status (``client.exits``).
 """
@@ -14,6 +15,8 @@ import sys
 from typing import Any
 
 import click
+import msgspec
+from msgspec import UNSET
 from rich.table import Table
 
 from client.api import Client
@@ -23,6 +26,7 @@ from client.cli.terminal import cell, emit, fmt_time, is_tty, note, print_json, 
 from client.exits import decided_status, exit_status
 from client.output import printable
 from client.spill import CompleteOutput
+from protocol.methods import CancelledResult, SessionInfo
 
 __all__ = ["sessions", "log", "status", "wait", "cancel", "TITLE_WIDTH", "REASON_WIDTH"]
 
@@ -32,12 +36,17 @@ REASON_WIDTH = 40
 HEADERS = ["id", "title", "cwd", "created", "running", "lastSeq"]
 
 
-def _session_row(s: dict[str, Any]) -> list[str]:
-    title = cell(s.get("title") or "", TITLE_WIDTH)
-    if s.get("damaged"):
-        title = f"DAMAGED ({cell(s['damaged'], REASON_WIDTH)}) {title}".rstrip()
-    return [cell(s.get("sessionId", "")), title, cell(s.get("cwd", "")),
-            fmt_time(s.get("createdAt")), cell(s.get("running", "")), cell(s.get("lastSeq", ""))]
+def _given(value: Any, default: Any = "") -> Any:
+    """A field's value, ``default`` when the session has none (``UNSET``: a damaged one)."""
+    return default if value is UNSET else value
+
+
+def _session_row(s: SessionInfo) -> list[str]:
+    title = cell(_given(s.title) or "", TITLE_WIDTH)
+    if s.damaged:
+        title = f"DAMAGED ({cell(s.damaged, REASON_WIDTH)}) {title}".rstrip()
+    return [cell(s.session_id), title, cell(_given(s.cwd)), fmt_time(_given(s.created_at, None)),
+            cell(_given(s.running)), cell(_given(s.last_seq))]
 
 
 @click.command()
@@ -55,7 +64,7 @@ def sessions(opts: Options, as_json: bool) -> None:
         if is_tty():
             table = Table(*HEADERS, box=None, header_style="bold")
             for row, s in zip(cells, rows):
-                table.add_row(*row, style="red" if s.get("damaged") else None)
+                table.add_row(*row, style="red" if s.damaged else None)
             stdout().print(table)
         else:
             emit("".join("\t".join(r) + "\n" for r in [HEADERS, *cells]))
@@ -74,7 +83,8 @@ def log(opts: Options, session_id: str, after_seq: int, as_json: bool) -> None:
     """Print the durable events of SESSION, one a line."""
 
     async def body(client: Client) -> int:
-        async for event in client.iter_events(session_id, after_seq):
+        async for raw in client.iter_records(session_id, after_seq):
+            event = msgspec.json.decode(raw)  # the record as it is: every type, every key
             if as_json or opts.json:
                 print_json(event)
                 continue
@@ -97,7 +107,7 @@ def cancel(opts: Options, session_id: str, call_id: str, as_json: bool) -> None:
     async def body(client: Client) -> int:
         cancelled = await client.cancel(session_id, call_id)
         if as_json or opts.json:
-            print_json({"cancelled": cancelled})
+            print_json(CancelledResult(cancelled=cancelled))
         else:
             note(f"call {call_id} cancelled" if cancelled else f"call {call_id} was not running")
         return decided_status(already=not cancelled)
@@ -117,7 +127,7 @@ def status(opts: Options, as_json: bool) -> None:
             print_json(info)
             return 0
         lines = []
-        for key, value in info.items():
+        for key, value in msgspec.to_builtins(info).items():
             if key == "startedAt":
                 value = fmt_time(value)
             elif isinstance(value, (dict, list)):

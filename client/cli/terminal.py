@@ -17,6 +17,7 @@ import os
 import sys
 from typing import Any
 
+import msgspec
 from rich.console import Console
 from rich.text import Text
 
@@ -78,7 +79,9 @@ def emit_bytes(data: bytes) -> None:
 
 
 def print_json(value: Any) -> None:
-    emit(json.dumps(value, ensure_ascii=False, sort_keys=False) + "\n")
+    """``value`` -- plain JSON or protocol structs, which encode as on the wire (camelCase,
+    absent fields left out) -- as one line of JSON."""
+    emit(json.dumps(msgspec.to_builtins(value), ensure_ascii=False, sort_keys=False) + "\n")
 
 
 def fmt_time(ms: Any, *, millis: bool = False) -> str:

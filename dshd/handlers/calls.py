@@ -6,14 +6,18 @@ struct (ids, JSON values, the 8 MiB cap), the session, then the tool and its arg
 the tool registry's one check (``dshd.tools.check_arguments``, the check a model's call gets
 too); a known ``callId`` answers ``existing`` without running again; past the call limits the
 answer is ``-32013`` and nothing is recorded. ``tool.wait`` answers the durable ToolResult, or
-``-32010`` when the wait times out (the call goes on). A call id the session does not know is
-``-32006`` (``dshd.errors.CallNotFound``).
+``-32010`` when the wait times out (the call goes on); the recorded result goes out as the
+``protocol.lane.ToolResult`` struct a client decodes it into (the same bytes: the session
+records that struct's plain value, a crash repair the same shape). A call id the session does
+not know is ``-32006`` (``dshd.errors.CallNotFound``).
 """
 
 from __future__ import annotations
 
 import secrets
 from typing import Any
+
+import msgspec
 
 from protocol import methods as m
 
@@ -46,7 +50,7 @@ async def tool_wait(conn: ConnectionPort, p: m.ToolWaitParams) -> m.ToolResult:
     result = await session.wait_result(p.call_id, p.timeout)
     if result is None:
         raise StillRunning(f"call {p.call_id} is still running after {p.timeout} s; wait again")
-    return result
+    return msgspec.convert(result, m.ToolResult)
 
 
 async def tool_cancel(conn: ConnectionPort, p: m.ToolCancelParams) -> m.CancelledResult:

@@ -18,7 +18,8 @@ Theory of operation: a session checked from its log alone is in one of a few sta
 `check_offline` only reads (`reader.read_log` never changes a file). `Verdict.failed`
 (damaged, unchecked) decides the exit status of the command (`fsck_cli`). The online check --
 what opening a session through dshd repaired -- is the client's (``dsh fsck`` without
-``--offline``); the two share the verdict words and `closer_label`'s labels.
+``--offline``); the two share the verdict words and the closers' labels
+(``protocol.events.closer_label``, re-exported here).
 """
 
 from __future__ import annotations
@@ -30,14 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from protocol.events import closer_label
+
 from .errors import LogCorrupt, LogTooNew
 from .reader import list_session_dirs, read_log, session_dir_for
-from .repair import TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN, repair_closers
+from .repair import repair_closers
 
 __all__ = ["Verdict", "check_offline", "closer_label", "daemon_holds", "offline_ids"]
-
-REPAIR_CODES = (TOOL_OUTCOME_UNKNOWN, TOOL_NOT_STARTED)
-
 
 @dataclass
 class Verdict:
@@ -90,19 +90,6 @@ class Verdict:
 
 def _records(n: int) -> str:
     return f"{n} record" + ("" if n == 1 else "s")
-
-
-def closer_label(type_: str, data: Any) -> str | None:
-    """A short label for a crash closer (``None`` when the event is not one)."""
-    if not isinstance(data, dict):
-        return None
-    if type_ == "tool/result" and data.get("errorCode") in REPAIR_CODES:
-        return f"call {data.get('callId')} {data['errorCode']}"
-    if type_ == "approval/decided" and data.get("by") == "repair":
-        return f"approval {data.get('approvalId')} {data.get('outcome', 'cancelled')}"
-    if type_ == "turn/end" and data.get("reason") == "interrupted":
-        return f"turn {data.get('turnId')} interrupted"
-    return None
 
 
 def offline_ids(state_dir: Path, session_id: str | None) -> list[str]:

@@ -19,6 +19,7 @@ import trio
 
 from client.api import connect
 from client.cli.answer import LineReader, Outcomes, parse_answer, request_lines, sandbox_label, visible
+from protocol.methods import SandboxInfo
 from client.exits import single as _single
 from client.transport import ConnectionLost
 from dsh_proc import Live, dsh
@@ -67,7 +68,7 @@ def test_parse_answer():
 def test_request_lines_show_the_whole_command_with_control_characters_visible():
     summary = "make install &&\necho done\rrm -rf ~ \x1b[2K" + "x" * 300
     lines = request_lines("s1", "a-1", {"callId": "c1", "tool": "bash", "summary": summary},
-                          "workspace-write", {"provider": "bwrap", "completeness": "full"})
+                          "workspace-write", SandboxInfo(provider="bwrap", completeness="full"))
     assert lines[0] == ("── approval a-1: call c1 in session s1 asks to run bash, "
                         "sandbox workspace-write (provider bwrap):")
     assert lines[1] == "    make install &&"
@@ -77,13 +78,14 @@ def test_request_lines_show_the_whole_command_with_control_characters_visible():
 
 
 def test_sandbox_label_says_when_nothing_confines():
-    assert sandbox_label("read-only", {"provider": "bwrap", "completeness": "full"}) == \
+    assert sandbox_label("read-only", SandboxInfo(provider="bwrap", completeness="full")) == \
         "sandbox read-only (provider bwrap)"
-    assert sandbox_label("workspace-write", {"provider": "landlock", "completeness": "partial"}) == \
+    assert sandbox_label("workspace-write",
+                         SandboxInfo(provider="landlock", completeness="partial")) == \
         "sandbox workspace-write (provider landlock, partial)"
-    assert sandbox_label("workspace-write", {"provider": "none", "completeness": "none"}) == \
+    assert sandbox_label("workspace-write", SandboxInfo(provider="none", completeness="none")) == \
         "sandbox workspace-write (provider none: NOT confined)"
-    assert sandbox_label("danger-full-access", {"provider": "bwrap"}) == \
+    assert sandbox_label("danger-full-access", SandboxInfo(provider="bwrap", completeness="full")) == \
         "sandbox danger-full-access (not confined)"
     assert sandbox_label(None, None) == "sandbox ?"
 

@@ -18,6 +18,9 @@ import pytest
 from client.api import DaemonNotRunning, DaemonUnresponsive, connect
 from client.transport import ConnectionLost, Inbox, InboxOverflow, open_connection
 from conftest import on, start_dshd, stop_dshd
+from protocol import methods as m
+from protocol.events import ToolResultEvent
+from protocol.lane import ToolResult
 from protocol.rpc import RpcError
 
 
@@ -278,14 +281,23 @@ def test_inbox_is_bounded_and_marks_overflow(backend):
 
 
 def test_request_sends_a_params_struct_as_the_daemon_decodes_it(backend, real_dshd, workdir):
-    import msgspec
-
-    class SessionGet(msgspec.Struct, rename="camel"):
-        session_id: str
+    """The client and the daemon share ``protocol.methods``: the params struct goes out, the
+    answer comes back as the method's result struct (readable by wire name too), and a
+    params struct of another method is refused before anything is sent."""
 
     async def body():
         async with connect(real_dshd.socket) as c:
+            assert isinstance(c.server, m.InitializeResult) and "tool.wait" in c.server.methods
             sid = await c.create_session(workdir)
-            assert (await c.request("session.get", SessionGet(sid)))["sessionId"] == sid
+            info = await c.request("session.get", m.SessionGetParams(session_id=sid))
+            assert isinstance(info, m.SessionInfo) and info.session_id == sid
+            assert info["sessionId"] == sid and info.last_seq == info["lastSeq"]
+            with pytest.raises(TypeError, match="SessionGetParams"):
+                await c.request("session.get", m.SubscribeParams(session_id=sid))
+            cid = await c.run_tool(sid, "echo typed")
+            result = await c.wait(sid, cid)
+            assert isinstance(result, ToolResult) and result.content == "typed\n"
+            [record] = [e async for e in c.iter_events(sid) if isinstance(e, ToolResultEvent)]
+            assert record.data == result  # the recorded result is the answer, struct for struct
 
     on(backend, body)

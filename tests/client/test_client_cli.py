@@ -13,6 +13,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import msgspec
 import pytest
 import trio
 from click.testing import CliRunner
@@ -22,8 +23,14 @@ from client.api import connect
 from client.cli import cli
 from client.cli.run import command_string
 from client.exits import exit_status
+from protocol.lane import ToolResult
 from dsh_proc import Live, dsh, dsh_cmd, env_for
 from fake_dshd import FakeDshd, FakeError, settle_ops, tool_entry
+
+
+def status_for(wire: dict):
+    """``exit_status`` of a ToolResult given as the wire's JSON (decoded as the client does)."""
+    return exit_status(msgspec.convert({"callId": "c", **wire}, ToolResult))
 
 
 # ---------------------------------------------------------------------- pure helpers
@@ -45,7 +52,7 @@ def test_command_string_single_argument_is_passed_as_is():
     ],
 )
 def test_exit_status(result, expected):
-    code, message = exit_status(result)
+    code, message = status_for(result)
     assert code == expected
     if expected == 125:
         assert message == "dsh: SANDBOX_UNAVAILABLE: The sandbox is unavailable: install bwrap."
@@ -55,10 +62,10 @@ def test_exit_status_sentence_comes_from_message_when_content_is_output():
     cancelled = {"isError": True, "content": "partial output\n", "errorCode": "TOOL_CANCELLED",
                  "message": "cancelled; the process group was killed",
                  "details": {"truncation": {"totalBytes": 15}, "exitCode": 143}, "exitCode": 143}
-    assert exit_status(cancelled) == (143, "dsh: TOOL_CANCELLED: cancelled; the process group was killed")
+    assert status_for(cancelled) == (143, "dsh: TOOL_CANCELLED: cancelled; the process group was killed")
     failed = {"isError": True, "content": "output\n", "errorCode": "TOOL_FAILED",
               "details": {"truncation": {"totalBytes": 7}}}
-    assert exit_status(failed) == (125, "dsh: TOOL_FAILED")  # the output is not the sentence
+    assert status_for(failed) == (125, "dsh: TOOL_FAILED")  # the output is not the sentence
 
 
 # ---------------------------------------------------------------------- in-process errors
@@ -281,7 +288,7 @@ async def test_log_after_is_checked_before_asking(tmp_path):
     ({"isError": False, "content": "", "details": {"exitCode": 0}, "exitCode": 0}, 0),
 ])
 def test_exit_status_table(result, expected):
-    assert exit_status(result)[0] == expected
+    assert status_for(result)[0] == expected
 
 
 def test_exit_status_is_never_0_for_an_error():
@@ -292,7 +299,7 @@ def test_exit_status_is_never_0_for_an_error():
                 result["exitCode"] = code
             if error_code:
                 result["errorCode"] = error_code
-            assert exit_status(result)[0] != 0, result
+            assert status_for(result)[0] != 0, result
 
 
 def test_run_help_documents_the_exit_status():
@@ -347,7 +354,7 @@ async def test_run_prints_the_final_tail_when_the_stream_missed_it(fake):
               {"isError": False, "content": "only in the result\n", "details": {"exitCode": 0},
                "exitCode": 0})
     proc = await dsh(fake.path, "run", "--call-id", "k1", "--", "true")
-    assert proc.stdout.decode() == "only in the result\n"
+    assert proc.stdout.decode() == "only in the result\n", proc.stderr
     assert proc.returncode == 0
 
 

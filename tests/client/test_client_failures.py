@@ -8,6 +8,7 @@ import shutil
 import socket as _socket
 import tempfile
 
+import msgspec
 import pytest
 import trio
 from click.testing import CliRunner
@@ -15,8 +16,14 @@ from click.testing import CliRunner
 from client.api import DaemonUnresponsive, connect, connect_timeout
 from client.cli import cli
 from client.exits import exit_status
+from protocol.lane import ToolResult
 from conftest import start_dshd, stop_dshd
 from dsh_proc import Live, dsh, dsh_cmd, env_for, ROOT
+
+
+def status_for(wire: dict):
+    """``exit_status`` of a ToolResult given as the wire's JSON (decoded as the client does)."""
+    return exit_status(msgspec.convert({"callId": "c", **wire}, ToolResult))
 
 
 @pytest.fixture
@@ -101,7 +108,7 @@ async def test_dsh_says_dshd_did_not_answer_and_exits_2(mute, args):
 def test_never_ran_codes_exit_125(code):
     result = {"isError": True, "content": "nothing was started.", "details": {},
               "errorCode": code}
-    assert exit_status(result) == (125, f"dsh: {code}: nothing was started.")
+    assert status_for(result) == (125, f"dsh: {code}: nothing was started.")
 
 
 def test_outcome_unknown_exits_75_with_the_daemons_sentence():
@@ -109,12 +116,12 @@ def test_outcome_unknown_exits_75_with_the_daemons_sentence():
                 "otherwise check the outside world first")
     bare = {"isError": True, "content": sentence, "details": {},
             "errorCode": "TOOL_OUTCOME_UNKNOWN"}
-    assert exit_status(bare) == (75, f"dsh: TOOL_OUTCOME_UNKNOWN: {sentence}")
+    assert status_for(bare) == (75, f"dsh: TOOL_OUTCOME_UNKNOWN: {sentence}")
     with_output = {"isError": True, "errorCode": "TOOL_OUTCOME_UNKNOWN",
                    "content": f"{sentence}\n\nlast output checkpointed before the "
                               "interruption:\npartial\n",
                    "details": {"truncation": {"totalBytes": 8}}}
-    assert exit_status(with_output) == (75, f"dsh: TOOL_OUTCOME_UNKNOWN: {sentence}")
+    assert status_for(with_output) == (75, f"dsh: TOOL_OUTCOME_UNKNOWN: {sentence}")
 
 
 @pytest.mark.parametrize("command", ["run", "wait"])

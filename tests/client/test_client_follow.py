@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from client.follow import CallOutput, Follower, overlaps, text_path
-from client.mirror import Mirror
+from protocol.mirror import Mirror
 
 
 def utf8(s: str) -> int:

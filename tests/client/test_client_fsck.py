@@ -16,7 +16,8 @@ import pytest
 import zstandard
 
 from client.cli.fsck import offline_command
-from client.fsck import Verdict, repairs_in
+from client.fsck import Verdict, repairs_in as _repairs_in
+from protocol.events import decode_event
 from dsh_proc import dsh
 from client.api import connect
 from fake_dshd import FakeDshd, FakeError
@@ -33,6 +34,12 @@ async def fake(nursery):
 
 def _ev(seq: int, type_: str, **data) -> dict:
     return {"seq": seq, "time": 0, "type": type_, "data": data}
+
+
+def repairs_in(records: list[dict]) -> list[str]:
+    """``client.fsck.repairs_in`` of records given as the wire's JSON (typed as the client
+    types them, ``protocol.events``)."""
+    return _repairs_in([decode_event(json.dumps(r)) for r in records])
 
 
 def _row(sid: str, last_seq: int, **extra) -> dict:

@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from client.mirror import Mirror, MirrorBroken
+from protocol.mirror import Mirror, MirrorBroken
 from protocol.codec import Encoder
 
 

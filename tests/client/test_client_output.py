@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import msgspec
 from hypothesis import given
 from hypothesis import strategies as st
 
 from client.output import printable
-from client.spill import command_ran
+from client.spill import command_ran as _command_ran
+from protocol.lane import ToolResult
+
+
+def command_ran(wire: dict) -> bool:
+    """``command_ran`` of a ToolResult given as the wire's JSON (decoded as the client does)."""
+    return _command_ran(msgspec.convert(wire, ToolResult))
 
 
 def test_escapes_are_made_visible():

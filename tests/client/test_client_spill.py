@@ -13,14 +13,16 @@ from __future__ import annotations
 import codecs
 import os
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client.mirror import Mirror
+from protocol.mirror import Mirror
 from client.spill import (CompleteOutput, SpillFile, cleaned, incomplete_utf8_tail)
 from dshd.execution.capture import OutputCapture, ShellOutputLimits
 from protocol.codec import Encoder
+from protocol.lane import ToolResult
 from protocol.tracker import Tracker
 
 CID = "c1"
@@ -109,12 +111,13 @@ class Daemon:
         self.cap.finish()
         self.sink.flush()  # the runner flushes (and closes) the spill before the result
 
-    def result(self) -> dict:
+    def result(self) -> ToolResult:
+        """The ToolResult as a client decodes it from the daemon's answer."""
         details = {"truncation": dict(self.cap.truncation), "exitCode": 0}
         if self.cap.spill_path:
             details["spillPath"] = self.cap.spill_path
-        return {"callId": CID, "isError": False, "content": self.cap.text, "details": details,
-                "exitCode": 0}
+        return msgspec.convert({"callId": CID, "isError": False, "content": self.cap.text,
+                                "details": details, "exitCode": 0}, ToolResult)
 
     def settle(self) -> None:
         self.tracker.delete(["tools", CID])

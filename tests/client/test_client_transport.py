@@ -12,7 +12,7 @@ import tempfile
 import pytest
 
 from client.api import connect
-from client.mirror import MirrorBroken
+from protocol.mirror import MirrorBroken
 from client.subscription import MAX_RESTARTS_IN_A_ROW
 from fake_dshd import FakeDshd, lane
 

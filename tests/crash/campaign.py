@@ -47,7 +47,7 @@ from pathlib import Path
 import trio
 
 from client.api import connect
-from client.mirror import MirrorBroken
+from protocol.mirror import MirrorBroken
 from client.transport import DshClientError
 from dshd.storage import SessionLog, read_log
 from dshd.storage.errors import StorageError

@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from client.api import connect
-from client.mirror import Mirror
+from protocol.mirror import Mirror
 
 from .conftest import running_daemon
 

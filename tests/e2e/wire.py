@@ -1,5 +1,5 @@
 """A small, blocking JSON-RPC peer for end-to-end tests: it speaks only the wire (PROTOCOL.md
-§1–§3) and mirrors a lane with ``client.mirror`` (pure ``protocol.codec`` + ``protocol.apply``),
+§1–§3) and mirrors a lane with ``protocol.mirror`` (pure ``protocol.codec`` + ``protocol.apply``),
 so the tests that use it guard the daemon's socket behaviour, not its internals."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from client.mirror import Mirror
+from protocol.mirror import Mirror
 
 
 class Wire:

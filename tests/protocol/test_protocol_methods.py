@@ -9,6 +9,7 @@ import pytest
 
 from protocol import methods as m
 from protocol import rpc
+from protocol.lane import ToolResult
 from protocol.rpc import RpcError, decode_params, encode_request, encode_response, parse_message
 
 
@@ -189,3 +190,48 @@ def test_bash_arguments_one_rule():
     for arguments in bad:
         with pytest.raises(msgspec.ValidationError):
             msgspec.convert(arguments, m.BashArguments)
+
+
+def _repair_results() -> list[dict]:
+    """The ToolResults a crash repair records (``dshd.storage.repair``): no truncation for a
+    call that never started, the checkpointed window's for one whose outcome is unknown."""
+    from dshd.storage.format import Event
+    from dshd.storage.repair import repair_closers
+
+    events = [Event(0, 0, "tool/call", {"callId": "c1", "name": "bash", "arguments": "{}"}),
+              Event(1, 0, "tool/call", {"callId": "c2", "name": "bash", "arguments": "{}"}),
+              Event(2, 0, "approval/asked", {"approvalId": "a", "callId": "c2", "tool": "bash",
+                                             "summary": "x"})]
+    window = {"content": [{"type": "text", "text": "partial\n"}],
+              "truncation": {"truncated": True, "truncatedBy": "bytes", "totalBytes": 99,
+                             "totalLines": 3, "maxBytes": 16, "maxLines": 2000},
+              "details": {"spillPath": "/state/calls/c1.log"}}
+    return [data for type_, data in repair_closers(events, {"c1": window})
+            if type_ == "tool/result"]
+
+
+SESSION_RESULT = {
+    "callId": "c9", "isError": True, "content": "out\n",
+    "details": {"truncation": {"truncated": False, "truncatedBy": None, "totalBytes": 4,
+                               "totalLines": 1, "maxBytes": 51200, "maxLines": 2000},
+                "spillPath": "/state/calls/c9.log", "exitCode": 143,
+                "sandbox": {"provider": "landlock", "completeness": "partial"}},
+    "exitCode": 143, "errorCode": "TOOL_CANCELLED", "message": "cancelled",
+}
+
+
+def test_tool_wait_answers_every_recorded_result_as_the_same_bytes():
+    """tool.wait's result is ``protocol.lane.ToolResult`` on both sides: the daemon converts
+    what the session recorded (a session-built result, a crash repair's) and the bytes it
+    sends are the bytes the recorded dict encoded to; the client decodes them back."""
+    assert m.METHODS["tool.wait"].result is ToolResult
+    recorded = [SESSION_RESULT, *_repair_results()]
+    assert {r.get("errorCode") for r in recorded} == {
+        "TOOL_CANCELLED", "TOOL_OUTCOME_UNKNOWN", "TOOL_NOT_STARTED"}
+    assert any(r["details"] == {} for r in recorded)  # a repair's result has no truncation
+    for old in recorded:
+        answer = msgspec.convert(old, m.METHODS["tool.wait"].result)
+        assert _result_bytes(answer) == _result_bytes(old)
+        decoded = msgspec.json.decode(one(_result_bytes(old)).result, type=ToolResult)
+        assert decoded == answer and decoded == old  # a struct also equals its JSON value
+        assert decoded["details"] == old["details"]  # and reads by wire name

@@ -206,3 +206,16 @@ def test_offline_ids_and_labels(state):
     assert closer_label("turn/end", {"turnId": "t1", "reason": "done"}) is None
     assert Verdict("s", "torn", offset=9, recovered=2, repairs=["x"], pending=True).to_json() == {
         "sessionId": "s", "state": "torn", "needsRepair": ["x"], "offset": 9, "recovered": 2}
+
+
+def test_both_fsck_checks_label_closers_with_the_one_protocol_function():
+    """The offline check (here) and the client's online one name closers with
+    ``protocol.events.closer_label``: one function, and its repair codes are the repair's."""
+    from client import fsck as online
+    from dshd.storage import repair
+    from protocol import events
+
+    assert closer_label is events.closer_label and online.closer_label is events.closer_label
+    assert set(events.REPAIR_CODES) == {repair.TOOL_OUTCOME_UNKNOWN, repair.TOOL_NOT_STARTED}
+    assert events.closer_label("tool/result", {"callId": "c", "errorCode": "TOOL_NOT_STARTED"}) \
+        == "call c TOOL_NOT_STARTED"

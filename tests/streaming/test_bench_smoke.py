@@ -9,7 +9,7 @@ from __future__ import annotations
 import msgspec
 
 from bench.wire import CALL_ID, build_log, lane_stream, microbench, wire_efficiency
-from client.mirror import Mirror
+from protocol.mirror import Mirror
 
 
 def test_lane_stream_mirror_equals_producer() -> None:
