@@ -306,6 +306,7 @@ class SessionRegistry:
                     coalesce=self.config.coalesce_seconds,
                     claims=self._claims,
                     repair=True,
+                    output_limits=(self.config.output_max_bytes, self.config.output_max_lines),
                 )
             except FileNotFoundError:
                 # A directory without a log: a crash between mkdir and the first publish.

@@ -35,6 +35,8 @@ TOOL_OUTCOME_UNKNOWN = "TOOL_OUTCOME_UNKNOWN"
 
 #: The sentences a person (or a model) acts on, verbatim from STORAGE.md §5.
 NOT_STARTED_TEXT = "interrupted before it started; retry if still needed"
+#: ``(output_max_bytes, output_max_lines)`` by default (EXEC.md §2), for readers without a config.
+DEFAULT_LIMITS = (51_200, 2_000)
 OUTCOME_UNKNOWN_TEXT = (
     "it may or may not have run; retry only if read-only or idempotent, "
     "otherwise check the outside world first"
@@ -113,8 +115,9 @@ class _Open:
         elif t == "turn/end":
             self.turns.pop(d.get("turnId"), None)
 
-    def result(self, cid: str, windows: Mapping[str, Any]) -> dict:
-        """The ``tool/result`` closer of an unsettled call ``cid``."""
+    def result(self, cid: str, windows: Mapping[str, Any], limits: tuple[int, int]) -> dict:
+        """The ``tool/result`` closer of an unsettled call ``cid``; ``limits`` are the output
+        window's ``(maxBytes, maxLines)`` for a result without a checkpointed window."""
         never_granted = cid in self.gated.values() and cid not in self.granted
         details: dict = {}
         if cid in self.called and never_granted:
@@ -127,19 +130,25 @@ class _Open:
                     content = f"{OUTCOME_UNKNOWN_TEXT}\n\n{LAST_OUTPUT_INTRO}\n{text}"
         else:
             content, code = NOT_STARTED_TEXT, TOOL_NOT_STARTED
+        if "truncation" not in details:  # PROTOCOL.md §3.2: always present, zero totals
+            details["truncation"] = {"truncated": False, "truncatedBy": None, "totalBytes": 0,
+                                     "totalLines": 0, "maxBytes": limits[0],
+                                     "maxLines": limits[1]}
         return {"callId": cid, "isError": True, "content": content, "details": details,
                 "errorCode": code}
 
 
 def repair_closers(
-    events: list[Event], pending_windows: Mapping[str, Any] | None = None
+    events: list[Event], pending_windows: Mapping[str, Any] | None = None,
+    limits: tuple[int, int] = DEFAULT_LIMITS,
 ) -> list[tuple[str, dict]]:
     """The ``(type, data)`` closers for ``events`` (STORAGE.md §5), in a deterministic order.
 
     ``pending_windows`` maps callId → the last checkpointed output of that call: its text
     (str) or the ToolOutput value read back from the sidecar (``content[].text``,
     ``truncation``, ``details.spillPath``). A ``TOOL_OUTCOME_UNKNOWN`` result appends the
-    text to its content and carries ``truncation``/``spillPath`` in ``details``.
+    text to its content and carries ``truncation``/``spillPath`` in ``details``; every other
+    result has zero totals with ``limits`` (``(maxBytes, maxLines)``, the config's window).
     Tool results have the shape ``{callId, isError: true, content: str, details: {...},
     errorCode}``. Pure; never raises on odd data (events with missing keys are skipped).
     """
@@ -151,7 +160,7 @@ def repair_closers(
         ("approval/decided", {"approvalId": aid, "outcome": "cancelled", "by": "repair"})
         for aid in seen.asked if aid not in seen.decided
     ]
-    closers += [("tool/result", seen.result(cid, windows))
+    closers += [("tool/result", seen.result(cid, windows, limits))
                 for cid in seen.named if cid not in seen.resulted]
     closers += [("step/end", {"turnId": turn_id, "stepId": step_id})
                 for turn_id, step_id in reversed(seen.steps)]

@@ -70,7 +70,7 @@ from .format import (
 from .lock import HeldLock
 from .logfile import LogFile, open_log
 from .reader import LogRead, session_dir_for
-from .repair import repair_closers, unresolved_calls
+from .repair import DEFAULT_LIMITS, repair_closers, unresolved_calls
 from .sidecar import pending_windows, retire_settled
 from .threads import run_sync
 
@@ -190,6 +190,7 @@ class SessionLog:
         coalesce: float = DEFAULT_COALESCE,
         claims: set[str] | None = None,
         repair: bool = False,
+        output_limits: tuple[int, int] | None = None,
     ) -> SessionLog:
         """Open an existing session log for writing (STORAGE.md §4, §5).
 
@@ -210,7 +211,7 @@ class SessionLog:
                   fd=fd, lock=lock)
         try:
             if repair:
-                await log._repair()
+                await log._repair(output_limits)
             await log._retire_settled_sidecars()
         except BaseException:
             with trio.CancelScope(shield=True):
@@ -218,11 +219,11 @@ class SessionLog:
             raise
         return log
 
-    async def _repair(self) -> None:
+    async def _repair(self, limits: tuple[int, int] | None) -> None:
         windows = await run_sync(
             pending_windows, self.session_dir, unresolved_calls(self.events))
         at = now_ms()
-        for type_, data in repair_closers(self.events, windows):
+        for type_, data in repair_closers(self.events, windows, limits or DEFAULT_LIMITS):
             self.append(type_, data, time_ms=at)
         if not self._durable_through(self.last_seq):
             await self.flush()

@@ -14,6 +14,10 @@ from dshd.storage import SessionLog
 
 from .helpers import NOT_STARTED_TEXT, OUTCOME_UNKNOWN_TEXT, all_events, assert_paired
 
+#: details.truncation of a repaired call with no checkpointed window (PROTOCOL.md §3.2).
+ZERO_TRUNCATION = {"truncated": False, "truncatedBy": None, "totalBytes": 0, "totalLines": 0,
+                   "maxBytes": 51_200, "maxLines": 2_000}
+
 
 async def _kill_while_running(daemon, workdir, token) -> tuple[str, str]:
     """Start a call that prints and then sleeps; SIGKILL dshd once the output is live and has
@@ -101,7 +105,7 @@ async def test_announced_call_without_tool_call_settles_not_started(daemon, work
     closers = [(e["type"], e["data"]) for e in events[-3:]]
     assert closers == [
         ("tool/result", {"callId": cid, "isError": True, "content": NOT_STARTED_TEXT,
-                         "details": {}, "errorCode": "TOOL_NOT_STARTED"}),
+                         "details": {"truncation": ZERO_TRUNCATION}, "errorCode": "TOOL_NOT_STARTED"}),
         ("step/end", {"turnId": "t1", "stepId": "s1"}),
         ("turn/end", {"turnId": "t1", "reason": "interrupted"}),
     ]

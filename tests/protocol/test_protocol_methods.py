@@ -228,7 +228,9 @@ def test_tool_wait_answers_every_recorded_result_as_the_same_bytes():
     recorded = [SESSION_RESULT, *_repair_results()]
     assert {r.get("errorCode") for r in recorded} == {
         "TOOL_CANCELLED", "TOOL_OUTCOME_UNKNOWN", "TOOL_NOT_STARTED"}
-    assert any(r["details"] == {} for r in recorded)  # a repair's result has no truncation
+    # A repair's result has zero totals when no window was checkpointed (PROTOCOL.md §3.2).
+    assert any(r["details"]["truncation"]["totalBytes"] == 0 and r["errorCode"] ==
+               "TOOL_NOT_STARTED" for r in recorded)
     for old in recorded:
         answer = msgspec.convert(old, m.METHODS["tool.wait"].result)
         assert _result_bytes(answer) == _result_bytes(old)

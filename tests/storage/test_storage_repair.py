@@ -31,6 +31,10 @@ from storage_helpers import make_header
 TRUNC = {"truncated": False, "truncatedBy": None, "totalBytes": 0, "totalLines": 0,
          "maxBytes": 51200, "maxLines": 2000}
 
+#: details.truncation of a repaired call with no checkpointed window (PROTOCOL.md §3.2).
+ZERO_TRUNCATION = {"truncated": False, "truncatedBy": None, "totalBytes": 0, "totalLines": 0,
+                   "maxBytes": 51_200, "maxLines": 2_000}
+
 
 def events_of(pairs: list[tuple[str, dict]]) -> list[Event]:
     return [Event(seq=i, time=1, type=t, data=d) for i, (t, d) in enumerate(pairs)]
@@ -61,12 +65,12 @@ CRASHED = [
 EXPECTED = [
     ("approval/decided", {"approvalId": "a2", "outcome": "cancelled", "by": "repair"}),
     ("tool/result", {"callId": "c1", "isError": True, "content": OUTCOME_UNKNOWN_TEXT,
-                     "details": {}, "errorCode": "TOOL_OUTCOME_UNKNOWN"}),
+                     "details": {"truncation": ZERO_TRUNCATION}, "errorCode": "TOOL_OUTCOME_UNKNOWN"}),
     ("tool/result", {"callId": "c2", "isError": True, "content": NOT_STARTED_TEXT,
-                     "details": {}, "errorCode": "TOOL_NOT_STARTED"}),
+                     "details": {"truncation": ZERO_TRUNCATION}, "errorCode": "TOOL_NOT_STARTED"}),
     # c4 waited for approval and was never granted: it cannot have started.
     ("tool/result", {"callId": "c4", "isError": True, "content": NOT_GRANTED_TEXT,
-                     "details": {}, "errorCode": "TOOL_NOT_STARTED"}),
+                     "details": {"truncation": ZERO_TRUNCATION}, "errorCode": "TOOL_NOT_STARTED"}),
     ("step/end", {"turnId": "T1", "stepId": "S1"}),
     ("turn/end", {"turnId": "T1", "reason": "interrupted"}),
 ]
