@@ -402,6 +402,18 @@ def bad_json_reason(data: bytes | bytearray | memoryview | str, exc: Exception) 
 
 #: The field a msgspec validation message names at its end: "... - at `$.a.b[0]`".
 _AT_FIELD = re.compile(r"- at `\$\.([^`]+)`$")
+_MISSING_FIELD = re.compile(r"Object missing required field `([^`]+)`")
+
+
+def _field_of(message: str) -> str | None:
+    """The dotted path a msgspec message names (what a client reads): ``... - at
+    `$.arguments.n``` -> ``arguments.n``; a missing field ``Object missing required field
+    `sessionId``` (``- at `$.x``` inside ``x``) -> ``sessionId`` (``x.sessionId``)."""
+    where = _AT_FIELD.search(message)
+    missing = _MISSING_FIELD.match(message)
+    if missing:
+        return f"{where.group(1)}.{missing.group(1)}" if where else missing.group(1)
+    return where.group(1) if where else None
 
 
 def decode_params(raw: Any, type_: type) -> Any:
@@ -420,9 +432,9 @@ def decode_params(raw: Any, type_: type) -> Any:
         return decoder.decode(data)
     except msgspec.ValidationError as e:
         detail: dict[str, Any] = {"detail": str(e)}
-        where = _AT_FIELD.search(str(e))
-        if where:  # "... - at `$.arguments.n`" -> "arguments.n" (what a client reads)
-            detail["field"] = where.group(1)
+        field = _field_of(str(e))
+        if field:
+            detail["field"] = field
         raise RpcError(
             INVALID_PARAMS,
             f"invalid params: {e}; see PROTOCOL.md §3 for the method's params",

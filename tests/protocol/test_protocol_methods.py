@@ -237,3 +237,13 @@ def test_tool_wait_answers_every_recorded_result_as_the_same_bytes():
         decoded = msgspec.json.decode(one(_result_bytes(old)).result, type=ToolResult)
         assert decoded == answer and decoded == old  # a struct also equals its JSON value
         assert decoded["details"] == old["details"]  # and reads by wire name
+
+
+@pytest.mark.parametrize("method", ["session.get", "tool.run", "subscribe", "tool.wait"])
+def test_a_missing_required_field_is_named_in_data_field(method):
+    """PROTOCOL.md §3: ``data.field`` names the field whenever one is named (a missing one
+    too, not only a wrong one)."""
+    with pytest.raises(rpc.RpcError) as caught:
+        rpc.decode_params(b"{}", m.METHODS[method].params)
+    assert caught.value.code == rpc.INVALID_PARAMS
+    assert caught.value.data["field"] == "sessionId"
