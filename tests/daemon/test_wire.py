@@ -111,3 +111,21 @@ async def test_closing_both_halves_cancels_requests_not_calls(daemon, daemon_clo
 def _output(lane, call_id: str) -> str:
     tool = lane.tool(call_id)
     return tool["output"]["content"][0]["text"] if tool else ""
+
+
+async def test_a_connection_holds_a_bounded_number_of_subscriptions(daemon, daemon_clock,
+                                                                      nursery, monkeypatch):
+    """PROTOCOL.md §5: past the per-connection bound a subscribe is -32013 and nothing is
+    attached; the connection and its other subscriptions go on."""
+    from dshd.handlers import streams
+    monkeypatch.setattr(streams, "MAX_SUBSCRIPTIONS_PER_CONNECTION", 3)
+    wire = await daemon.connect(nursery=nursery)
+    sid = await daemon.create_session(wire)
+    ids = [(await wire.call("subscribe", {"sessionId": sid}))["subscriptionId"]
+           for _ in range(3)]
+    refused = await wire.error("subscribe", {"sessionId": sid})
+    assert refused.code == -32013 and "at most 3" in refused.message
+    status = await wire.call("daemon.status")
+    assert status["subscriptions"] == 3
+    await wire.call("unsubscribe", {"subscriptionId": ids[0]})
+    assert "subscriptionId" in await wire.call("subscribe", {"sessionId": sid})
