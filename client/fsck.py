@@ -21,45 +21,14 @@ logs without a daemon is ``dsh fsck --offline``, which runs ``python -m dshd fsc
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Iterable
 
 import msgspec
 
 from protocol.events import AnyEvent, StepEnd, closer_label, event_type
+from protocol.verdicts import Verdict
 
 __all__ = ["Verdict", "repairs_in"]
-
-
-@dataclass
-class Verdict:
-    session_id: str
-    #: ok | repaired | damaged | unchecked
-    state: str
-    #: Why it is damaged / unchecked (one line).
-    reason: str | None = None
-    #: What opening it appended, one label each.
-    repairs: list[str] = field(default_factory=list)
-
-    @property
-    def failed(self) -> bool:
-        return self.state in ("damaged", "unchecked")
-
-    def text(self) -> str:
-        """The verdict in one line (without the session id)."""
-        if self.state in ("damaged", "unchecked"):
-            return f"{self.state}: {self.reason}"
-        if self.state == "repaired":
-            return "repaired: " + ", ".join(self.repairs)
-        return "ok"
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"sessionId": self.session_id, "state": self.state}
-        if self.reason is not None:
-            out["reason"] = self.reason
-        if self.repairs:
-            out["repairs"] = list(self.repairs)
-        return out
 
 
 def repairs_in(events: Iterable[AnyEvent]) -> list[str]:
