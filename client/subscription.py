@@ -21,7 +21,9 @@ from typing import Any, Awaitable, Callable, Protocol
 import anyio
 import msgspec
 
-from client.transport import DEFAULT_INBOX_BOUND, Connection, Inbox, InboxOverflow
+from client.transport import (
+    DEFAULT_INBOX_BOUND, Connection, ConnectionLost, Inbox, InboxOverflow,
+)
 from protocol.methods import SubscribeParams, SubscribeResult, UnsubscribeParams
 from protocol.mirror import Mirror, MirrorBroken
 from protocol.rpc import RpcError
@@ -123,6 +125,8 @@ class Subscription:
             await self._request("unsubscribe", UnsubscribeParams(subscription_id=sub_id))
         except RpcError:
             pass  # already gone on the daemon's side: nothing left to undo
+        except ConnectionLost:
+            pass  # the connection ended meanwhile: the daemon dropped the subscription with it
 
     # -- consuming -----------------------------------------------------------------------
     async def next_view(self) -> Any:

@@ -76,6 +76,13 @@ class ConnectionLost(DshClientError):
     """The connection to dshd ended; calls in flight and subscriptions are gone."""
 
 
+def _lost(exc: BaseException) -> ConnectionLost:
+    """``ConnectionLost`` naming why: anyio's stream errors often carry no text of their own
+    (the OS error is their cause), and "connection to dshd lost: " helps nobody."""
+    why = str(exc) or str(exc.__cause__ or "") or type(exc).__name__
+    return ConnectionLost(f"connection to dshd lost: {why}")
+
+
 class InboxOverflow(DshClientError):
     """A subscription fell behind and stream batches were dropped: subscribe again."""
 
@@ -228,7 +235,7 @@ class Connection:
                 async for line in self._send_out:
                     await self._stream.send(line)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-            self._close(ConnectionLost(f"connection to dshd lost: {exc}"))
+            self._close(_lost(exc))
 
     async def _reader(self) -> None:
         lines = LineBuffer(self._max_line)
@@ -242,7 +249,7 @@ class Connection:
                 lines.feed(data)
                 self._take_lines(lines)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-            self._close(ConnectionLost(f"connection to dshd lost: {exc}"))
+            self._close(_lost(exc))
         except (_BadMessage, _LineTooLong) as exc:
             self._close(ConnectionLost(str(exc)))
 

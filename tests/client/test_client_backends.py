@@ -13,6 +13,7 @@ from pathlib import Path
 
 import anyio
 import anyio.abc
+import msgspec
 import pytest
 
 from client.api import DaemonNotRunning, DaemonUnresponsive, connect
@@ -299,5 +300,31 @@ def test_request_sends_a_params_struct_as_the_daemon_decodes_it(backend, real_ds
             assert isinstance(result, ToolResult) and result.content == "typed\n"
             [record] = [e async for e in c.iter_events(sid) if isinstance(e, ToolResultEvent)]
             assert record.data == result  # the recorded result is the answer, struct for struct
+
+    on(backend, body)
+
+
+def test_closing_a_subscription_when_dshd_goes_away_is_quiet(backend):
+    # `dsh run` closes its subscription on the way out, also after dshd stopped under it: the
+    # unsubscribe that meets the lost connection must not replace what really happened
+    # (the run's "dshd went away" status, 75) with a bare ConnectionLost.
+    from client.subscription import Subscription
+
+    async def body():
+        stream, raw = await _pair()
+        peer = await anyio.abc.UNIXSocketStream.from_socket(raw)
+        async with open_connection(stream) as conn:
+            sub = Subscription(conn, "s1", request=lambda method, params: conn.call(
+                method, msgspec.to_builtins(params)))
+            sub.subscription_id = "sub-1"
+            sub._inbox = Inbox(16)
+
+            async def server() -> None:
+                await _first_request_id(peer)  # the unsubscribe: dshd is gone before answering
+                await peer.aclose()
+
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(server)
+                await sub.aclose()  # no exception
 
     on(backend, body)
