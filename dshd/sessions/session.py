@@ -24,8 +24,11 @@ Theory of operation:
   deadline) ends the running turn (``interrupted``), refuses new work
   (``errors.SessionClosing``) and applies the stop policy to the running calls (today
   ``"cancel"``: each settles ``TOOL_CANCELLED`` / ``APPROVAL_CANCELLED`` /
-  ``ABORTED_BEFORE_DISPATCH``). The wind-down (settle what no task settled, publish, close the
-  log) ends by the deadline the caller gave, else ``WIND_DOWN_SECONDS`` after the close.
+  ``ABORTED_BEFORE_DISPATCH``). Everything ends by the deadline the caller gave, else
+  ``WIND_DOWN_SECONDS`` after the close: work still running near it (a command that ignores
+  SIGTERM under a long ``kill_grace``) is cancelled, its command SIGKILLed at once, leaving
+  the last part (``_work_deadline``) for the wind-down (settle what no task settled, publish,
+  close the log).
 * **Supervision.** Every task of the session (log writer, publisher, tool calls, turns,
   checkpoints) runs under :meth:`_guard`. The first exception that escapes one of them is a
   *crash*: it is logged once (``session.crashed``), the session's nursery is cancelled, and the
