@@ -13,7 +13,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-import zstandard
 
 from client.cli.fsck import offline_command
 from client.fsck import Verdict, repairs_in as _repairs_in
@@ -21,6 +20,10 @@ from protocol.events import decode_event
 from dsh_proc import dsh
 from client.api import connect
 from fake_dshd import FakeDshd, FakeError
+from tests.fsck_logs import OPEN, make_state_dir
+from tests.fsck_logs import ev as _ev
+from tests.fsck_logs import log_lines as _lines
+from tests.fsck_logs import snapshot as _snapshot
 
 
 @pytest.fixture
@@ -30,10 +33,6 @@ async def fake(nursery):
     await nursery.start(server.serve)
     yield server
     shutil.rmtree(d, ignore_errors=True)
-
-
-def _ev(seq: int, type_: str, **data) -> dict:
-    return {"seq": seq, "time": 0, "type": type_, "data": data}
 
 
 def repairs_in(records: list[dict]) -> list[str]:
@@ -199,61 +198,11 @@ async def test_fsck_without_daemon_is_2(tmp_path):
 
 
 # ---------------------------------------------------------------------- offline
-HEADER = '{{"type":"session","version":1,"id":"{sid}","createdAt":0,"cwd":"/w","title":null}}\n'
-
-
-def _lines(sid: str, events: list[dict]) -> list[bytes]:
-    return [HEADER.format(sid=sid).encode()] + [
-        (json.dumps(e, separators=(",", ":")) + "\n").encode() for e in events]
-
-
-def _zstd_log(state: Path, sid: str, batches: list[list[dict]]) -> Path:
-    """A zstd log: a header frame, then one checksummed frame per batch."""
-    d = state / "sessions" / sid
-    d.mkdir(parents=True)
-    cctx = zstandard.ZstdCompressor(write_checksum=True)
-    header, *_ = _lines(sid, [])
-    data = cctx.compress(header)
-    for batch in batches:
-        data += cctx.compress(b"".join(_lines(sid, batch)[1:]))
-    path = d / "session.v1.jsonl.zst"
-    path.write_bytes(data)
-    return path
-
-
-def _plain_log(state: Path, sid: str, text: bytes) -> Path:
-    d = state / "sessions" / sid
-    d.mkdir(parents=True)
-    path = d / "session.v1.jsonl"
-    path.write_bytes(text)
-    return path
-
-
-CLEAN = [[_ev(0, "approval/policy", policy="ask", source="config"),
-          _ev(1, "tool/call", callId="c1", name="bash", arguments="{}")],
-         [_ev(2, "tool/result", callId="c1", isError=False, content="", details={})]]
-
-
 @pytest.fixture
 def state(tmp_path) -> Path:
-    root = tmp_path / "state"
-    _zstd_log(root, "aok", CLEAN)
-    torn = _zstd_log(root, "btorn", CLEAN)
-    torn.write_bytes(torn.read_bytes()[:-3])  # the last frame lost its checksum: torn
-    bad = _zstd_log(root, "cbad", CLEAN)
-    raw = bytearray(bad.read_bytes())
-    second = raw.index(b"\x28\xb5\x2f\xfd", 4)
-    raw[second + 12] ^= 0x55
-    bad.write_bytes(bytes(raw))
-    _zstd_log(root, "dopen", [CRASHED[:4]])
-    lines = _lines("egap", [CRASHED[0], CRASHED[2]])  # seq 0 then seq 2
-    _plain_log(root, "egap", b"".join(lines))
-    (root / "sessions" / "fnolog").mkdir()
+    root = make_state_dir(tmp_path / "state")
+    assert OPEN == CRASHED[:4]  # the open session is this file's crash, before the repair
     return root
-
-
-def _snapshot(root: Path) -> dict:
-    return {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()}
 
 
 async def test_fsck_offline_reads_every_log_and_never_writes(state, tmp_path):

@@ -12,8 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import zstandard
 
+from tests.fsck_logs import CLEAN, OPEN, make_state_dir
+from tests.fsck_logs import log_lines as _lines
+from tests.fsck_logs import plain_log as _plain_log
+from tests.fsck_logs import snapshot as _snapshot
 from dshd.storage.fsck import Verdict, check_offline, closer_label, daemon_holds, offline_ids
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,66 +34,9 @@ def _env(**extra: str) -> dict:
     return {**env, **extra}
 
 
-def _ev(seq: int, type_: str, **data) -> dict:
-    return {"seq": seq, "time": 0, "type": type_, "data": data}
-
-
-HEADER = '{{"type":"session","version":1,"id":"{sid}","createdAt":0,"cwd":"/w","title":null}}\n'
-OPEN = [
-    _ev(0, "approval/policy", policy="ask", source="config"),
-    _ev(1, "tool/call", callId="c1", name="bash", arguments='{"command":"make"}'),
-    _ev(2, "tool/call", callId="c2", name="bash", arguments='{"command":"ls"}'),
-    _ev(3, "approval/asked", approvalId="a-2", callId="c2", tool="bash", summary="ls"),
-]
-CLEAN = [[_ev(0, "approval/policy", policy="ask", source="config"),
-          _ev(1, "tool/call", callId="c1", name="bash", arguments="{}")],
-         [_ev(2, "tool/result", callId="c1", isError=False, content="", details={})]]
-
-
-def _lines(sid: str, events: list[dict]) -> list[bytes]:
-    return [HEADER.format(sid=sid).encode()] + [
-        (json.dumps(e, separators=(",", ":")) + "\n").encode() for e in events]
-
-
-def _zstd_log(state: Path, sid: str, batches: list[list[dict]]) -> Path:
-    """A zstd log: a header frame, then one checksummed frame per batch."""
-    d = state / "sessions" / sid
-    d.mkdir(parents=True)
-    cctx = zstandard.ZstdCompressor(write_checksum=True)
-    data = cctx.compress(_lines(sid, [])[0])
-    for batch in batches:
-        data += cctx.compress(b"".join(_lines(sid, batch)[1:]))
-    path = d / "session.v1.jsonl.zst"
-    path.write_bytes(data)
-    return path
-
-
-def _plain_log(state: Path, sid: str, text: bytes) -> Path:
-    d = state / "sessions" / sid
-    d.mkdir(parents=True)
-    path = d / "session.v1.jsonl"
-    path.write_bytes(text)
-    return path
-
-
 @pytest.fixture
 def state(tmp_path) -> Path:
-    root = tmp_path / "state"
-    _zstd_log(root, "aok", CLEAN)
-    torn = _zstd_log(root, "btorn", CLEAN)
-    torn.write_bytes(torn.read_bytes()[:-3])  # the last frame lost its checksum: torn
-    bad = _zstd_log(root, "cbad", CLEAN)
-    raw = bytearray(bad.read_bytes())
-    raw[raw.index(b"\x28\xb5\x2f\xfd", 4) + 12] ^= 0x55
-    bad.write_bytes(bytes(raw))
-    _zstd_log(root, "dopen", [OPEN])
-    _plain_log(root, "egap", b"".join(_lines("egap", [OPEN[0], OPEN[2]])))  # seq 0 then 2
-    (root / "sessions" / "fnolog").mkdir()
-    return root
-
-
-def _snapshot(root: Path) -> dict:
-    return {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()}
+    return make_state_dir(tmp_path / "state")
 
 
 def test_every_log_is_judged_and_nothing_is_written(state):
