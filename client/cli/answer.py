@@ -12,7 +12,7 @@ order (``printf 'y\\nn\\n' | dsh attach --approve S`` answers the first two requ
 ``request_lines`` renders a request for a person: the tool, the call, the sandbox the call
 would run in, then the exact full command (``summary``), never truncated, each line indented,
 with every character that is not printable other than newline and tab shown as a visible
-escape (``client.output.printable``: a carriage return or an escape sequence must not hide
+escape (``protocol.printable.printable``: a carriage return or an escape sequence must not hide
 part of what is approved). ``parse_answer`` reads y/n.
 ``Outcomes`` finds how an approval was decided from the session's log (``approval/decided``
 events after a known seq), for a request that left the lane while we were not deciding it.
@@ -26,7 +26,7 @@ from typing import Any
 import anyio
 
 from client.api import Client
-from client.output import printable
+from protocol.printable import printable
 from protocol.events import ApprovalDecided
 from protocol.methods import SandboxInfo
 
@@ -96,7 +96,7 @@ def parse_answer(line: str) -> str | None:
 
 def visible(text: str) -> str:
     """``text`` with every non-printable character but newline and tab shown as an escape
-    (``\\x1b``, ``\\u2028``; ``client.output.printable``)."""
+    (``\\x1b``, ``\\u2028``; ``protocol.printable.printable``)."""
     return printable(text, keep="\n\t")
 
 

@@ -40,7 +40,7 @@ from client.cli.output import Printer, Watchers, followed, keep_up, show_calls
 from client.cli.run import POLICIES
 from client.cli.terminal import emit, end_line, note, print_json, prompt
 from client.exits import EXIT_ERROR, decided_status
-from client.output import printable
+from protocol.printable import printable
 from client.subscription import Subscription
 from protocol.methods import ApprovalDecideResult
 from protocol.rpc import ALREADY_DECIDED, APPROVAL_NOT_FOUND, RpcError

@@ -38,7 +38,7 @@ from client.api import CallLost, Client, connect
 from client.cli.common import run_program
 from client.exits import EXIT_INTERRUPTED, single, turn_status
 from client.follow import CallOutput
-from client.output import printable
+from protocol.printable import printable
 from client.spill import command_ran
 from client.transport import ConnectionLost
 from protocol.events import (

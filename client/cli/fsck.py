@@ -23,7 +23,7 @@ from client.api import Client
 from client.cli.common import Options, execute, json_flag, pass_options
 from client.cli.terminal import emit, is_tty, note, print_json, stdout
 from client.exits import EXIT_ERROR, fsck_status
-from client.output import printable
+from protocol.printable import printable
 from protocol.methods import SessionInfo
 from protocol.rpc import STORAGE_FAILURE, RpcError
 

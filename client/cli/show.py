@@ -24,7 +24,7 @@ from client.cli.common import Options, execute, json_flag, pass_options
 from client.cli.output import finish_call
 from client.cli.terminal import cell, emit, fmt_time, is_tty, note, print_json, short, stdout
 from client.exits import decided_status, exit_status
-from client.output import printable
+from protocol.printable import printable
 from client.spill import CompleteOutput
 from protocol.methods import CancelledResult, SessionInfo
 

@@ -4,7 +4,7 @@ Theory of operation: a tool call's output is written to stdout's buffer as the c
 it (``emit_bytes``: never through rich, never escaped); tables and logs go through rich on a
 terminal and as plain text otherwise (``is_tty``). Everything else -- progress, prompts,
 errors -- is one line on stderr (``note``), and whatever came over the wire in it (commands,
-titles, ids, the daemon's messages) is shown through ``client.output.printable``, escape
+titles, ids, the daemon's messages) is shown through ``protocol.printable.printable``, escape
 sequences made visible. ``cell`` and ``short`` cut a value to a width for a table or a log
 line. ``silence_stdout`` keeps the interpreter's final flush quiet after EPIPE.
 """
@@ -21,7 +21,7 @@ import msgspec
 from rich.console import Console
 from rich.text import Text
 
-from client.output import printable
+from protocol.printable import printable
 
 __all__ = ["stderr", "stdout", "is_tty", "note", "emit", "emit_bytes", "print_json",
            "fmt_time", "short", "cell", "silence_stdout"]

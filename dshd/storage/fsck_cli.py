@@ -21,6 +21,8 @@ import os
 import sys
 from typing import Any
 
+from protocol.printable import printable
+
 from ..paths import state_dir as resolve_state_dir
 from . import fsck
 
@@ -45,23 +47,6 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="print the verdicts as JSON")
     parser.add_argument("session_id", metavar="SESSION", nargs="?", default=None)
     return parser
-
-
-def printable(text: str, keep: str = "") -> str:
-    """``text`` with every non-printable character but those in ``keep`` shown as an escape."""
-    if text.isprintable():
-        return text
-    return "".join(ch if ch.isprintable() or ch in keep else _escape(ch) for ch in text)
-
-
-def _escape(ch: str) -> str:
-    short = {"\n": "\\n", "\t": "\\t"}
-    if ch in short:
-        return short[ch]
-    code = ord(ch)
-    if code < 0x100:
-        return f"\\x{code:02x}"
-    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def _print_styled(line: str, style: str, *, stderr: bool) -> None:

@@ -1,4 +1,4 @@
-"""``client.output.printable``: nothing that came over the wire reaches a terminal raw."""
+"""``protocol.printable.printable``: nothing that came over the wire reaches a terminal raw."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import msgspec
 from hypothesis import given
 from hypothesis import strategies as st
 
-from client.output import printable
+from protocol.printable import printable
 from client.spill import command_ran as _command_ran
 from protocol.lane import ToolResult
 

@@ -11,7 +11,8 @@ escape: ``\\n`` and ``\\t``, ``\\xNN`` below U+0100 (``\\x1b``, ``\\x0d``), else
 ``keep`` names the few a caller lets through (a multi-line approval summary keeps ``\\n``
 and ``\\t``). Every sink of metadata in
 ``client`` (``cli.terminal.note``, ``cli.chat._note``, table cells, headers, log lines) goes
-through it.
+through it, and so does ``python -m dshd fsck --offline`` (``dshd.storage.fsck_cli``), whose
+lines must read as the client's.
 
 A tool's *output* is not metadata: ``dsh run`` / ``dsh attach`` print it as the command wrote
 it, escapes included (the user asked to see it), and never through this function.
