@@ -29,7 +29,7 @@ from protocol import methods, rpc
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-SPECS = ("PROTOCOL", "OPS", "STORAGE", "EXEC")
+SPECS = ("PROTOCOL", "OPS", "STORAGE", "EXEC", "HOST")
 
 
 def doc(name: str) -> str:
@@ -277,7 +277,7 @@ def _sections(name: str) -> set[str]:
 
 
 def test_spec_citations_in_the_code_name_existing_sections():
-    cited = re.compile(r"\b(PROTOCOL|OPS|STORAGE|EXEC)\.md §(\d+(?:\.\d+)?)(?:[–-]§(\d+(?:\.\d+)?))?")
+    cited = re.compile(r"\b(PROTOCOL|OPS|STORAGE|EXEC|HOST)\.md §(\d+(?:\.\d+)?)(?:[–-]§(\d+(?:\.\d+)?))?")
     sections = {n: _sections(n) for n in SPECS}
     assert all(len(s) >= 4 for s in sections.values())
     seen, bad = 0, []
