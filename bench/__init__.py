@@ -8,6 +8,7 @@ print; they never assert on time.
 BENCHES: list[str] = [
     "durability",  # SessionLog: durable events/s, group commit, flush latency vs bare fsync
     "streaming",  # live views: throughput, latency, wire bytes, memory, fan-out, codec ops/s
+    "host",  # the call host: 1 GiB throughput and CPU, RSS per idle host, call start-up
     "wire_fuzz",  # daemon.status latency idle vs under malformed input on 20 connections
 ]
 
@@ -15,5 +16,6 @@ BENCHES: list[str] = [
 QUICK_ARGV: dict[str, list[str]] = {
     "durability": ["--events", "200"],
     "streaming": ["--quick"],
+    "host": ["--quick"],
     "wire_fuzz": ["--seconds", "3"],
 }

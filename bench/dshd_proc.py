@@ -39,7 +39,8 @@ class BenchDaemon:
     """One ``dshd`` child for the duration of a ``with`` block."""
 
     def __init__(self, config: dict | None = None, *, profile: Path | None = None,
-                 prefix: str = "dsb-") -> None:
+                 prefix: str = "dsb-", root: Path = ROOT) -> None:
+        self.root = root  # the source tree whose dshd runs (a baseline worktree, say)
         self.dir = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
         self.socket = self.dir / "run" / "s"
         self.state_dir = self.dir / "state"
@@ -68,10 +69,10 @@ class BenchDaemon:
                                    "(pip install py-spy; it is not a project dependency)")
             argv = [str(spy), "record", "--rate", "250", "--format", "raw", "--nonblocking", *self.spy_args,
                     "-o", str(self.profile), "--", *argv]
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        env = dict(os.environ, PYTHONPATH=str(self.root))
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(argv, env=env, stdout=log, stderr=log,
-                                         stdin=subprocess.DEVNULL, cwd=str(ROOT))
+                                         stdin=subprocess.DEVNULL, cwd=str(self.root))
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:  # bounded readiness poll
             if self.proc.poll() is not None:
