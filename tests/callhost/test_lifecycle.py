@@ -205,3 +205,34 @@ def test_a_spec_it_cannot_use_is_answered_and_nothing_starts(tmp_path):
     ready, _ = helpers.run_main(directory, b"not json")
     assert ready["ok"] is False and "JSON" in ready["error"]
     assert sorted(p.name for p in directory.iterdir()) == ["host.log"]
+
+
+def test_a_log_that_cannot_be_written_stops_the_command_with_a_message(tmp_path):
+    directory = tmp_path / "call"
+    directory.mkdir(mode=0o700)
+    spec = helpers.make_spec(directory, ["/bin/sh", "-c", "exec cat /dev/zero"], linger=0.0,
+                             kill_grace=0.5)
+    with open(directory / "host.log", "wb") as log:  # files over 1 MiB: EFBIG (SIGXFSZ ignored)
+        popen = subprocess.Popen(["prlimit", "--fsize=1048576", "--", os.sys.executable, "-I",
+                                  "-S", helpers.MAIN], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, stderr=log, close_fds=True,
+                                 start_new_session=True)
+    popen.stdin.write(json.dumps(spec).encode())
+    popen.stdin.close()
+    ready = json.loads(popen.stdout.readline())
+    run = helpers.HostRun(directory, spec, ready, popen)
+    record = run.wait_record()
+    assert record["reason"] == "killed" and "output log failed" in record["message"], record
+    assert record["totalBytes"] == 1048576 == (directory / "output.raw").stat().st_size
+    assert helpers.token_carriers(spec["token"]) == []
+
+
+def test_pass_fds_reach_the_command_and_leave_the_host(hosts, tmp_path):
+    (tmp_path / "script").write_text("echo from-the-fd\n")
+    fd = os.open(tmp_path / "script", os.O_RDONLY)
+    try:
+        run = hosts(["/bin/sh", f"/dev/fd/{fd}"], pass_fds=[fd])
+        record = run.wait_record()
+    finally:
+        os.close(fd)
+    assert record["exitCode"] == 0 and run.output() == b"from-the-fd\n"
