@@ -298,6 +298,10 @@ class Host:
         tree.signal_command(self.child_pid, signal.SIGTERM, self.spec["spare_wrapper"])
         self.deadlines["kill"] = time.monotonic() + grace
 
+    def kill_everything(self) -> None:
+        """SIGKILL the whole tree now (the host is going away on an unexpected error)."""
+        self._kill_tree(leader=self.child_pid if self.child_alive else None)
+
     def _kill_tree(self, leader: int | None) -> None:
         marker = f"{self.spec['token_var']}={self.spec['token']}"
         tree.kill_tree(self.pid, leader, self.spec["spare_wrapper"], marker, self.uid)

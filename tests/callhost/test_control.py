@@ -133,3 +133,26 @@ def test_attach_pushes_progress_and_exit_events(hosts):
     late = run.connect()
     assert late.request("attach")["state"]["state"] == "exited"
     assert late.next_event("exit")["record"] == record
+
+
+def test_progress_events_are_coalesced(hosts):
+    # 1000 writes, ~1 ms apart: one event per read would be ~1000 events; the host sends at
+    # most one per 20 ms (the slack covers delivery delays on a loaded machine).
+    program = ("import os, time\n"
+               "for i in range(1000):\n"
+               "    os.write(1, b'%d\\n' % i); time.sleep(0.001)\n")
+    run = hosts([sys.executable, "-I", "-S", "-c", program], stdin="pipe")
+    conn = run.connect()
+    conn.request("attach")
+    count, first = 0, None
+    while True:
+        msg = conn.read_line()
+        assert msg is not None
+        if msg.get("event") == "exit":
+            break
+        if msg.get("event") == "progress":
+            count += 1
+            first = first or time.monotonic()
+    span = time.monotonic() - first
+    assert 1 <= count <= (span + 0.5) / 0.02 + 2, (count, span)
+    assert count < 500, count

@@ -205,6 +205,10 @@ def test_a_spec_it_cannot_use_is_answered_and_nothing_starts(tmp_path):
     ready, _ = helpers.run_main(directory, b"not json")
     assert ready["ok"] is False and "JSON" in ready["error"]
     assert sorted(p.name for p in directory.iterdir()) == ["host.log"]
+    directory.chmod(0o755)
+    spec = helpers.make_spec(directory, ["/bin/true"])
+    ready, _ = helpers.run_main(directory, json.dumps(spec).encode())
+    assert ready["ok"] is False and "0700" in ready["error"], ready
 
 
 def test_a_log_that_cannot_be_written_stops_the_command_with_a_message(tmp_path):
