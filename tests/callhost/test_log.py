@@ -57,3 +57,14 @@ def test_an_existing_log_is_refused(tmp_path):
     (tmp_path / "output.raw").write_bytes(b"x")
     with pytest.raises(FileExistsError):
         log.LogWriter(str(tmp_path), 4096)
+
+
+@pytest.mark.parametrize("kind", ["none", "sparse", "dense", "sparse-head-dense-tail", "random"])
+def test_count_newlines_equals_bytes_count(kind):
+    size = 1 << 20
+    data = {"none": bytes(size), "sparse": (b"x" * 76 + b"\n") * (size // 77),
+            "dense": (b"1234567\n" * (size // 8)),
+            "sparse-head-dense-tail": bytes(8192) + b"\n\n" * size,
+            "random": os.urandom(size)}[kind]
+    for cut in (0, 1, 4095, 65535, 65536, len(data)):
+        assert log.count_newlines(data[:cut]) == data[:cut].count(b"\n")
