@@ -2,9 +2,11 @@
 
 Theory of operation: the listener is an abstract Unix stream socket (``dsh-host-<32 hex>``).
 Abstract sockets have no file permissions, so :func:`accept_peer` checks ``SO_PEERCRED`` of
-every connection (the peer's uid must be the host's euid) and refuses connections past
-:data:`MAX_CONNECTIONS`; the first line must then be ``{"hello": 1, "secret": <spec secret>}``
-(compared in constant time), else the connection is closed. Anything malformed -- a line that
+every connection (the peer's uid must be the host's euid); the first line must then be
+``{"hello": 1, "secret": <spec secret>}`` (compared in constant time), else the connection is
+closed. At most :data:`MAX_CONNECTIONS` are open: a new one past that evicts the oldest that
+has not said hello yet (or one silent for :data:`HELLO_SECONDS`), else it is refused -- so a
+process of the same uid that opens connections and stays silent cannot lock the daemon out. Anything malformed -- a line that
 is not a JSON object with an int ``id``, a line over :data:`MAX_LINE`, a wrong hello -- closes
 *that* connection, never the host. A well-formed request with bad fields gets a
 ``bad-request`` reply (:func:`parse_request` validates; :class:`RequestError` carries the code).
@@ -27,6 +29,7 @@ import math
 import os
 import socket
 import struct
+import time
 
 __all__ = ["Connection", "MAX_CONNECTIONS", "MAX_LINE", "MAX_OUTPUT", "MAX_WRITE",
            "RequestError", "SIGNALS", "accept_peer", "parse_request"]
@@ -37,6 +40,8 @@ MAX_CONNECTIONS = 8
 MAX_LINE = 4 * 1_048_576
 #: Output bytes a connection may leave unread before it is dropped.
 MAX_OUTPUT = 256 * 1024
+#: Seconds a connection may stay without its hello once others wait for a slot.
+HELLO_SECONDS = 5.0
 #: Largest decoded ``write``.
 MAX_WRITE = 1_048_576
 #: Bytes asked of the socket per read.
@@ -57,16 +62,19 @@ class RequestError(Exception):
         self.sentence = sentence
 
 
-def accept_peer(listener: socket.socket, count: int) -> socket.socket | None:
-    """Accept one connection; None (closed) when the peer's uid is not ours or ``count``
-    connections are already open."""
-    try:
-        sock, _ = listener.accept()
-    except (BlockingIOError, InterruptedError, ConnectionAbortedError):
-        return None
+def accept_peer(listener: socket.socket) -> socket.socket | None:
+    """Accept one connection; None (closed) when the peer's uid is not ours."""
+    while True:
+        try:
+            sock, _ = listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return None
+        except ConnectionAbortedError:
+            continue
+        break
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     _pid, uid, _gid = struct.unpack("3i", creds)
-    if uid != os.geteuid() or count >= MAX_CONNECTIONS:
+    if uid != os.geteuid():
         sock.close()
         return None
     sock.setblocking(False)
@@ -140,6 +148,7 @@ class Connection:
         self.after: list[dict] = []  # messages to send right after the current reply
         self._in_lines = False
         self.closed = False
+        self.opened_at = time.monotonic()
         reactor.want_read(self.fd, self._readable)
 
     @property

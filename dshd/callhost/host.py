@@ -269,10 +269,12 @@ class Host:
     # -- deadlines -----------------------------------------------------------------------
 
     def _on_sync(self) -> None:
+        self.deadlines.pop("sync", None)  # when called early, from _append
         self.log.sync()
         self._last_sync = time.monotonic()
 
     def _on_progress(self) -> None:
+        self.deadlines.pop("progress", None)  # when called early, from _append
         self._last_progress = time.monotonic()
         event = self._progress_event()
         for conn in list(self.conns):
@@ -316,10 +318,25 @@ class Host:
     # -- control -------------------------------------------------------------------------
 
     def _accept(self) -> None:
-        sock = control.accept_peer(self.listener, len(self.conns))
-        if sock is not None:
-            self.conns.append(control.Connection(sock, self.reactor, self.spec["secret"],
-                                                 self._request, self._closed))
+        for _ in range(control.MAX_CONNECTIONS):  # what the backlog holds, then select again
+            sock = control.accept_peer(self.listener)
+            if sock is None:
+                return
+            self._admit(sock)
+
+    def _admit(self, sock) -> None:
+        now = time.monotonic()
+        for conn in [c for c in self.conns if not c.greeted
+                     and now - c.opened_at > control.HELLO_SECONDS]:
+            conn.close()
+        if len(self.conns) >= control.MAX_CONNECTIONS:
+            silent = [c for c in self.conns if not c.greeted]
+            if not silent:
+                sock.close()
+                return
+            silent[0].close()
+        self.conns.append(control.Connection(sock, self.reactor, self.spec["secret"],
+                                             self._request, self._closed))
 
     def _closed(self, conn) -> None:
         if conn in self.conns:

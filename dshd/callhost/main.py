@@ -84,8 +84,8 @@ def _subreaper() -> None:
 def _detach_stdio() -> None:
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
-    os.dup2(null, 1)
     os.close(null)
+    os.dup2(0, 1)  # last: the runner's end of the pipe reads EOF once nothing else is left
 
 
 def _host(spec: dict) -> int:
