@@ -15,8 +15,10 @@ is not a JSON object with an int ``id``, a line over :data:`MAX_LINE`, a wrong h
 to a bounded output buffer flushed when the socket is writable, and a peer that lets more than
 :data:`MAX_OUTPUT` bytes pile up (a slow or dead daemon) is dropped -- the daemon re-attaches
 and reads the state. While a request's reply is deferred (a ``write`` waits until its bytes
-reached the command), the connection reads no further lines: one request in flight per
-connection bounds the pending input.
+reached the command), the connection reads on -- a ``terminate`` or ``status`` behind a
+write that the command does not read is still served -- until :data:`MAX_DEFERRED` replies
+are outstanding; then it reads no further line until one is answered. That bounds the
+pending input per connection (4 x 1 MiB).
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ MAX_CONNECTIONS = 8
 MAX_LINE = 4 * 1_048_576
 #: Output bytes a connection may leave unread before it is dropped.
 MAX_OUTPUT = 256 * 1024
+#: Deferred replies (queued writes) per connection before it reads no further request.
+MAX_DEFERRED = 4
 #: Seconds a connection may stay without its hello once others wait for a slot.
 HELLO_SECONDS = 5.0
 #: Largest decoded ``write``.
@@ -144,7 +148,7 @@ class Connection:
         self._out = bytearray()
         self.greeted = False
         self.attached = False
-        self.busy = False  # a deferred reply is outstanding
+        self.deferred = 0  # requests whose reply comes later (writes in the stdin queue)
         self.after: list[dict] = []  # messages to send right after the current reply
         self._in_lines = False
         self.closed = False
@@ -167,9 +171,9 @@ class Connection:
     def reply(self, request_id: int, fields: dict) -> None:
         """Send a deferred reply and read requests again."""
         self.send({"id": request_id, **fields})
-        if self.busy:
-            self.busy = False
-            if not self.closed:
+        if self.deferred:
+            self.deferred -= 1
+            if self.deferred == MAX_DEFERRED - 1 and not self.closed:
                 self._reactor.want_read(self.fd, self._readable)
                 if not self._in_lines:
                     self._lines()
@@ -209,7 +213,7 @@ class Connection:
             self._in_lines = False
 
     def _lines_now(self) -> None:
-        while not self.closed and not self.busy:
+        while not self.closed and self.deferred < MAX_DEFERRED:
             end = self._in.find(b"\n")
             if end < 0:
                 if len(self._in) > MAX_LINE:
@@ -249,8 +253,9 @@ class Connection:
         except RequestError as exc:
             fields = {"ok": False, "code": exc.code, "error": exc.sentence}
         if fields is None:
-            self.busy = True
-            self._reactor.want_read(self.fd, None)
+            self.deferred += 1
+            if self.deferred >= MAX_DEFERRED:
+                self._reactor.want_read(self.fd, None)
         else:
             self.send({"id": request_id, **fields})
             while self.after:

@@ -97,3 +97,16 @@ def test_signal_int_reaches_a_trap(hosts, tty):
     assert b"got-INT" in run.output()
     assert conn.request("signal", signal="INT")["code"] == "not-running"
     assert conn.request("signal", signal="BOGUS")["code"] == "bad-request"
+
+
+def test_terminate_is_served_behind_a_write_the_command_never_reads(hosts):
+    run = hosts(["/bin/sleep", "300"], stdin="pipe")
+    conn = run.connect()
+    conn._next_id = 2
+    conn.send_line({"id": 1, "op": "write", "data": "eHh4" * 300000})  # 900 kB, never read
+    assert conn.request("status")["state"] == "running"
+    assert conn.request("terminate", grace=0.5)["ok"] is True
+    reply = conn.read_line()  # the write's, failed once the command is gone
+    assert reply["id"] == 1 and reply["ok"] is False, reply
+    assert reply["code"] in ("not-running", "no-stdin"), reply
+    assert run.wait_record()["reason"] == "cancelled"

@@ -240,3 +240,12 @@ def test_pass_fds_reach_the_command_and_leave_the_host(hosts, tmp_path):
     finally:
         os.close(fd)
     assert record["exitCode"] == 0 and run.output() == b"from-the-fd\n"
+
+
+def test_the_command_starts_with_default_signals_and_an_empty_mask(hosts):
+    run = hosts(["/bin/cat", "/proc/self/status"])  # cat changes no disposition
+    run.wait_record()
+    fields = dict(line.split(":\t", 1) for line in run.output().decode().splitlines()
+                  if ":\t" in line)
+    assert int(fields["SigIgn"], 16) == 0, fields["SigIgn"]  # SIGPIPE, SIGHUP, SIGINT too
+    assert int(fields["SigBlk"], 16) == 0, fields["SigBlk"]
