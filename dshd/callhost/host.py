@@ -7,7 +7,8 @@ with a handful of deadlines. Its life, in order:
 1. **Start** (:meth:`Host.start`): the command is spawned (:mod:`child`); a spawn failure is
    an exit record with reason ``spawn-failed`` at once.
 2. **Running**: each readable wake reads up to 1 MiB of output (a PTY's ``EIO`` is end of
-   file) and appends it to the log (:mod:`log`); the log is fsync'd at most once a second
+   file; the master then stays open, unread, until the child is reaped, since closing it
+   would hang the terminal up and SIGHUP the exiting command) and appends it to the log (:mod:`log`); the log is fsync'd at most once a second
    while output flows (a deadline catches the end of a burst). Attached connections get a
    ``progress`` event -- the first of a burst at once, then at most one per 20 ms. ``timeout``
    (reason ``timeout``) and ``terminate`` (``cancelled``/``killed``) send TERM to the command's
@@ -83,6 +84,7 @@ class Host:
         self.released = False
         self.log_error: str | None = None  # why the log could not be written, if it failed
         self._swept = False  # the remaining tree was killed after the child's exit
+        self._output_eof = False  # the PTY reached end of file while the child still ran
         self.uid = spec["user"]["uid"] if spec["user"] else os.geteuid()
         now = time.monotonic()
         self.deadlines: dict[str, float] = {}
@@ -156,6 +158,8 @@ class Host:
         self.deadlines.pop("kill", None)
         if self.stdin is not None:
             self.stdin.end("not-running", "the command has ended")
+        if self._output_eof:
+            self._close_output()
         if self.output_fd is None:
             self._end_output()
         else:
@@ -173,6 +177,13 @@ class Host:
                 os.write(2, f"dsh-host: reading the output failed: {exc}\n".encode())
             data = b""
         if not data:
+            if self.child_alive and self.spec["tty"] is not None:
+                # Keep the master open until the child is reaped: closing it hangs the
+                # terminal up, and the kernel's SIGHUP kills a command between its last
+                # close of the terminal and its exit (cat exited 129).
+                self.reactor.want_read(self.output_fd, None)
+                self._output_eof = True
+                return
             self._close_output()
             if not self.child_alive:
                 self._end_output()

@@ -110,3 +110,12 @@ def test_terminate_is_served_behind_a_write_the_command_never_reads(hosts):
     assert reply["id"] == 1 and reply["ok"] is False, reply
     assert reply["code"] in ("not-running", "no-stdin"), reply
     assert run.wait_record()["reason"] == "cancelled"
+
+
+def test_a_command_that_closes_its_terminal_is_not_hung_up_while_it_runs(hosts):
+    # closing the PTY master at EIO (every slave fd closed) hung the terminal up: SIGHUP to
+    # a session leader still running (cat killed by SIGHUP between its close and its exit)
+    run = hosts(["/bin/sh", "-c", "echo bye; exec 0<&- 1>&- 2>&-; sleep 0.5; exit 5"], tty=TTY)
+    record = run.wait_record()
+    assert record["exitCode"] == 5 and record["signal"] is None, record
+    assert run.output() == b"bye\r\n"
