@@ -19,13 +19,21 @@ reached the command), the connection reads on -- a ``terminate`` or ``status`` b
 write that the command does not read is still served -- until :data:`MAX_DEFERRED` replies
 are outstanding; then it reads no further line until one is answered. That bounds the
 pending input per connection (4 x 1 MiB).
+
+What the host answers (plan §C, with these precisions): a wrong or missing hello closes the
+connection without a reply; ``attach`` and ``status`` carry the state ``{"state":
+"running"|"exited", "endOffset", "firstOffset", "totalLines", "record"?}`` (``attach`` as
+``"state": {...}``, ``status`` flat), and an ``attach`` after the end is followed by the
+``exit`` event at once; ``signal`` answers ``{"signalled": n}`` (processes hit);
+``terminate`` after the child exited but before the record cuts the ``eof_grace`` wait short
+(``ok``), after the record it is ``not-running``; a ``write`` into a pipe the command closed
+is ``no-stdin``; on a terminal ``close-stdin`` writes VEOF and input stays open.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import hmac
 import json
 import math
 import os
@@ -64,6 +72,17 @@ class RequestError(Exception):
         super().__init__(sentence)
         self.code = code
         self.sentence = sentence
+
+
+def same_secret(given: bytes, expected: bytes) -> bool:
+    """Constant-time equality (``hmac.compare_digest`` without importing ``hashlib``, whose
+    OpenSSL load costs every host's start-up ~7 ms)."""
+    if len(given) != len(expected):
+        return False
+    diff = 0
+    for a, b in zip(given, expected):
+        diff |= a ^ b
+    return diff == 0
 
 
 def accept_peer(listener: socket.socket) -> socket.socket | None:
@@ -237,7 +256,7 @@ class Connection:
         if not self.greeted:
             secret = msg.get("secret")
             if msg.get("hello") != 1 or not isinstance(secret, str) \
-                    or not hmac.compare_digest(secret.encode(), self._secret):
+                    or not same_secret(secret.encode(), self._secret):
                 self.close()
                 return
             self.greeted = True
