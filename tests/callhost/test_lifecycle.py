@@ -249,3 +249,33 @@ def test_the_command_starts_with_default_signals_and_an_empty_mask(hosts):
                   if ":\t" in line)
     assert int(fields["SigIgn"], 16) == 0, fields["SigIgn"]  # SIGPIPE, SIGHUP, SIGINT too
     assert int(fields["SigBlk"], 16) == 0, fields["SigBlk"]
+
+
+def test_the_log_is_fsynced_at_most_once_a_second_while_output_flows(tmp_path):
+    directory = tmp_path / "call"
+    directory.mkdir(mode=0o700)
+    flow = "for i in $(seq 1 30); do head -c 100000 /dev/zero; sleep 0.1; done"
+    spec = helpers.make_spec(directory, ["/bin/sh", "-c", flow], linger=0.0)
+    trace = tmp_path / "trace"
+    with open(directory / "host.log", "wb") as log:
+        popen = subprocess.Popen(
+            ["strace", "-f", "-qq", "-ttt", "-e", "trace=fsync,openat", "-o", str(trace),
+             "--", os.sys.executable, "-I", "-S", helpers.MAIN],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, close_fds=True,
+            start_new_session=True)
+    popen.stdin.write(json.dumps(spec).encode())
+    popen.stdin.close()
+    ready = json.loads(popen.stdout.readline())
+    record = helpers.HostRun(directory, spec, ready, popen).wait_record(timeout=120)
+    assert record["totalBytes"] == 3_000_000
+    helpers.wait_gone(ready["pid"])
+    popen.wait(timeout=helpers.LIVENESS)
+    time.sleep(0.2)
+    lines = [x.split(None, 1)[1] for x in trace.read_text().splitlines()
+             if x.split()[0] == str(ready["pid"])]  # the host's own calls: "TIME call"
+    log_fd = next(x.rsplit("=", 1)[1].strip() for x in lines if "output.raw" in x)
+    record_at = next(i for i, x in enumerate(lines) if ".exit.json.tmp" in x)
+    syncs = [float(x.split()[0]) for x in lines[:record_at] if f"fsync({log_fd})" in x]
+    flowing = syncs[:-1]  # the last one is the sync before exit.json
+    assert len(flowing) >= 1, lines  # the output flowed for ~3 s
+    assert all(b - a >= 0.99 for a, b in zip(flowing, flowing[1:])), flowing
