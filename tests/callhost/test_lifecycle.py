@@ -9,6 +9,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.callhost import helpers
 
 TREE = """
@@ -279,3 +281,47 @@ def test_the_log_is_fsynced_at_most_once_a_second_while_output_flows(tmp_path):
     flowing = syncs[:-1]  # the last one is the sync before exit.json
     assert len(flowing) >= 1, lines  # the output flowed for ~3 s
     assert all(b - a >= 0.99 for a, b in zip(flowing, flowing[1:])), flowing
+
+
+def _pids_cgroup(tmp_path) -> Path | None:
+    root = Path("/sys/fs/cgroup/pids")
+    if not (root / "cgroup.procs").exists() or not os.access(root, os.W_OK):
+        return None
+    group = root / f"dsh-test-{tmp_path.name}"
+    try:
+        group.mkdir()
+    except OSError:
+        return None
+    return group
+
+
+def test_a_fork_at_the_pids_limit_is_a_spawn_failure_naming_the_limit(tmp_path):
+    group = _pids_cgroup(tmp_path)
+    if group is None:
+        pytest.skip("no writable cgroup v1 pids hierarchy")
+    directory = tmp_path / "call"
+    directory.mkdir(mode=0o700)
+    spec = helpers.make_spec(directory, ["/bin/true"], linger=0.0)
+    try:
+        (group / "pids.max").write_text("2")  # main.py + the host; the command's fork fails
+        with open(directory / "host.log", "wb") as log:
+            popen = subprocess.Popen([os.sys.executable, "-I", "-S", helpers.MAIN],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                                     close_fds=True, start_new_session=True)
+        (group / "cgroup.procs").write_text(str(popen.pid))  # it waits for the spec
+        popen.stdin.write(json.dumps(spec).encode())
+        popen.stdin.close()
+        ready = json.loads(popen.stdout.readline())  # main.py stays a zombie until reaped
+        assert ready["ok"] is True and ready["commandPid"] is None, ready
+        record = helpers.HostRun(directory, spec, ready, popen).wait_record()
+        popen.wait(timeout=helpers.LIVENESS)
+        helpers.wait_gone(ready["pid"])
+    finally:
+        for _ in range(100):  # the host's last exit may still be on its way
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.05)
+    assert record["reason"] == "spawn-failed" and record["errno"] == "EAGAIN", record
+    assert "resource limit" in record["message"] and "pids.max" in record["message"]
