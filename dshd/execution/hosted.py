@@ -604,8 +604,11 @@ class _Run:
             return ExecOutcome(exit_code=None, error=spawn_failed_sentence(
                 self.argv, self.cwd, record))
         outcome = ExecOutcome(exit_code=code, timed_out=reason == "timeout",
-                              cancelled=reason in ("cancelled", "killed"))
-        outcome.error = wrapper_resource_failure(self.spare_wrapper, code, self.capture.text)
+                              cancelled=reason == "cancelled")
+        if reason == "killed":  # the host stopped it on its own (its log could not be written)
+            outcome.error = str(record.get("message") or "the call host killed the command")
+        else:
+            outcome.error = wrapper_resource_failure(self.spare_wrapper, code, self.capture.text)
         return outcome
 
 
@@ -651,15 +654,17 @@ def _record_on_disk(directory: Path) -> dict | None:
 
 
 def spawn_failed_sentence(argv: list[str], cwd: str, record: dict) -> str:
-    """The sentence of a ``spawn-failed`` exit record, worded as a spawn failure in-process
-    was (:func:`~dshd.execution.spawn.spawn_sentence`)."""
+    """The sentence of a ``spawn-failed`` exit record: the host's own (it knows the stage:
+    chdir, user, exec; worded as :func:`~dshd.execution.spawn.spawn_sentence`), else one
+    built from its ``errno``."""
+    message = record.get("message")
+    if isinstance(message, str) and message:
+        return message
     name = str(record.get("errno") or "")
     number = getattr(errno, name, None) if name.isupper() else None
-    message = str(record.get("message") or (os.strerror(number) if number else "failed"))
-    if number is None:
-        return f"Could not start the command: {message}"
-    filename = cwd if "directory" in message.lower() or cwd in message else argv[0]
-    return spawn_sentence(argv, cwd, OSError(number, os.strerror(number), filename))
+    if not isinstance(number, int):
+        return "Could not start the command (the call host gave no reason)."
+    return spawn_sentence(argv, cwd, OSError(number, os.strerror(number), argv[0]))
 
 
 def wrapper_resource_failure(spare_wrapper: str | None, exit_code: int | None,
