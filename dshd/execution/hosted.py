@@ -640,7 +640,12 @@ def log_reader(directory: Path, segment_bytes: int):
     async def read(offset: int, limit: int) -> bytes:
         if limit <= 256 * 1024:
             return read_all(offset, limit)
-        return await trio.to_thread.run_sync(read_all, offset, limit)
+        try:
+            return await trio.to_thread.run_sync(read_all, offset, limit)
+        except RuntimeError:
+            # No worker thread could be started (threads or pids exhausted): read here in
+            # the trio thread rather than fail the call.
+            return read_all(offset, limit)
 
     return read
 
