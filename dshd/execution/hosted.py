@@ -43,6 +43,7 @@ import json
 import os
 import secrets
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -380,24 +381,26 @@ class _Run:
         _settle(capture, self.on_output)
 
     async def _kill(self) -> None:
-        """Shielded: the time is up; everything of the call is KILLed at once."""
+        """Shielded: the time is up; everything of the call is KILLed at once, then the
+        record is awaited in a worker thread against the real clock (:func:`_await_record`),
+        its output read, and the host released."""
         handle = self.handle
-        if handle.record is not None or handle.closed:
-            return
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(handle.pump)
-                await handle.terminate(0, "killed")
-                while handle.record is None and not handle.closed:
-                    await handle.wait_progress(handle.end_offset)
+                if handle.record is None and not handle.closed:
+                    await handle.terminate(0, "killed")
+                    record = await trio.to_thread.run_sync(_await_record, handle.dir,
+                                                           CLEANUP_SECONDS)
+                    if record is not None and handle.record is None:
+                        handle.absorb({"record": record})
+                if handle.record is not None:
+                    await self._last_read(handle.record)
+                    if not handle.closed:
+                        await handle.release()
                 nursery.cancel_scope.cancel()
         except HostRequestError:
             pass
-        if handle.record is not None:
-            try:
-                await handle.release()
-            except HostRequestError:
-                pass
 
     def _outcome(self, record: dict | None) -> ExecOutcome:
         if record is None:
@@ -417,6 +420,17 @@ class _Run:
         else:
             outcome.error = wrapper_resource_failure(self.spare_wrapper, code, self.capture.text)
         return outcome
+
+
+def _await_record(directory: Path, seconds: float) -> dict | None:
+    """The exit record on disk, polled for up to ``seconds`` of real time (a worker thread:
+    the daemon's own clock, which a test may run virtually, plays no part)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        record = record_on_disk(directory)
+        if record is not None or time.monotonic() >= deadline:
+            return record
+        time.sleep(0.005)
 
 
 def spawn_failed_sentence(argv: list[str], cwd: str, record: dict) -> str:
