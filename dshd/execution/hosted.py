@@ -25,9 +25,9 @@ durably when the command ends. This module is everything the daemon does with on
   waiting request fail with ``not-running``.
 * **Run** (:func:`run_hosted`): progress → the call's :class:`~dshd.execution.capture.
   OutputCapture` reads what is new from the log (:func:`~dshd.execution.capture.catch_up`:
-  the file read in a worker thread, the window work in the trio thread; at most one read per
-  :data:`READ_INTERVAL` while output flows, so the daemon's CPU grows with publishes, not with
-  bytes) → ``on_output()``. The ``cancel`` event → ``terminate {grace: kill_grace, reason:
+  the file read in a worker thread, the window work in the trio thread; while output flows at
+  most one read per :data:`READ_INTERVAL`, or per :data:`TURNOVER_INTERVAL` after a read that
+  turned the window over, so the daemon's CPU grows with publishes, not with bytes) → ``on_output()``. The ``cancel`` event → ``terminate {grace: kill_grace, reason:
   "cancelled"}`` (the host sends TERM to the command, KILL to the whole tree after the grace).
   The timeout is the host's (spec ``timeout``: reason ``timeout``). A cancellation from
   outside (the session's stop deadline) or an error of the run → ``terminate {grace: 0,
@@ -66,8 +66,13 @@ HOST_MAIN = Path(__file__).resolve().parent.parent / "callhost" / "main.py"
 RUN_TOKEN_VAR = "DSH_RUN"
 #: Seconds a host may take to answer its spec with the ready line.
 START_TIMEOUT = 30.0
-#: Seconds between two reads of the log while output flows (the first one of a burst is at once).
-READ_INTERVAL = 0.05
+#: Seconds between two reads of the log while output flows (the first one of a burst is at
+#: once): the host's own coalescing of progress events.
+READ_INTERVAL = 0.02
+#: Seconds after a read that turned the window over (it consumed max_bytes or more): the lane
+#: publisher spaces such a publish by its size at publish_rate_bytes (a 50 KB turnover waits
+#: ~200 ms, EXEC.md §2), so reading sooner would only be overwritten unseen.
+TURNOVER_INTERVAL = 0.2
 #: Seconds the shielded cleanup after an outside cancellation may take (terminate, wait for the
 #: record, a last read, release).
 CLEANUP_SECONDS = 10.0
@@ -349,8 +354,7 @@ class _Run:
                         pass  # it ended meanwhile: the record says how
 
             nursery.start_soon(on_cancel)
-            while handle.record is None and not handle.closed:
-                await handle.wait_progress(handle.end_offset)
+            await handle.wait_ended()
             nursery.cancel_scope.cancel()
 
     async def _read(self) -> None:
@@ -359,10 +363,12 @@ class _Run:
         while True:
             seen = handle.end_offset
             if seen > capture.read_offset or handle.first_offset > capture.read_offset:
+                before = capture.read_offset
                 await catch_up(capture, self.reader, seen, handle.first_offset,
                                handle.total_lines)
                 self.on_output()
-                await trio.sleep(READ_INTERVAL)
+                turned = capture.read_offset - before >= capture.limits.max_bytes
+                await trio.sleep(TURNOVER_INTERVAL if turned else READ_INTERVAL)
             if handle.record is not None or handle.closed:
                 return
             await handle.wait_progress(seen)

@@ -67,6 +67,7 @@ class HostHandle:
         self._next_id = 0
         self._waiters: dict[int, list] = {}
         self._changed = trio.Event()
+        self._ended = trio.Event()
         self._buffer = bytearray()
 
     # -- what other rooms use ------------------------------------------------------------
@@ -75,6 +76,10 @@ class HostHandle:
         connection ended (at once when one of them is already so)."""
         while self.end_offset <= end_offset and self.record is None and not self.closed:
             await self._changed.wait()
+
+    async def wait_ended(self) -> None:
+        """Return once the record is known or the connection ended (no wake per progress)."""
+        await self._ended.wait()
 
     async def write(self, data: bytes) -> int:
         """Write ``data`` (≤ 1 MiB) to the command's stdin; the count once all was written."""
@@ -155,6 +160,8 @@ class HostHandle:
         self._wake()
 
     def _wake(self) -> None:
+        if self.record is not None or self.closed:
+            self._ended.set()
         self._changed.set()
         self._changed = trio.Event()
 
