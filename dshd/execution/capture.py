@@ -11,7 +11,7 @@ synchronous: no clock, no trio, no file I/O.
 
 The capture does not need every byte. When the unread gap is small it is fed incrementally
 (:meth:`OutputCapture.feed`). When it is large (more than :func:`jump_threshold`: 4 x
-``max_bytes`` + 1 MiB) in tail mode, :func:`catch_up` *jumps*: it reads only the log's tail,
+``max_bytes`` + 64 KiB) in tail mode, :func:`catch_up` *jumps*: it reads only the log's tail,
 growing backwards (doubling) until the cleaned tail overflows the window's limits, and rebuilds
 the window from it (:meth:`OutputCapture.rebuild`). The window is the longest suffix of the
 cleaned stream within both limits, so a suffix of the cleaned stream that already overflows
@@ -77,8 +77,9 @@ __all__ = ["Gap", "OutputCapture", "ShellOutputLimits", "catch_up", "clean_text"
 
 #: C0 controls deleted from the retained text: everything below 0x20 except \t, \n and ESC.
 _DROPPED_CONTROLS = bytes(b for b in range(0x20) if b not in (0x09, 0x0A, 0x1B))
-#: Bytes of unread gap past 4 x max_bytes beyond which :func:`catch_up` jumps.
-JUMP_SLACK = 1_048_576
+#: Bytes of unread gap past 4 x max_bytes beyond which :func:`catch_up` jumps (a jump reads
+#: about 4 x max_bytes, so feeding a larger gap would cost more than jumping over it).
+JUMP_SLACK = 65_536
 #: Largest single read of an incremental catch-up, bytes.
 READ_PIECE = 4 * 1_048_576
 
@@ -187,11 +188,11 @@ class OutputCapture:
         truncated). False, nothing changed: the tail is too short; read more of it."""
         if self.finished:
             raise RuntimeError("OutputCapture.rebuild after finish")
-        start = 0
-        while start < len(tail) and tail[start] & 0xC0 == 0x80:
-            start += 1
+        sync = 0
+        while sync < len(tail) and tail[sync] & 0xC0 == 0x80:
+            sync += 1
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        text = clean_text(decoder.decode(tail[start:]))
+        text = clean_text(decoder.decode(tail[sync:]))
         nbytes = _utf8_len(text)
         lines = text.count("\n") + (1 if text and text[-1] != "\n" else 0)
         if not lost and nbytes <= self.limits.max_bytes and lines <= self.limits.max_lines:
@@ -440,7 +441,9 @@ async def catch_up(capture: OutputCapture, reader: Reader, end: int, first: int,
 
 async def _jump(capture: OutputCapture, reader: Reader, end: int, first: int) -> None:
     """Read the log's tail, growing backwards, until the window can be rebuilt from it."""
-    span = 4 * capture.limits.max_bytes
+    # Text that needs no cleaning overflows the window with max_bytes + a few raw bytes; more
+    # is read only when cleaning removed some (doubling, so the reads total < 2x the last).
+    span = capture.limits.max_bytes + 4096
     while True:
         start = max(end - span, first, capture.read_offset)
         data = await reader(start, end - start)
