@@ -26,6 +26,7 @@ from typing import Any
 from protocol import methods as m
 
 from ..errors import CallNotFound, CallSettled, InvalidParams, LimitExceeded
+from ..execution.hostlink import HostRequestError
 from ..sessions.follow import CallSource, Follower, Gap
 from . import port
 from .context import AfterResponse, ConnectionPort
@@ -129,12 +130,10 @@ async def _running_host(conn: ConnectionPort, session_id: str, call_id: str) -> 
 
 async def _ask(session_id: str, call_id: str, request: Any) -> Any:
     """Run one host request; the host's refusals as this protocol's errors."""
-    from ..execution.hosted import HostRequestError
-
     try:
         return await request
     except HostRequestError as exc:
-        code = getattr(exc, "code", None)
+        code = exc.code
         if code == "not-running":
             raise CallSettled(session_id, call_id) from None
         if code == "no-stdin":

@@ -266,7 +266,7 @@ class Session:
         started and after the call left the running table), its recorded result (None until
         it settled)."""
         call = self._calls.running.get(call_id)
-        return CallOutput(self._calls.dir / "calls" / call_id,
+        return CallOutput(self._calls.call_dir(call_id),
                           getattr(call, "host", None) if call is not None else None,
                           self._calls.results.get(call_id))
 
