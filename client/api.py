@@ -26,6 +26,7 @@ not model the domain.
 
 from __future__ import annotations
 
+import base64
 import math
 import os
 from contextlib import asynccontextmanager
@@ -39,7 +40,9 @@ import msgspec
 from client.paths import socket_path as resolve_socket_path
 from protocol import events
 from protocol import methods as m
+from client.raw import OutputFollow, ReadResult
 from client.subscription import Subscription
+from protocol.rpc import RpcError
 from client.transport import (
     DEFAULT_INBOX_BOUND,
     Connection,
@@ -243,12 +246,18 @@ class Client:
 
     async def start_tool(self, session_id: str, command: str, *, call_id: str | None = None,
                          timeout: float | None = None, approved: bool = True,
-                         name: str = "bash") -> m.ToolRunResult:
+                         name: str = "bash", tty: tuple[int, int] | None = None,
+                         stdin: bool = False) -> m.ToolRunResult:
         """``tool.run`` of the bash tool; ``existing`` is true when ``call_id`` names a call
-        already in the session (nothing was run again)."""
+        already in the session (nothing was run again). ``tty``: (cols, rows) of the PTY the
+        command runs under; ``stdin``: the call takes input (``tool.write``) on a pipe."""
         arguments: dict[str, Any] = {"command": command}
         if timeout is not None:
             arguments["timeout"] = timeout
+        if tty is not None:
+            arguments.update(tty=True, cols=tty[0], rows=tty[1])
+        elif stdin:
+            arguments["stdin"] = "pipe"
         return await self.request("tool.run", m.ToolRunParams(
             session_id=session_id, name=name, arguments=arguments, call_id=call_id,
             approved=approved))
@@ -264,6 +273,49 @@ class Client:
         result: m.CancelledResult = await self.request(
             "tool.cancel", m.ToolCancelParams(session_id=session_id, call_id=call_id))
         return result.cancelled
+
+    # -- the raw channel (HOST.md §6) ------------------------------------------------------
+    async def read_output(self, session_id: str, call_id: str, offset: int,
+                          limit: int | None = None, *, from_first: bool = False) -> ReadResult:
+        """``tool.read``: up to ``limit`` raw bytes at ``offset``. ``from_first``: an offset
+        the disk cap dropped already reads from ``firstOffset`` instead of failing."""
+        params: dict[str, Any] = {"sessionId": session_id, "callId": call_id, "offset": offset}
+        if limit is not None:
+            params["limit"] = limit
+        try:
+            return await self._conn.call("tool.read", params, result_type=ReadResult)
+        except RpcError as exc:
+            first = exc.data.get("firstOffset") if isinstance(exc.data, dict) else None
+            if not from_first or not isinstance(first, int) or first <= offset:
+                raise
+        return await self._conn.call("tool.read", {**params, "offset": first},
+                                     result_type=ReadResult)
+
+    async def follow_output(self, session_id: str, call_id: str,
+                            offset: int = 0) -> OutputFollow:
+        """``tool.follow`` from ``offset``; iterate the answer, ``aclose`` it when done."""
+        return await OutputFollow(self, session_id, call_id, offset).open()
+
+    async def write_input(self, session_id: str, call_id: str, data: bytes) -> int:
+        """``tool.write``: answered once the command's stdin took every byte (≤ 1 MiB)."""
+        result = await self._conn.call("tool.write", {
+            "sessionId": session_id, "callId": call_id,
+            "data": base64.b64encode(data).decode("ascii")})
+        return int(result.get("written", len(data))) if isinstance(result, dict) else len(data)
+
+    async def close_input(self, session_id: str, call_id: str) -> None:
+        """``tool.closeStdin``: end of input (a PTY gets its VEOF character)."""
+        await self._conn.call("tool.closeStdin", {"sessionId": session_id, "callId": call_id})
+
+    async def resize(self, session_id: str, call_id: str, cols: int, rows: int) -> None:
+        """``tool.resize`` of a tty call's terminal (1..10000 each)."""
+        await self._conn.call("tool.resize", {"sessionId": session_id, "callId": call_id,
+                                              "cols": cols, "rows": rows})
+
+    async def send_signal(self, session_id: str, call_id: str, name: str) -> None:
+        """``tool.signal`` (``INT``, ``TERM``, ... without ``SIG``) to the command."""
+        await self._conn.call("tool.signal", {"sessionId": session_id, "callId": call_id,
+                                              "signal": name})
 
     # -- approvals (PROTOCOL.md §3.4) -------------------------------------------------------
     async def decide(self, session_id: str, approval_id: str, decision: str) -> str:

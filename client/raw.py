@@ -1,0 +1,215 @@
+"""A call's raw output channel (HOST.md §6, PROTOCOL.md §3.2): bytes at absolute offsets.
+
+Theory of operation: the call host writes every byte the command wrote to the call's log;
+the daemon serves it by absolute offset. ``tool.read`` answers one range (``ReadResult``);
+``tool.follow`` streams ``output`` notifications from an offset to the end. ``OutputFollow``
+is one follow: it registers a lossless ``client.transport.FollowInbox`` for its ``followId``
+from inside the reader (the ``on_result`` hook, as a subscription does), so the first
+notification, which may follow the response at once, is never missed; iterating it yields
+``Chunk`` (bytes at an offset), ``Gap`` (the per-call disk cap dropped ``from``..``to``: the
+stream goes on at ``to``) and, last, ``End`` (the call ended and every byte was sent; its exit
+code when the daemon knows it). Each chunk is checked to start where the last one ended: a
+stream with a hole the daemon did not call a gap is ``BadAnswer``, never silently printed.
+``aclose`` sends ``tool.unfollow`` (bounded, best effort) and stops the routing.
+
+``tail_offset`` finds where the last N lines start, reading backwards from the end with
+``tool.read`` (``dsh attach --tail``, like ``tail -n``/``docker logs --tail``: a last line
+without its newline counts as a line). Pure protocol: no terminal, no printing.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import msgspec
+
+from client.transport import ConnectionLost, DshClientError, FollowInbox
+from protocol.rpc import RpcError
+
+if TYPE_CHECKING:
+    from client.api import Client
+
+__all__ = ["ReadResult", "Chunk", "Gap", "End", "OutputFollow", "tail_offset", "READ_LIMIT",
+           "TAIL_READ"]
+
+#: The most ``tool.read`` answers at once (HOST.md §6).
+READ_LIMIT = 4 * 1024 * 1024
+#: How much ``tail_offset`` reads per step backwards.
+TAIL_READ = 256 * 1024
+
+
+class RawAnswerError(DshClientError):
+    """dshd's raw channel said something that does not add up (a hole, a bad offset)."""
+
+
+class ReadResult(msgspec.Struct, frozen=True, rename="camel"):
+    """``tool.read``'s answer: ``data`` (decoded) starts at ``offset``."""
+
+    offset: int
+    data: bytes
+    first_offset: int
+    end_offset: int
+    eof: bool = False
+
+
+class _GapRange(msgspec.Struct, frozen=True):
+    from_: int = msgspec.field(name="from")
+    to: int = 0
+
+
+class _Output(msgspec.Struct, frozen=True, rename="camel"):
+    """One ``output`` notification's params (a chunk, a gap or the end)."""
+
+    follow_id: str
+    offset: int | None = None
+    data: bytes | None = None
+    gap: _GapRange | None = None
+    eof: bool = False
+    exit_code: int | None = None
+
+
+_output_decoder = msgspec.json.Decoder(_Output)
+
+
+class Chunk(msgspec.Struct, frozen=True):
+    offset: int
+    data: bytes
+
+
+class Gap(msgspec.Struct, frozen=True):
+    start: int
+    to: int
+
+
+class End(msgspec.Struct, frozen=True):
+    offset: int
+    exit_code: int | None = None
+
+
+class _FollowResult(msgspec.Struct, frozen=True, rename="camel"):
+    follow_id: str
+
+
+class OutputFollow:
+    """One ``tool.follow``: ``async for item in follow`` yields ``Chunk``/``Gap``, then ``End``."""
+
+    def __init__(self, client: "Client", session_id: str, call_id: str, offset: int) -> None:
+        self._client = client
+        self.session_id = session_id
+        self.call_id = call_id
+        #: The offset of the next byte expected.
+        self.position = offset
+        self.follow_id: str | None = None
+        self._inbox = FollowInbox()
+        self._done = False
+
+    async def open(self) -> "OutputFollow":
+        conn = self._client.connection
+
+        def register(result: _FollowResult) -> None:
+            conn.register_follow(result.follow_id, self._inbox)
+
+        result = await conn.call("tool.follow", {"sessionId": self.session_id,
+                                                 "callId": self.call_id,
+                                                 "offset": self.position},
+                                 result_type=_FollowResult, on_result=register)
+        self.follow_id = result.follow_id
+        return self
+
+    def __aiter__(self) -> "OutputFollow":
+        return self
+
+    async def __anext__(self) -> Chunk | Gap | End:
+        if self._done:
+            raise StopAsyncIteration
+        raw = await self._inbox.get()
+        try:
+            item = _output_decoder.decode(raw)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise RawAnswerError(f"dshd sent an output notification this client cannot "
+                                 f"read: {exc}") from None
+        return self._checked(item)
+
+    def _checked(self, item: _Output) -> Chunk | Gap | End:
+        if item.gap is not None:
+            if item.gap.to < self.position:
+                raise RawAnswerError(f"dshd sent a gap to {item.gap.to}, before the offset "
+                                     f"already printed ({self.position})")
+            gap = Gap(max(item.gap.from_, self.position), item.gap.to)
+            self.position = item.gap.to
+            return gap
+        if item.offset != self.position:
+            raise RawAnswerError(f"dshd's output jumped from offset {self.position} to "
+                                 f"{item.offset} without a gap")
+        if item.eof:
+            self._done = True
+            return End(item.offset, item.exit_code)
+        data = item.data or b""
+        self.position += len(data)
+        return Chunk(item.offset, data)
+
+    async def aclose(self) -> None:
+        """Stop following (``tool.unfollow``, best effort and bounded)."""
+        follow_id, self.follow_id = self.follow_id, None
+        if follow_id is None:
+            return
+        conn = self._client.connection
+        conn.drop_follow(follow_id)
+        if self._done or conn.closed:
+            return
+        with anyio.move_on_after(2, shield=True):
+            try:
+                await conn.call("tool.unfollow", {"followId": follow_id})
+            except (RpcError, ConnectionLost):
+                pass  # gone already (the call ended, or the connection did)
+
+    async def __aenter__(self) -> "OutputFollow":
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.aclose()
+
+
+async def _read_exact(client: "Client", session_id: str, call_id: str, start: int,
+                      stop: int) -> bytes:
+    """The retained bytes [start, stop) (``tool.read`` may answer fewer than asked)."""
+    parts: list[bytes] = []
+    position = start
+    while position < stop:
+        piece = await client.read_output(session_id, call_id, position,
+                                         min(stop - position, READ_LIMIT))
+        if not piece.data:
+            raise RawAnswerError(f"tool.read at {position} answered no bytes before the "
+                                 f"end offset {stop}")
+        parts.append(piece.data)
+        position += len(piece.data)
+    return b"".join(parts)
+
+
+async def tail_offset(client: "Client", session_id: str, call_id: str,
+                      lines: int) -> tuple[int, int]:
+    """(the offset where the last ``lines`` lines of the retained output start, firstOffset).
+
+    A final newline ends the last line; a last line without one is a line all the same."""
+    probe = await client.read_output(session_id, call_id, 0, 1, from_first=True)
+    first, end = probe.first_offset, probe.end_offset
+    if lines <= 0 or end <= first:
+        return end, first
+    last = await _read_exact(client, session_id, call_id, end - 1, end)
+    position = end - 1 if last == b"\n" else end
+    remaining = lines
+    while position > first:
+        start = max(first, position - TAIL_READ)
+        data = await _read_exact(client, session_id, call_id, start, position)
+        index = len(data)
+        while True:
+            at = data.rfind(b"\n", 0, index)
+            if at < 0:
+                break
+            remaining -= 1
+            if remaining == 0:
+                return start + at + 1, first
+            index = at
+        position = start
+    return first, first
