@@ -3,7 +3,7 @@
 Theory of operation: under a PTY every key goes to the command, so leaving it running takes a
 sequence the command is unlikely to want, docker's ``Ctrl-P Ctrl-Q`` by default.
 ``parse_detach_keys`` reads docker's ``--detach-keys`` format: comma-separated keys, each one
-character (``a``, ``,`` cannot be one) or ``ctrl-X`` for X in ``a``..``z``, ``@``, ``[``,
+character (``a``; spaces around a key are ignored, and ``,`` cannot be one) or ``ctrl-X`` for X in ``a``..``z``, ``@``, ``[``,
 ``\\``, ``]``, ``^``, ``_`` (case-insensitive); the empty string turns detaching off.
 ``DetachScanner`` watches the key stream: bytes that could start the sequence are held back;
 the whole sequence detaches (it never reaches the command); a held prefix followed by another
@@ -13,7 +13,10 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-__all__ = ["DEFAULT_DETACH_KEYS", "parse_detach_keys", "describe_keys", "DetachScanner"]
+from typing import Any
+
+__all__ = ["DEFAULT_DETACH_KEYS", "parse_detach_keys", "describe_keys", "DetachScanner",
+           "detach_keys_option"]
 
 DEFAULT_DETACH_KEYS = "ctrl-p,ctrl-q"
 _CTRL_SPECIAL = {"@": 0, "[": 27, "\\": 28, "]": 29, "^": 30, "_": 31}
@@ -37,14 +40,24 @@ def parse_detach_keys(spec: str) -> bytes:
             else:
                 raise ValueError(f"invalid detach key {key.strip()!r}: ctrl- takes a letter "
                                  "a-z or one of @ [ \\ ] ^ _")
-        elif len(key) == 1 and key.isascii() and key.isprintable():
-            out.append(ord(key))
+        elif len(key.strip()) == 1 and key.strip().isascii() and key.strip().isprintable():
+            out.append(ord(key.strip()))
         else:
             raise ValueError(f"invalid detach key {key!r}: a key is one character or ctrl-X "
                              "(e.g. ctrl-p,ctrl-q)")
     if len(out) > MAX_KEYS:
         raise ValueError(f"a detach sequence has at most {MAX_KEYS} keys")
     return bytes(out)
+
+
+def detach_keys_option(ctx: Any, param: Any, value: str) -> bytes:
+    """The click callback of ``--detach-keys``: the bytes, or a usage error saying why not."""
+    import click  # the CLI's; this module stays importable without it
+
+    try:
+        return parse_detach_keys(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 def describe_keys(keys: bytes) -> str:

@@ -31,14 +31,14 @@ import click
 
 from client.api import CallLost, Client
 from client.cli.common import Options, execute, pass_options
-from client.cli.keys import DEFAULT_DETACH_KEYS, parse_detach_keys
+from client.cli.keys import DEFAULT_DETACH_KEYS, detach_keys_option
 from client.cli.localterm import isatty, stdin_usable, terminal_size
 from client.cli.stream import (
-    KEYS_RULE, Call, Detach, Events, Followed, Io, Waits, detach_note, follow_call,
+    KEYS_RULE, Call, Events, Followed, Io, Waits, detach_exit, detach_note, follow_call,
     result_status,
 )
 from client.cli.terminal import note, silence_stdout
-from client.exits import EXIT_NEVER_RAN, detached_status, run_status, single
+from client.exits import EXIT_NEVER_RAN, run_status, single
 from client.paths import ID_CHARS, is_valid_id
 from client.subscription import Subscription
 from client.transport import ConnectionLost
@@ -157,17 +157,6 @@ async def _approvals(sub: Subscription, call: Call, events: Events) -> None:
                      f"`dsh attach --approve {call.session_id}`")
 
 
-def detach_exit(detached: Detach | None) -> int:
-    """The status of a ``dsh run`` that left its call running (``KEYS_RULE``)."""
-    if detached is None or detached.why == "interrupt":
-        return detached_status(False)
-    if detached.why == "pipe":
-        return detached_status(True)
-    if detached.why == "keys":
-        return 0
-    return 128 + detached.signum
-
-
 def _conclude(call: Call, followed: Followed, io: Io) -> int:
     """Print the end (or why we left before it) and return the exit status."""
     if followed.detached is not None or followed.result is None:
@@ -181,13 +170,6 @@ def _conclude(call: Call, followed: Followed, io: Io) -> int:
              f" in another terminal), then run it again with `dsh run --ask --session "
              f"{call.session_id}`")
     return run_status(status, cancelled_by_user=followed.cancelling)
-
-
-def _detach_keys(ctx: click.Context, param: click.Parameter, value: str) -> bytes:
-    try:
-        return parse_detach_keys(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
 
 
 RUN_HELP = """Run CMD in a session and print its output live; exit with its exit code.
@@ -224,7 +206,7 @@ Exit status (never 0 when the call is an error):
 @click.option("-t", "--tty", "tty", is_flag=True,
               help="Run CMD under a PTY (raw terminal, every key to CMD; see Keys).")
 @click.option("--detach-keys", "detach_keys", default=DEFAULT_DETACH_KEYS, show_default=True,
-              callback=_detach_keys, metavar="KEYS",
+              callback=detach_keys_option, metavar="KEYS",
               help='With -t: the sequence that detaches (docker\'s format; "" for none).')
 @click.option("--session", "session_id", metavar="ID", help="Run in this session (default: a new one).")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="S",

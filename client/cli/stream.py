@@ -30,7 +30,7 @@ end in ``\\r\\n``.
 
 from __future__ import annotations
 
-import os
+import json
 import signal
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
@@ -42,13 +42,14 @@ from client.api import Client
 from client.cli.keys import DetachScanner, describe_keys
 from client.cli.localterm import raw_terminal, read_input, terminal_size, write_line
 from client.cli.terminal import emit_bytes, note
-from client.exits import exit_status
+from client.exits import detached_status, exit_status
 from client.raw import Chunk, End, Gap
 from client.spill import command_ran
 from protocol.lane import ToolResult
 from protocol.rpc import INVALID_PARAMS, RpcError
 
-__all__ = ["Call", "Io", "Followed", "follow_call", "conclude", "KEYS_RULE", "INPUT_CHUNK",
+__all__ = ["Call", "Io", "Followed", "follow_call", "replay", "call_is_tty", "detach_note",
+           "result_status", "reattach_hint", "detach_exit", "KEYS_RULE", "INPUT_CHUNK",
            "OUTPUT_STALL_S", "RETRY_S"]
 
 #: The most stdin bytes one ``tool.write`` carries (the daemon's bound, HOST.md §6).
@@ -373,6 +374,17 @@ def detach_note(call: Call, followed: Followed, io: Io) -> None:
     note(f"detached{why}; the command keeps running. Re-attach: {reattach_hint(call)}")
 
 
+def detach_exit(detached: Detach | None) -> int:
+    """The status of a ``dsh run`` that left its call running (``KEYS_RULE``)."""
+    if detached is None or detached.why == "interrupt":
+        return detached_status(False)
+    if detached.why == "pipe":
+        return detached_status(True)
+    if detached.why == "keys":
+        return 0
+    return 128 + detached.signum
+
+
 def end_notes(followed: Followed, result: ToolResult) -> None:
     """After the output: what of it was not shown, and why."""
     state = followed.output
@@ -396,3 +408,32 @@ def result_status(followed: Followed) -> int:
     if message:
         note(message)
     return status
+
+
+async def replay(client: Client, call: Call, offset: int = 0) -> OutputState:
+    """Print a call's output from ``offset`` to its end (``dsh wait``: the call settled)."""
+    state = OutputState(position=offset, result_known=True)
+    try:
+        follow = await client.follow_output(call.session_id, call.call_id, offset)
+    except RpcError as exc:
+        state.error = exc.message
+        return state
+    async with follow:
+        async for item in follow:
+            if isinstance(item, Chunk):
+                emit_bytes(item.data)
+                state.position = follow.position
+            elif isinstance(item, Gap):
+                _gap(state, item)
+    return state
+
+
+def call_is_tty(entry: object) -> bool:
+    """Whether a lane entry's call runs under a PTY (its bash arguments say ``tty: true``)."""
+    args = entry.get("args") if isinstance(entry, dict) else None
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return False
+    return isinstance(args, dict) and args.get("tty") is True
