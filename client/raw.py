@@ -8,7 +8,8 @@ from inside the reader (the ``on_result`` hook, as a subscription does), so the 
 notification, which may follow the response at once, is never missed; iterating it yields
 ``Chunk`` (bytes at an offset), ``Gap`` (the per-call disk cap dropped ``from``..``to``: the
 stream goes on at ``to``) and, last, ``End`` (the call ended and every byte was sent; its exit
-code when the daemon knows it). Each chunk is checked to start where the last one ended: a
+code when the daemon knows it) or ``Broken`` (the daemon could not read the log at an offset:
+follow again from there). Each chunk is checked to start where the last one ended: a
 stream with a hole the daemon did not call a gap is ``BadAnswer``, never silently printed.
 ``aclose`` sends ``tool.unfollow`` (bounded, best effort) and stops the routing.
 
@@ -30,7 +31,7 @@ from protocol.rpc import RpcError
 if TYPE_CHECKING:
     from client.api import Client
 
-__all__ = ["ReadResult", "Chunk", "Gap", "End", "OutputFollow", "tail_offset", "READ_LIMIT",
+__all__ = ["ReadResult", "Chunk", "Gap", "End", "Broken", "RawAnswerError", "OutputFollow", "tail_offset", "READ_LIMIT",
            "TAIL_READ"]
 
 #: The most ``tool.read`` answers at once (HOST.md §6).
@@ -67,6 +68,7 @@ class _Output(msgspec.Struct, frozen=True, rename="camel"):
     gap: _GapRange | None = None
     eof: bool = False
     exit_code: int | None = None
+    error: str | None = None
 
 
 _output_decoder = msgspec.json.Decoder(_Output)
@@ -85,6 +87,13 @@ class Gap(msgspec.Struct, frozen=True):
 class End(msgspec.Struct, frozen=True):
     offset: int
     exit_code: int | None = None
+
+
+class Broken(msgspec.Struct, frozen=True):
+    """The daemon could not read the log at ``offset``: follow again from there."""
+
+    offset: int
+    message: str
 
 
 class _FollowResult(msgspec.Struct, frozen=True, rename="camel"):
@@ -120,7 +129,7 @@ class OutputFollow:
     def __aiter__(self) -> "OutputFollow":
         return self
 
-    async def __anext__(self) -> Chunk | Gap | End:
+    async def __anext__(self) -> Chunk | Gap | End | Broken:
         if self._done:
             raise StopAsyncIteration
         raw = await self._inbox.get()
@@ -131,7 +140,7 @@ class OutputFollow:
                                  f"read: {exc}") from None
         return self._checked(item)
 
-    def _checked(self, item: _Output) -> Chunk | Gap | End:
+    def _checked(self, item: _Output) -> Chunk | Gap | End | Broken:
         if item.gap is not None:
             if item.gap.to < self.position:
                 raise RawAnswerError(f"dshd sent a gap to {item.gap.to}, before the offset "
@@ -139,6 +148,9 @@ class OutputFollow:
             gap = Gap(max(item.gap.from_, self.position), item.gap.to)
             self.position = item.gap.to
             return gap
+        if item.error is not None:
+            self._done = True
+            return Broken(self.position if item.offset is None else item.offset, item.error)
         if item.offset != self.position:
             raise RawAnswerError(f"dshd's output jumped from offset {self.position} to "
                                  f"{item.offset} without a gap")

@@ -43,10 +43,10 @@ from client.cli.keys import DetachScanner, describe_keys
 from client.cli.localterm import raw_terminal, read_input, terminal_size, write_line
 from client.cli.terminal import emit_bytes, note
 from client.exits import detached_status, exit_status
-from client.raw import Chunk, End, Gap
+from client.raw import Broken, Chunk, End, Gap
 from client.spill import command_ran
 from protocol.lane import ToolResult
-from protocol.rpc import INVALID_PARAMS, RpcError
+from protocol.rpc import RpcError
 
 __all__ = ["Call", "Io", "Followed", "follow_call", "replay", "call_is_tty", "detach_note",
            "result_status", "reattach_hint", "detach_exit", "KEYS_RULE", "INPUT_CHUNK",
@@ -60,6 +60,8 @@ KEY_CHUNK = 65536
 OUTPUT_STALL_S = 10.0
 #: How often a follow (or a write) the daemon refused before the call started is tried again.
 RETRY_S = 0.25
+#: How often in a row a follow the daemon could not read is tried again without progress.
+BROKEN_RETRIES = 3
 EVENT_BOUND = 16
 #: -32006: the call settled (HOST.md §6).
 NOT_RUNNING = -32006
@@ -236,25 +238,47 @@ async def _open_follow(client: Client, call: Call, state: OutputState):
 
 async def _output(client: Client, call: Call, state: OutputState, events: Events) -> None:
     async with events:
-        follow = await _open_follow(client, call, state)
-        if follow is None:
-            await events.send(OutputDone(state.error))
-            return
         try:
-            async with follow:
-                async for item in follow:
-                    state.progress_at = anyio.current_time()
-                    if isinstance(item, Chunk):
-                        emit_bytes(item.data)
-                        state.position = follow.position
-                    elif isinstance(item, Gap):
-                        _gap(state, item)
-                    elif isinstance(item, End):
-                        break
+            await _print_follow(client, call, state, retry=True)
         except BrokenPipeError:
             await events.send(Detach("pipe"))
             return
-        await events.send(OutputDone())
+        await events.send(OutputDone(state.error))
+
+
+async def _print_follow(client: Client, call: Call, state: OutputState, *, retry: bool) -> None:
+    """Print from ``state.position`` to the end; a ``Broken`` log is followed again, at most
+    ``BROKEN_RETRIES`` times in a row without progress (then ``state.error`` says why)."""
+    broken = 0
+    while True:
+        if retry:
+            follow = await _open_follow(client, call, state)
+        else:
+            try:
+                follow = await client.follow_output(call.session_id, call.call_id,
+                                                    state.position)
+            except RpcError as exc:
+                follow, state.error = None, exc.message
+        if follow is None:
+            return
+        async with follow:
+            async for item in follow:
+                state.progress_at = anyio.current_time()
+                if isinstance(item, Chunk):
+                    emit_bytes(item.data)
+                    state.position = follow.position
+                    broken = 0
+                elif isinstance(item, Gap):
+                    _gap(state, item)
+                elif isinstance(item, End):
+                    return
+                elif isinstance(item, Broken):
+                    broken += 1
+                    if broken > BROKEN_RETRIES:
+                        state.error = item.message
+                        return
+                    state.position = item.offset
+        await anyio.sleep(RETRY_S)
 
 
 def _gap(state: OutputState, gap: Gap) -> None:
@@ -271,6 +295,11 @@ async def _wait_result(client: Client, call: Call, events: Events) -> None:
         await events.send(Result(await client.wait(call.session_id, call.call_id)))
 
 
+def not_started(exc: RpcError) -> bool:
+    """The daemon's ``NOT_STARTED``: the call waits for its approval or checkpoint."""
+    return isinstance(exc.data, dict) and exc.data.get("code") == "NOT_STARTED"
+
+
 async def _write(client: Client, call: Call, data: bytes, state: OutputState) -> bool:
     """One ``tool.write`` (tried again while the call has not started); False: stop input."""
     while True:
@@ -278,7 +307,7 @@ async def _write(client: Client, call: Call, data: bytes, state: OutputState) ->
             await client.write_input(call.session_id, call.call_id, data)
             return True
         except RpcError as exc:
-            if exc.code in (NOT_RUNNING, INVALID_PARAMS, METHOD_NOT_FOUND) or state.result_known:
+            if not not_started(exc) or state.result_known:
                 if exc.code != NOT_RUNNING and not state.result_known:
                     say(state, f"dsh: input not forwarded: {exc.message}")
                 return False
@@ -294,11 +323,16 @@ async def _forward_stdin(client: Client, call: Call, state: OutputState,
                 break
             if not await _write(client, call, data, state):
                 return
-        try:
-            await client.close_input(call.session_id, call.call_id)
-        except RpcError as exc:
-            if exc.code != NOT_RUNNING and not state.result_known:
-                say(state, f"dsh: could not close the command's stdin: {exc.message}")
+        while True:
+            try:
+                await client.close_input(call.session_id, call.call_id)
+                return
+            except RpcError as exc:
+                if not not_started(exc) or state.result_known:
+                    if exc.code != NOT_RUNNING and not state.result_known:
+                        say(state, f"dsh: could not close the command's stdin: {exc.message}")
+                    return
+            await anyio.sleep(RETRY_S)
 
 
 async def _keys(client: Client, call: Call, io: Io, state: OutputState, events: Events) -> None:
@@ -413,18 +447,7 @@ def result_status(followed: Followed) -> int:
 async def replay(client: Client, call: Call, offset: int = 0) -> OutputState:
     """Print a call's output from ``offset`` to its end (``dsh wait``: the call settled)."""
     state = OutputState(position=offset, result_known=True)
-    try:
-        follow = await client.follow_output(call.session_id, call.call_id, offset)
-    except RpcError as exc:
-        state.error = exc.message
-        return state
-    async with follow:
-        async for item in follow:
-            if isinstance(item, Chunk):
-                emit_bytes(item.data)
-                state.position = follow.position
-            elif isinstance(item, Gap):
-                _gap(state, item)
+    await _print_follow(client, call, state, retry=False)
     return state
 
 
