@@ -33,8 +33,13 @@ server's business (``dshd.server``), and what a request does is ``dispatch``'s
 * One writer task drains one FIFO send queue. Responses are never dropped: when the bytes of
   queued responses pass their bound, the connection is closed. Stream batches have their own
   byte budget; a batch that does not fit is dropped for its subscription, which waits for a base
-  batch that the writer asks for once the queue has drained (``Daemon.rebase``). A peer that
-  does not read for ``stalled_client_seconds`` is closed with a logged reason.
+  batch that the writer asks for once the queue has drained (``Daemon.rebase``). The raw
+  channel's followers (``dshd.sessions.follow``) are lossless instead: a follower reserves
+  room for its next line (:meth:`Connection.reserve_follow`) before it reads the bytes, and
+  waits while the follower lines queued on this connection hold ``send_queue_stream_bytes``
+  (one line always fits), so a slow reader pauses its followers and the daemon holds at most
+  that budget plus one line of them per connection. A peer that does not read for
+  ``stalled_client_seconds`` is closed with a logged reason.
 * A refusal (a peer that may not connect, a connection over a limit) is one error line, then
   :func:`half_close_and_drain`: our side shuts its writing half and reads what the peer sent
   (bounded in bytes, ``REFUSE_DRAIN_BYTES``, and in time, a share of the stop budget) before
@@ -42,6 +47,10 @@ server's business (``dshd.server``), and what a request does is ``dispatch``'s
   refusal or a close is a share of ``stop_timeout_seconds`` (``dshd.daemon.StopBudget``).
 * At a graceful stop the server calls :meth:`Connection.finish`: reading stops and the
   connection ends as after a half-close, its answers in flight sent (within the stop budget).
+* Followers run in the connection's handler nursery (:meth:`Connection.start_follower`), so
+  they end with it: at a close, after a half-close once the answers in flight are sent, and
+  at a graceful stop (``finish``) with the other handlers; a client resumes with
+  ``tool.follow`` from the last offset it got.
 * When the connection ends, the server ends its subscriptions (``Daemon.forget``); the
   sessions' tool calls keep running.
 """
@@ -75,6 +84,8 @@ REFUSE_DRAIN_BYTES = 64 * 1024
 PEER_CHECK_SECONDS = 0.5
 #: Bytes asked of the stream per read.
 READ_BYTES = 65536
+#: Marks a follower's line in the send queue (its bytes count against the follower budget).
+FOLLOW_LINE = "follow"
 
 #: One answer of ``dispatch``: the line to send (None for a notification) and what to run
 #: after it is queued (None, or e.g. a subscription's base batch).
@@ -101,6 +112,12 @@ class Peer(Protocol):
     def offer_stream(self, line: bytes, subscription: "Subscription") -> bool: ...
 
     def want_resync(self, subscription: "Subscription") -> None: ...
+
+    async def reserve_follow(self, nbytes: int) -> None: ...
+
+    def send_follow(self, line: bytes, reserved: int) -> None: ...
+
+    def release_follow(self, reserved: int) -> None: ...
 
 
 async def half_close_and_drain(stream: trio.abc.HalfCloseableStream, budget: StopBudget) -> None:
@@ -156,7 +173,12 @@ class Connection:
         self.subscriptions: dict[str, "Subscription"] = {}
         self._dispatch = dispatch
         self._peer_gone = peer_gone
-        self._queue: deque[tuple[bytes, "Subscription | None"]] = deque()
+        self._queue: deque[tuple[bytes, "Subscription | str | None"]] = deque()
+        #: The followers of this connection (``dshd.sessions.follow``), by followId.
+        self.followers: dict[str, Any] = {}
+        self._follow_bytes = 0  # reserved or queued by followers (see reserve_follow)
+        self._follow_room = trio.Event()  # set when follower bytes were sent or released
+        self._next_follow = 0
         self._stream_bytes = 0
         self._response_bytes = 0
         self._wakeup = trio.Event()
@@ -171,7 +193,7 @@ class Connection:
         self.log = log.bind(conn=self.id, uid=uid)
 
     # ------------------------------------------------------------------ sending
-    def _push(self, line: bytes, sub: "Subscription | None") -> None:
+    def _push(self, line: bytes, sub: "Subscription | str | None") -> None:
         self._queue.append((line, sub))
         self._wakeup.set()
 
@@ -198,6 +220,38 @@ class Connection:
     def want_resync(self, subscription: "Subscription") -> None:
         self._resync[subscription.id] = subscription
         self._wakeup.set()
+
+    async def reserve_follow(self, nbytes: int) -> None:
+        """Wait until ``nbytes`` more follower bytes fit ``send_queue_stream_bytes`` (or none
+        are queued: one line always fits), then hold them; a follower calls this before it
+        reads the bytes it will send (:meth:`send_follow`, or :meth:`release_follow`)."""
+        limit = self.config.send_queue_stream_bytes
+        while self._follow_bytes and self._follow_bytes + nbytes > limit:
+            self._follow_room = trio.Event()
+            await self._follow_room.wait()
+        self._follow_bytes += nbytes
+
+    def send_follow(self, line: bytes, reserved: int) -> None:
+        """Queue a follower's line in the room it reserved (never dropped)."""
+        self._follow_bytes += len(line) - reserved
+        if self._closing:
+            self.release_follow(len(line))
+            return
+        self._push(line, FOLLOW_LINE)
+
+    def release_follow(self, reserved: int) -> None:
+        """Give back reserved room that no line took (a follower that ended or was cancelled)."""
+        self._follow_bytes -= reserved
+        self._follow_room.set()
+
+    def mint_follow_id(self) -> str:
+        self._next_follow += 1
+        return f"follow-{self._next_follow}"
+
+    def start_follower(self, run: Callable[[], Awaitable[None]]) -> None:
+        """Run a follower in the handler nursery: it ends with the connection (module doc)."""
+        if self._nursery is not None and not self._closing:
+            self._nursery.start_soon(run)
 
     def finish(self) -> None:
         """The daemon stops: read no more, answer what is in flight, then close, as after a
@@ -234,6 +288,9 @@ class Connection:
             if sub is None:
                 self._response_bytes -= len(line)
                 self._progress.set()
+            elif sub is FOLLOW_LINE:
+                self._follow_bytes -= len(line)
+                self._follow_room.set()
             else:
                 self._stream_bytes -= len(line)
             if scope.cancelled_caught:

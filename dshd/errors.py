@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 from protocol import rpc
 
 __all__ = [
-    "AlreadyDecided", "ApprovalNotFound", "CallLimit", "CallNotFound", "DshError",
+    "AlreadyDecided", "ApprovalNotFound", "CallLimit", "CallNotFound", "CallSettled", "DshError",
     "InvalidParams", "InvalidRequest", "LimitExceeded", "MethodNotFound", "NoTurn",
     "NotInitialized", "PermissionDenied", "SessionClosing", "SessionLimit", "SessionLocked",
     "SessionNotFound", "SteerLimit", "StillRunning", "StorageFailure", "TurnBusy",
@@ -79,6 +79,16 @@ class SessionLocked(DshError):
 
 class CallNotFound(DshError):
     CODE = rpc.CALL_NOT_FOUND
+
+
+class CallSettled(CallNotFound):
+    """The raw channel's input to a call that has settled: its command has ended (``-32006``,
+    ``data.code`` ``CALL_SETTLED``; its output stays readable with ``tool.read``)."""
+
+    def __init__(self, session_id: str, call_id: str) -> None:
+        super().__init__(f"call {call_id} of session {session_id} has settled: its command "
+                         "has ended and takes no input; read its output with tool.read",
+                         {"code": "CALL_SETTLED"})
 
 
 class ApprovalNotFound(DshError):

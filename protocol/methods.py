@@ -4,7 +4,8 @@ Theory of operation: every method of PROTOCOL.md §2–§3 is one entry of :data
 ``name -> Method(params, result)``; the daemon's dispatcher decodes a request's params into
 ``params`` and its handler returns a ``result``, and a client encodes ``params`` and decodes
 ``result`` with the same structs (msgspec's ``asyncio-kv`` pattern), so the wire shape is
-written once. ``stream`` is the daemon's one notification (:data:`NOTIFICATIONS`).
+written once. The daemon's notifications (:data:`NOTIFICATIONS`) are ``stream`` (a lane
+batch, §3.3) and ``output`` (a follower's raw bytes, §3.2, HOST.md §6).
 
 Structs use snake_case attribute names and ``rename="camel"``: the wire names of PROTOCOL.md
 (``sessionId``) are msgspec's encoded names, so a validation error names the wire field
@@ -28,9 +29,15 @@ from msgspec import UNSET, Meta, UnsetType
 
 from .errors import OpError
 from .ids import ID_PATTERN, RESERVED_IDS
-from .jsonview import JsonView
 from .lane import ToolResult
 from .ops import check_json_value
+from .raw import (
+    MAX_OUTPUT_CHUNK_BYTES, MAX_READ_BYTES, MAX_TERMINAL_CELLS, MAX_WRITE_BYTES, OutputGap,
+    OutputParams, Signal, ToolCallParams, ToolFollowParams, ToolFollowResult, ToolReadParams,
+    ToolReadResult, ToolResizeParams, ToolSignalParams, ToolUnfollowParams, ToolWriteParams,
+    ToolWriteResult,
+)
+from .structs import _Params, _Result
 
 __all__ = [
     "MAX_ARGUMENTS_BYTES", "MAX_CWD_CHARS", "MAX_ENV_ENTRIES", "MAX_ENV_NAME_CHARS",
@@ -45,6 +52,10 @@ __all__ = [
     "ToolCancelParams", "ToolResult", "ToolRunParams", "ToolRunResult", "ToolWaitParams",
     "TurnCancelParams", "TurnStartParams", "TurnStartResult", "TurnSteerParams",
     "TurnSteerResult", "UnsubscribeParams", "arguments_problem",
+    "MAX_OUTPUT_CHUNK_BYTES", "MAX_READ_BYTES", "MAX_TERMINAL_CELLS", "MAX_WRITE_BYTES",
+    "OutputGap", "OutputParams", "Signal", "ToolCallParams", "ToolFollowParams",
+    "ToolFollowResult", "ToolReadParams", "ToolReadResult", "ToolResizeParams",
+    "ToolSignalParams", "ToolUnfollowParams", "ToolWriteParams", "ToolWriteResult",
 ]
 
 PROTOCOL_VERSION = 1
@@ -88,16 +99,6 @@ Seconds = Annotated[float, Meta(ge=0)]
 ApprovalPolicy = Literal["ask", "never"]
 SandboxMode = Literal["read-only", "workspace-write", "danger-full-access"]
 Input = Annotated[str, Meta(max_length=MAX_INPUT_CHARS)]
-
-
-class _Params(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """Base of params structs: snake_case attributes, camelCase on the wire."""
-
-
-class _Result(JsonView, msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """Base of result structs: snake_case attributes, camelCase on the wire, fields in the
-    order the daemon has always sent them; ``UNSET`` fields are left out. A result also reads
-    as its JSON object (``protocol.jsonview``: ``info["lastSeq"]``)."""
 
 
 # ---------------------------------------------------------------------- initialize (§2)
@@ -385,6 +386,13 @@ METHODS: dict[str, Method] = {
     "tool.run": Method(ToolRunParams, ToolRunResult),
     "tool.wait": Method(ToolWaitParams, ToolResult),
     "tool.cancel": Method(ToolCancelParams, CancelledResult),
+    "tool.read": Method(ToolReadParams, ToolReadResult),
+    "tool.follow": Method(ToolFollowParams, ToolFollowResult),
+    "tool.unfollow": Method(ToolUnfollowParams, EmptyResult),
+    "tool.write": Method(ToolWriteParams, ToolWriteResult),
+    "tool.closeStdin": Method(ToolCallParams, EmptyResult),
+    "tool.resize": Method(ToolResizeParams, EmptyResult),
+    "tool.signal": Method(ToolSignalParams, EmptyResult),
     "subscribe": Method(SubscribeParams, SubscribeResult),
     "unsubscribe": Method(UnsubscribeParams, EmptyResult),
     "approval.decide": Method(ApprovalDecideParams, ApprovalDecideResult),
@@ -394,4 +402,4 @@ METHODS: dict[str, Method] = {
 }
 
 #: Notifications the daemon sends: name -> params struct (§3.3).
-NOTIFICATIONS: dict[str, type] = {"stream": StreamParams}
+NOTIFICATIONS: dict[str, type] = {"stream": StreamParams, "output": OutputParams}

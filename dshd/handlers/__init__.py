@@ -5,7 +5,8 @@ Theory of operation: each method of ``protocol.methods.METHODS`` has one handler
 struct and refuses by raising a ``dshd.errors`` class; :func:`dispatch` (``dispatch.py``) runs
 them and is the one place an exception becomes an error response (``to_rpc_error``). The
 modules split along the protocol's sections: ``lifecycle`` (§2, §3.6), ``sessions`` (§3.1),
-``calls`` (§3.2, §3.4), ``streams`` (§3.3), ``turns`` (§3.5); ``port`` is where the session
+``calls`` (§3.2, §3.4), ``raw`` (§3.2's raw channel: a call's bytes and input, HOST.md §6),
+``streams`` (§3.3), ``turns`` (§3.5); ``port`` is where the session
 room's own exceptions become ``dshd.errors`` classes, ``context`` what a handler is given.
 
 What a request may record is checked before anything is recorded: by the params structs (JSON

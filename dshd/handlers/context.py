@@ -30,7 +30,8 @@ class DaemonPort(Protocol):
 
 
 class ConnectionPort(Protocol):
-    """What handlers use of a connection: its peer, its handshake state, its subscriptions."""
+    """What handlers use of a connection: its peer, its handshake state, its subscriptions
+    and followers (``dshd.sessions.follow``: the connection is their ``FollowSink``)."""
 
     id: Any
     uid: int
@@ -39,6 +40,17 @@ class ConnectionPort(Protocol):
     client: dict[str, Any]
     capabilities: dict[str, Any]
     subscriptions: dict[str, Any]
+    followers: dict[str, Any]
+
+    def mint_follow_id(self) -> str: ...
+
+    def start_follower(self, run: Callable[[], Any]) -> None: ...
+
+    async def reserve_follow(self, nbytes: int) -> None: ...
+
+    def send_follow(self, line: bytes, reserved: int) -> None: ...
+
+    def release_follow(self, reserved: int) -> None: ...
 
 
 class AfterResponse:

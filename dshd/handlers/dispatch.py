@@ -24,7 +24,7 @@ import structlog
 from protocol import methods, rpc
 
 from ..errors import MethodNotFound, NotInitialized, to_rpc_error
-from . import calls, lifecycle, sessions, streams, turns
+from . import calls, lifecycle, raw, sessions, streams, turns
 from .context import AfterResponse, ConnectionPort
 
 __all__ = ["Answer", "HANDLERS", "NOT_A_CALL", "dispatch"]
@@ -45,6 +45,13 @@ HANDLERS: dict[str, Handler] = {
     "tool.run": calls.tool_run,
     "tool.wait": calls.tool_wait,
     "tool.cancel": calls.tool_cancel,
+    "tool.read": raw.tool_read,
+    "tool.follow": raw.tool_follow,
+    "tool.unfollow": raw.tool_unfollow,
+    "tool.write": raw.tool_write,
+    "tool.closeStdin": raw.tool_close_stdin,
+    "tool.resize": raw.tool_resize,
+    "tool.signal": raw.tool_signal,
     "approval.decide": calls.approval_decide,
     "turn.start": turns.turn_start,
     "turn.cancel": turns.turn_cancel,

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Awaitable, Callable, Protocol
+from typing import Any, Awaitable, Callable, NamedTuple, Protocol
 
 import structlog
 import trio
@@ -82,6 +82,14 @@ class AgentSlot(Protocol):
     def stop(self) -> None: ...
 
     def busy(self) -> bool: ...
+
+
+class CallOutput(NamedTuple):
+    """``Session.call_output``: the call dir, the host handle or None, the result or None."""
+
+    dir: Path
+    host: Any
+    result: dict | None
 
 
 class Session:
@@ -251,6 +259,16 @@ class Session:
     def cancel_call(self, call_id: str) -> bool:
         """Cancel a running call; False when it has settled. CallNotFound."""
         return self._calls.cancel(call_id)
+
+    def call_output(self, call_id: str) -> "CallOutput":
+        """Where the raw output of a known call is (HOST.md §6, ``dshd.sessions.follow``): its
+        call dir, its host handle while one runs (``Call.host``; None before its command
+        started and after the call left the running table), its recorded result (None until
+        it settled)."""
+        call = self._calls.running.get(call_id)
+        return CallOutput(self._calls.dir / "calls" / call_id,
+                          getattr(call, "host", None) if call is not None else None,
+                          self._calls.results.get(call_id))
 
     def decide(self, approval_id: str, decision: str) -> str:
         """Decide a pending approval (``dshd.sessions.approval``); the outcome recorded."""

@@ -95,11 +95,13 @@ def test_method_params_cover_the_protocol():
         "initialize", "session.create", "session.list", "session.get", "session.events",
         "session.setApprovalPolicy", "tool.run", "tool.wait", "tool.cancel", "subscribe",
         "unsubscribe", "approval.decide", "turn.start", "turn.cancel", "turn.steer", "daemon.status",
+        "tool.read", "tool.follow", "tool.unfollow", "tool.write", "tool.closeStdin",
+        "tool.resize", "tool.signal",
     }
     assert methods == set(m.METHODS)
     for params, _result in m.METHODS.values():
         assert issubclass(params, msgspec.Struct)
-    assert set(m.NOTIFICATIONS) == {"stream"}
+    assert set(m.NOTIFICATIONS) == {"stream", "output"}
 
 
 @pytest.mark.parametrize("raw, field", [

@@ -1,0 +1,341 @@
+"""The host proper: one command, its output log, its exit record, its control socket.
+
+Theory of operation: :class:`Host` runs one single-threaded loop (:class:`loop.Reactor`) over
+the output fd, the stdin end, the control listener and connections, and the SIGCHLD pipe,
+with a handful of deadlines. Its life, in order:
+
+1. **Start** (:meth:`Host.start`): the command is spawned (:mod:`child`); a spawn failure is
+   an exit record with reason ``spawn-failed`` at once.
+2. **Running**: each readable wake reads up to 1 MiB of output (a PTY's ``EIO`` is end of
+   file) and appends it to the log (:mod:`log`); the log is fsync'd at most once a second
+   while output flows (a deadline catches the end of a burst). Attached connections get a
+   ``progress`` event -- the first of a burst at once, then at most one per 20 ms. ``timeout``
+   (reason ``timeout``) and ``terminate`` (``cancelled``/``killed``) send TERM to the command's
+   processes (:func:`tree.signal_command`: the wrapper's own are spared) and, after the grace,
+   SIGKILL to the whole tree (:func:`tree.kill_tree`).
+3. **Draining**: once the direct child is reaped (the host reaps every orphan too: it is the
+   subreaper), the host waits up to ``eof_grace`` for end of file, then -- always, even after
+   end of file -- SIGKILLs every remaining descendant and the token's carriers, reads what is
+   still buffered, and closes the output: no ``sleep 30 &`` outlives the call.
+4. **Ended**: the log is fsync'd, then ``exit.json`` is written durably, then attached
+   connections get the ``exit`` event. The host exits once a ``release`` came (before or
+   after), or ``linger`` seconds after the end without one, after flushing its replies
+   (bounded).
+
+A request the state does not allow is refused with a code (``not-running`` after the end,
+``no-stdin``, ``bad-request``); nothing a connection sends can stop the host.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import time
+
+try:
+    from . import child, control, log, loop, spec as specs, stdin, tree
+except ImportError:  # run as a script (main.py): the siblings are top-level modules
+    import child
+    import control
+    import log
+    import loop
+    import spec as specs
+    import stdin
+    import tree
+
+__all__ = ["Host"]
+
+#: Bytes asked of the output fd per read.
+READ_CHUNK = 1_048_576
+#: Minimum seconds between two progress events (the first of a burst goes at once).
+PROGRESS_INTERVAL = 0.02
+#: Minimum seconds between two fsyncs of the log while output flows.
+SYNC_INTERVAL = 1.0
+#: Seconds the host waits, after it decided to exit, for its replies to leave.
+FLUSH_SECONDS = 1.0
+#: Reads of still-buffered output after the tree was killed (bounds a writer that escaped).
+DRAIN_READS = 64
+
+
+class Host:
+    """One call's host (see the module doc)."""
+
+    def __init__(self, spec: dict, writer: log.LogWriter, listener, reactor) -> None:
+        self.spec = spec
+        self.log = writer
+        self.listener = listener
+        self.reactor = reactor
+        self.conns: list[control.Connection] = []
+        self.pid = os.getpid()
+        self.child_pid: int | None = None
+        self.child_alive = False
+        self.status: int | None = None
+        self.output_fd: int | None = None
+        self.stdin: stdin.Stdin | None = None
+        self.reason: str | None = None
+        self.record: dict | None = None
+        self.released = False
+        self.uid = spec["user"]["uid"] if spec["user"] else os.geteuid()
+        now = time.monotonic()
+        self.deadlines: dict[str, float] = {}
+        self._last_progress = self._last_sync = now - 10.0
+        self._quit_at: float | None = None
+
+    # -- start ---------------------------------------------------------------------------
+
+    def start(self) -> int | None:
+        """Spawn the command; returns its pid (None after a spawn failure)."""
+        self.reactor.want_read(self.listener.fileno(), self._accept)
+        try:
+            spawned = child.spawn(self.spec)
+        except child.SpawnFailure as exc:
+            self._close_pass_fds()
+            self.stdin = stdin.Stdin(self.reactor, None, False)
+            self.stdin.ended = "not-running"
+            self._finish({"exitCode": None, "signal": None, "reason": "spawn-failed",
+                          "message": exc.message, "errno": exc.errno_name})
+            return None
+        self._close_pass_fds()
+        self.child_pid, self.child_alive = spawned.pid, True
+        self.output_fd = spawned.output_fd
+        self.stdin = stdin.Stdin(self.reactor, spawned.stdin_fd, self.spec["tty"] is not None)
+        self.reactor.want_read(self.output_fd, self._output)
+        if self.spec["timeout"] is not None:
+            self.deadlines["timeout"] = time.monotonic() + self.spec["timeout"]
+        return spawned.pid
+
+    def _close_pass_fds(self) -> None:
+        for fd in self.spec["pass_fds"]:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def run(self, sigpipe: loop.SignalPipe) -> None:
+        """Run until the host may exit (see the module doc)."""
+        self.reactor.want_read(sigpipe.read_fd, lambda: (sigpipe.drain(), self._reap()))
+        self._reap()
+        while True:
+            now = time.monotonic()
+            if self._quit_at is not None and (
+                    now >= self._quit_at or not any(c.pending_output for c in self.conns)):
+                return
+            for name, at in sorted(self.deadlines.items(), key=lambda kv: kv[1]):
+                if at <= now and self.deadlines.get(name) == at:
+                    del self.deadlines[name]
+                    getattr(self, f"_on_{name}")()
+            wake = min(self.deadlines.values(), default=None)
+            if self._quit_at is not None:
+                wake = min(wake or self._quit_at, self._quit_at, now + 0.05)
+            self.reactor.poll(None if wake is None else max(0.0, wake - time.monotonic()))
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid == self.child_pid and self.child_alive:
+                self.child_alive, self.status = False, status
+                self._child_exited()
+
+    def _child_exited(self) -> None:
+        self.deadlines.pop("timeout", None)
+        self.deadlines.pop("kill", None)
+        if self.stdin is not None:
+            self.stdin.end("not-running", "the command has ended")
+        if self.output_fd is None:
+            self._end_output()
+        else:
+            self.deadlines["eof"] = time.monotonic() + self.spec["eof_grace"]
+
+    # -- output --------------------------------------------------------------------------
+
+    def _output(self) -> None:
+        try:
+            data = os.read(self.output_fd, READ_CHUNK)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            if exc.errno != errno.EIO:  # EIO: every holder of the PTY slave is gone
+                os.write(2, f"dsh-host: reading the output failed: {exc}\n".encode())
+            data = b""
+        if not data:
+            self._close_output()
+            if not self.child_alive:
+                self._end_output()
+            return
+        self._append(data)
+
+    def _append(self, data: bytes) -> None:
+        self.log.append(data)
+        now = time.monotonic()
+        if now - self._last_sync >= SYNC_INTERVAL:
+            self._on_sync()
+        else:
+            self.deadlines.setdefault("sync", self._last_sync + SYNC_INTERVAL)
+        if now - self._last_progress >= PROGRESS_INTERVAL:
+            self._on_progress()
+        else:
+            self.deadlines.setdefault("progress", self._last_progress + PROGRESS_INTERVAL)
+
+    def _close_output(self) -> None:
+        if self.output_fd is None:
+            return
+        if self.stdin is not None and self.stdin.tty:
+            self.stdin.end("not-running", "the terminal is closed")
+        self.reactor.forget(self.output_fd)
+        os.close(self.output_fd)
+        self.output_fd = None
+
+    def _end_output(self) -> None:
+        """The child is gone: kill what is left of the tree, take the buffered rest, finish."""
+        self.deadlines.pop("eof", None)
+        self._kill_tree(leader=None)
+        if self.output_fd is not None:
+            for _ in range(DRAIN_READS):
+                try:
+                    data = os.read(self.output_fd, READ_CHUNK)
+                except (BlockingIOError, InterruptedError, OSError):
+                    break
+                if not data:
+                    break
+                self.log.append(data)
+            self._close_output()
+        self._finish(self._exit_fields())
+
+    def _exit_fields(self) -> dict:
+        code = os.waitstatus_to_exitcode(self.status)
+        sig = -code if code < 0 else None
+        return {"exitCode": 128 + sig if sig else code, "signal": sig,
+                "reason": self.reason or "exited"}
+
+    def _finish(self, fields: dict) -> None:
+        self.log.close()
+        self.record = {"version": 1, **fields, "endedAt": time.time(),
+                       "totalBytes": self.log.total_bytes, "totalLines": self.log.total_lines,
+                       "firstOffset": self.log.first_offset}
+        specs.write_json(self.spec["dir"], "exit.json", self.record, durable=True)
+        self.deadlines.pop("sync", None)
+        self.deadlines.pop("progress", None)
+        for conn in self.conns:
+            if conn.attached:
+                conn.send(self._progress_event())
+                conn.send({"event": "exit", "record": self.record})
+        if self.released:
+            self._quit()
+        else:
+            self.deadlines["linger"] = time.monotonic() + self.spec["linger"]
+
+    def _quit(self) -> None:
+        self.deadlines.clear()
+        self.reactor.forget(self.listener.fileno())
+        self._quit_at = time.monotonic() + FLUSH_SECONDS
+
+    # -- deadlines -----------------------------------------------------------------------
+
+    def _on_sync(self) -> None:
+        self.log.sync()
+        self._last_sync = time.monotonic()
+
+    def _on_progress(self) -> None:
+        self._last_progress = time.monotonic()
+        event = self._progress_event()
+        for conn in list(self.conns):
+            if conn.attached:
+                conn.send(event)
+
+    def _on_timeout(self) -> None:
+        if self.child_alive and self.reason is None:
+            self._terminate("timeout", self.spec["kill_grace"])
+
+    def _on_kill(self) -> None:
+        if self.child_alive:
+            self._kill_tree(leader=self.child_pid)
+
+    def _on_eof(self) -> None:
+        self._end_output()
+
+    def _on_linger(self) -> None:
+        self._quit()
+
+    def _terminate(self, reason: str, grace: float) -> None:
+        self.reason = reason
+        tree.signal_command(self.child_pid, signal.SIGTERM, self.spec["spare_wrapper"])
+        self.deadlines["kill"] = time.monotonic() + grace
+
+    def _kill_tree(self, leader: int | None) -> None:
+        marker = f"{self.spec['token_var']}={self.spec['token']}"
+        tree.kill_tree(self.pid, leader, self.spec["spare_wrapper"], marker, self.uid)
+
+    def _progress_event(self) -> dict:
+        return {"event": "progress", **self._progress()}
+
+    def _progress(self) -> dict:
+        return {"endOffset": self.log.total_bytes, "firstOffset": self.log.first_offset,
+                "totalLines": self.log.total_lines}
+
+    # -- control -------------------------------------------------------------------------
+
+    def _accept(self) -> None:
+        sock = control.accept_peer(self.listener, len(self.conns))
+        if sock is not None:
+            self.conns.append(control.Connection(sock, self.reactor, self.spec["secret"],
+                                                 self._request, self._closed))
+
+    def _closed(self, conn) -> None:
+        if conn in self.conns:
+            self.conns.remove(conn)
+        if self.stdin is not None:
+            self.stdin.drop(conn)
+
+    def _status(self) -> dict:
+        state = "exited" if self.record is not None else "running"
+        out = {"ok": True, "state": state, **self._progress()}
+        if self.record is not None:
+            out["record"] = self.record
+        return out
+
+    def _request(self, conn, request_id: int, op: str, args: dict) -> dict | None:
+        if op == "status":
+            return self._status()
+        if op == "attach":
+            conn.attached = True
+            if self.record is not None:  # after the reply: the exit event, once
+                conn.after.append({"event": "exit", "record": self.record})
+            return {"ok": True, "state": self._status()}
+        if op == "release":
+            self.released = True
+            if self.record is not None:
+                self._quit()
+            return {"ok": True}
+        if op in ("write", "close-stdin"):
+            self.stdin.submit(conn, request_id, args.get("data") if op == "write" else None)
+            return None
+        if not self.child_alive:
+            if op == "terminate" and self.record is None:
+                self.deadlines["eof"] = time.monotonic()  # cut the eof wait short
+                return {"ok": True}
+            raise control.RequestError("not-running", "the command has ended")
+        if op == "resize":
+            if self.spec["tty"] is None or self.output_fd is None:
+                raise control.RequestError("bad-request", "the call has no terminal")
+            child.set_winsize(self.output_fd, args["cols"], args["rows"])
+            return {"ok": True}
+        if op == "signal":
+            sig = getattr(signal, "SIG" + args["signal"])
+            return {"ok": True, "signalled": tree.signal_command(
+                self.child_pid, sig, self.spec["spare_wrapper"])}
+        # terminate
+        if self.reason is None or "kill" not in self.deadlines:
+            self._terminate(args["reason"], args["grace"])
+        else:
+            self.reason = args["reason"]
+            self.deadlines["kill"] = min(self.deadlines["kill"],
+                                         time.monotonic() + args["grace"])
+        return {"ok": True}

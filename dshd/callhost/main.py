@@ -1,0 +1,139 @@
+"""The call host's entry point: ``python3 -I -S /abs/path/dshd/callhost/main.py`` (plan §B).
+
+Theory of operation: the runner starts this script with a pipe as stdin and stdout, the
+call's ``host.log`` as stderr, and its own session. The script puts its own directory on
+``sys.path`` (``-I`` leaves it off) and imports every sibling module at once, before anything
+else happens, so a dshd upgrade that replaces these files never changes a running host. Then:
+
+1. read the spec (one JSON object) from stdin to EOF (bounded), validate it; a spec the host
+   cannot use is answered ``{"ok": false, "error": ...}`` and nothing starts;
+2. fork: this process (the runner's child, which the runner reaps) exits at once; the
+   grandchild -- the host proper -- is re-parented to the nearest subreaper or pid 1, so no
+   daemon thread is its parent. It is in the session this process leads, but not its leader,
+   so opening a PTY can never make the host's own controlling terminal;
+3. the host: SIGHUP/SIGINT ignored, ``PR_SET_CHILD_SUBREAPER`` (orphans of the command come
+   to it), the control socket (abstract, ``dsh-host-<32 hex>``), the first log segment,
+   ``host.json`` (atomic), the command's spawn, then ONE JSON line on stdout --
+   ``{"ok": true, "pid", "startTime", "control", "commandPid"}`` -- and stdin/stdout pointed
+   at ``/dev/null``: the host keeps no daemon descriptor, only its stderr (``host.log``);
+4. the loop (:class:`host.Host`) until the command ended, ``exit.json`` is durable and the
+   daemon released it (or ``linger`` passed).
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import ctypes  # noqa: E402 -- every import at start-up (see the module doc)
+import json  # noqa: E402
+import secrets  # noqa: E402
+import signal  # noqa: E402
+import socket  # noqa: E402
+
+import child  # noqa: E402,F401 -- loaded now, used by host
+import control  # noqa: E402,F401
+import host  # noqa: E402
+import log  # noqa: E402
+import loop  # noqa: E402
+import spec as specs  # noqa: E402
+import stdin  # noqa: E402,F401
+import tree  # noqa: E402,F401
+
+#: prctl option: become the child subreaper of every descendant.
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def _answer(obj: dict) -> None:
+    data = json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+    view = memoryview(data)
+    while view:
+        view = view[os.write(1, view):]
+
+
+def _read_spec() -> dict:
+    chunks, size = [], 0
+    while True:
+        chunk = os.read(0, 65536)
+        if not chunk:
+            break
+        size += len(chunk)
+        if size > specs.SPEC_MAX:
+            raise specs.SpecError(f"the spec is larger than {specs.SPEC_MAX} bytes")
+        chunks.append(chunk)
+    try:
+        raw = json.loads(b"".join(chunks))
+    except ValueError as exc:
+        raise specs.SpecError(f"the spec is not JSON ({exc})") from None
+    return specs.validate(raw)
+
+
+def _start_time(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return int(f.read().rpartition(b")")[2].split()[19])
+
+
+def _subreaper() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(code)}")
+
+
+def _detach_stdio() -> None:
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.close(null)
+
+
+def _host(spec: dict) -> int:
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        _subreaper()
+        name = f"dsh-host-{secrets.token_hex(16)}"
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC
+                                 | socket.SOCK_NONBLOCK)
+        listener.bind("\0" + name)
+        listener.listen(control.MAX_CONNECTIONS)
+        writer = log.LogWriter(spec["dir"], spec["segment_bytes"])
+        pid = os.getpid()
+        start_time = _start_time(pid)
+        specs.write_json(spec["dir"], "host.json", {
+            "version": 1, "pid": pid, "startTime": start_time, "control": name,
+            "segmentBytes": spec["segment_bytes"], "tty": spec["tty"] is not None,
+            "stdin": spec["stdin"]}, durable=False)
+        sigpipe = loop.SignalPipe()
+        the_host = host.Host(spec, writer, listener, loop.Reactor())
+        command_pid = the_host.start()
+    except OSError as exc:
+        _answer({"ok": False, "error": f"the call host could not start: {exc}"})
+        return 1
+    _answer({"ok": True, "pid": pid, "startTime": start_time, "control": name,
+             "commandPid": command_pid})
+    _detach_stdio()
+    the_host.run(sigpipe)
+    return 0
+
+
+def main() -> int:
+    try:
+        spec = _read_spec()
+    except specs.SpecError as exc:
+        _answer({"ok": False, "error": str(exc)})
+        return 2
+    if os.getsid(0) != os.getpid():
+        os.setsid()
+    if os.fork() != 0:
+        os._exit(0)  # the intermediate: the runner reaps it
+    try:
+        code = _host(spec)
+    except BaseException as exc:  # noqa: BLE001 -- say why in host.log, then go
+        os.write(2, f"dsh-host: {type(exc).__name__}: {exc}\n".encode())
+        os._exit(70)
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
