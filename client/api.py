@@ -26,7 +26,6 @@ not model the domain.
 
 from __future__ import annotations
 
-import base64
 import math
 import os
 from contextlib import asynccontextmanager
@@ -279,17 +278,20 @@ class Client:
                           limit: int | None = None, *, from_first: bool = False) -> ReadResult:
         """``tool.read``: up to ``limit`` raw bytes at ``offset``. ``from_first``: an offset
         the disk cap dropped already reads from ``firstOffset`` instead of failing."""
-        params: dict[str, Any] = {"sessionId": session_id, "callId": call_id, "offset": offset}
-        if limit is not None:
-            params["limit"] = limit
+
+        def params(at: int) -> m.ToolReadParams:
+            if limit is None:
+                return m.ToolReadParams(session_id=session_id, call_id=call_id, offset=at)
+            return m.ToolReadParams(session_id=session_id, call_id=call_id, offset=at,
+                                    limit=limit)
+
         try:
-            return await self._conn.call("tool.read", params, result_type=ReadResult)
+            return await self.request("tool.read", params(offset))
         except RpcError as exc:
             first = exc.data.get("firstOffset") if isinstance(exc.data, dict) else None
             if not from_first or not isinstance(first, int) or first <= offset:
                 raise
-        return await self._conn.call("tool.read", {**params, "offset": first},
-                                     result_type=ReadResult)
+        return await self.request("tool.read", params(first))
 
     async def follow_output(self, session_id: str, call_id: str,
                             offset: int = 0) -> OutputFollow:
@@ -298,24 +300,24 @@ class Client:
 
     async def write_input(self, session_id: str, call_id: str, data: bytes) -> int:
         """``tool.write``: answered once the command's stdin took every byte (≤ 1 MiB)."""
-        result = await self._conn.call("tool.write", {
-            "sessionId": session_id, "callId": call_id,
-            "data": base64.b64encode(data).decode("ascii")})
-        return int(result.get("written", len(data))) if isinstance(result, dict) else len(data)
+        result: m.ToolWriteResult = await self.request("tool.write", m.ToolWriteParams(
+            session_id=session_id, call_id=call_id, data=data))
+        return result.written
 
     async def close_input(self, session_id: str, call_id: str) -> None:
         """``tool.closeStdin``: end of input (a PTY gets its VEOF character)."""
-        await self._conn.call("tool.closeStdin", {"sessionId": session_id, "callId": call_id})
+        await self.request("tool.closeStdin",
+                           m.ToolCallParams(session_id=session_id, call_id=call_id))
 
     async def resize(self, session_id: str, call_id: str, cols: int, rows: int) -> None:
         """``tool.resize`` of a tty call's terminal (1..10000 each)."""
-        await self._conn.call("tool.resize", {"sessionId": session_id, "callId": call_id,
-                                              "cols": cols, "rows": rows})
+        await self.request("tool.resize", m.ToolResizeParams(
+            session_id=session_id, call_id=call_id, cols=cols, rows=rows))
 
     async def send_signal(self, session_id: str, call_id: str, name: str) -> None:
         """``tool.signal`` (``INT``, ``TERM``, ... without ``SIG``) to the command."""
-        await self._conn.call("tool.signal", {"sessionId": session_id, "callId": call_id,
-                                              "signal": name})
+        await self.request("tool.signal", m.ToolSignalParams(
+            session_id=session_id, call_id=call_id, signal=name))
 
     # -- approvals (PROTOCOL.md §3.4) -------------------------------------------------------
     async def decide(self, session_id: str, approval_id: str, decision: str) -> str:

@@ -26,6 +26,7 @@ import anyio
 import msgspec
 
 from client.transport import ConnectionLost, DshClientError, FollowInbox
+from protocol import methods as m
 from protocol.rpc import RpcError
 
 if TYPE_CHECKING:
@@ -44,34 +45,15 @@ class RawAnswerError(DshClientError):
     """dshd's raw channel said something that does not add up (a hole, a bad offset)."""
 
 
-class ReadResult(msgspec.Struct, frozen=True, rename="camel"):
-    """``tool.read``'s answer: ``data`` (decoded) starts at ``offset``."""
-
-    offset: int
-    data: bytes
-    first_offset: int
-    end_offset: int
-    eof: bool = False
+#: ``tool.read``'s answer: ``data`` (decoded) starts at ``offset``.
+ReadResult = m.ToolReadResult
 
 
-class _GapRange(msgspec.Struct, frozen=True):
-    from_: int = msgspec.field(name="from")
-    to: int = 0
+_output_decoder = msgspec.json.Decoder(m.OutputParams)
 
 
-class _Output(msgspec.Struct, frozen=True, rename="camel"):
-    """One ``output`` notification's params (a chunk, a gap or the end)."""
-
-    follow_id: str
-    offset: int | None = None
-    data: bytes | None = None
-    gap: _GapRange | None = None
-    eof: bool = False
-    exit_code: int | None = None
-    error: str | None = None
-
-
-_output_decoder = msgspec.json.Decoder(_Output)
+def _given(value: Any) -> Any:
+    return None if value is msgspec.UNSET else value
 
 
 class Chunk(msgspec.Struct, frozen=True):
@@ -116,13 +98,12 @@ class OutputFollow:
     async def open(self) -> "OutputFollow":
         conn = self._client.connection
 
-        def register(result: _FollowResult) -> None:
+        def register(result: m.ToolFollowResult) -> None:
             conn.register_follow(result.follow_id, self._inbox)
 
-        result = await conn.call("tool.follow", {"sessionId": self.session_id,
-                                                 "callId": self.call_id,
-                                                 "offset": self.position},
-                                 result_type=_FollowResult, on_result=register)
+        result = await self._client.request("tool.follow", m.ToolFollowParams(
+            session_id=self.session_id, call_id=self.call_id, offset=self.position),
+            on_result=register)
         self.follow_id = result.follow_id
         return self
 
@@ -140,24 +121,25 @@ class OutputFollow:
                                  f"read: {exc}") from None
         return self._checked(item)
 
-    def _checked(self, item: _Output) -> Chunk | Gap | End | Broken:
-        if item.gap is not None:
-            if item.gap.to < self.position:
-                raise RawAnswerError(f"dshd sent a gap to {item.gap.to}, before the offset "
+    def _checked(self, item: m.OutputParams) -> Chunk | Gap | End | Broken:
+        gap_range, offset = _given(item.gap), _given(item.offset)
+        if gap_range is not None:
+            if gap_range.to < self.position:
+                raise RawAnswerError(f"dshd sent a gap to {gap_range.to}, before the offset "
                                      f"already printed ({self.position})")
-            gap = Gap(max(item.gap.from_, self.position), item.gap.to)
-            self.position = item.gap.to
+            gap = Gap(max(gap_range.from_, self.position), gap_range.to)
+            self.position = gap_range.to
             return gap
-        if item.error is not None:
+        if _given(item.error) is not None:
             self._done = True
-            return Broken(self.position if item.offset is None else item.offset, item.error)
-        if item.offset != self.position:
+            return Broken(self.position if offset is None else offset, item.error)
+        if offset != self.position:
             raise RawAnswerError(f"dshd's output jumped from offset {self.position} to "
-                                 f"{item.offset} without a gap")
+                                 f"{offset} without a gap")
         if item.eof:
             self._done = True
-            return End(item.offset, item.exit_code)
-        data = item.data or b""
+            return End(offset, _given(item.exit_code))
+        data = _given(item.data) or b""
         self.position += len(data)
         return Chunk(item.offset, data)
 
@@ -172,7 +154,8 @@ class OutputFollow:
             return
         with anyio.move_on_after(2, shield=True):
             try:
-                await conn.call("tool.unfollow", {"followId": follow_id})
+                await self._client.request("tool.unfollow",
+                                           m.ToolUnfollowParams(follow_id=follow_id))
             except (RpcError, ConnectionLost):
                 pass  # gone already (the call ended, or the connection did)
 

@@ -420,15 +420,23 @@ def detach_exit(detached: Detach | None) -> int:
 
 
 def end_notes(followed: Followed, result: ToolResult) -> None:
-    """After the output: what of it was not shown, and why."""
+    """After the output: what of it was not shown, and why. The result's ``totalBytes`` (the
+    bytes the command wrote) is the check: a raw log that ended short is said, and one that is
+    missing altogether (nothing printed) is replaced by the call's window."""
     state = followed.output
-    if state.error is not None and command_ran(result):
-        if state.position == 0 and result.content:
-            emit_bytes(result.content.encode("utf-8", "replace"))  # the window, at least
-            note(f"dsh: the raw output is not available ({state.error}); the call's window "
-                 "(its last lines, cleaned) was shown instead")
-        else:
-            note(f"dsh: the output may be incomplete: {state.error}")
+    truncation = result.details.truncation
+    total = truncation.total_bytes if truncation is not None else 0
+    short = command_ran(result) and state.position < total
+    if short and state.position == 0 and result.content:
+        emit_bytes(result.content.encode("utf-8", "replace"))  # the window, at least
+        note(f"dsh: the raw output is not available ({state.error or 'its log is missing'});"
+             " the call's window (its last lines, cleaned) was shown instead")
+    elif short:
+        note(f"dsh: {total - state.position} of {total} bytes of output were not shown: the "
+             f"raw output ended at byte {state.position}"
+             + (f" ({state.error})" if state.error else ""))
+    elif state.error is not None and command_ran(result):
+        note(f"dsh: the output may be incomplete: {state.error}")
     if state.gaps > 1 or (state.dropped and state.gaps == 0):
         note(f"dsh: {state.dropped} bytes of the output in all were dropped by the per-call "
              "disk cap (spill_max_bytes)")
