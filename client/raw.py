@@ -20,17 +20,27 @@ without its newline counts as a line). Pure protocol: no terminal, no printing.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import anyio
 import msgspec
 
-from client.transport import ConnectionLost, DshClientError, FollowInbox
+from client.transport import Connection, ConnectionLost, DshClientError, FollowInbox
 from protocol import methods as m
 from protocol.rpc import RpcError
 
-if TYPE_CHECKING:
-    from client.api import Client
+
+class Client(Protocol):
+    """What the raw channel needs of ``client.api.Client`` (named here: no import cycle)."""
+
+    @property
+    def connection(self) -> Connection: ...
+
+    async def request(self, method: str, params: msgspec.Struct | None = None, *,
+                      on_result: Any = None) -> Any: ...
+
+    async def read_output(self, session_id: str, call_id: str, offset: int,
+                          limit: int | None = None, *, from_first: bool = False) -> Any: ...
 
 __all__ = ["ReadResult", "Chunk", "Gap", "End", "Broken", "RawAnswerError", "OutputFollow", "tail_offset", "READ_LIMIT",
            "TAIL_READ"]
@@ -85,7 +95,7 @@ class _FollowResult(msgspec.Struct, frozen=True, rename="camel"):
 class OutputFollow:
     """One ``tool.follow``: ``async for item in follow`` yields ``Chunk``/``Gap``, then ``End``."""
 
-    def __init__(self, client: "Client", session_id: str, call_id: str, offset: int) -> None:
+    def __init__(self, client: Client, session_id: str, call_id: str, offset: int) -> None:
         self._client = client
         self.session_id = session_id
         self.call_id = call_id
@@ -166,7 +176,7 @@ class OutputFollow:
         await self.aclose()
 
 
-async def _read_exact(client: "Client", session_id: str, call_id: str, start: int,
+async def _read_exact(client: Client, session_id: str, call_id: str, start: int,
                       stop: int) -> bytes:
     """The retained bytes [start, stop) (``tool.read`` may answer fewer than asked)."""
     parts: list[bytes] = []
@@ -182,7 +192,7 @@ async def _read_exact(client: "Client", session_id: str, call_id: str, start: in
     return b"".join(parts)
 
 
-async def tail_offset(client: "Client", session_id: str, call_id: str,
+async def tail_offset(client: Client, session_id: str, call_id: str,
                       lines: int) -> tuple[int, int]:
     """(the offset where the last ``lines`` lines of the retained output start, firstOffset).
 

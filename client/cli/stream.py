@@ -427,7 +427,9 @@ def end_notes(followed: Followed, result: ToolResult) -> None:
     truncation = result.details.truncation
     total = truncation.total_bytes if truncation is not None else 0
     short = command_ran(result) and state.position < total
-    if short and state.position == 0 and result.content:
+    no_log = command_ran(result) and state.position == 0 and state.dropped == 0 \
+        and (short or state.error is not None)
+    if no_log and result.content:
         emit_bytes(result.content.encode("utf-8", "replace"))  # the window, at least
         note(f"dsh: the raw output is not available ({state.error or 'its log is missing'});"
              " the call's window (its last lines, cleaned) was shown instead")
