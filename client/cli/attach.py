@@ -90,8 +90,8 @@ async def attach_call(client: Client, call: Call, entry: Any, tail: int | None,
         if first > 0 and offset == first:
             note(f"dsh: the per-call disk cap (spill_max_bytes) dropped the first {first} bytes "
                  "of the output; shown from the oldest byte kept")
-    tty = call_is_tty(entry)
-    io = Io(tty=tty, raw=tty and isatty(0), detach_keys=detach_keys if tty else b"")
+    raw = call_is_tty(entry) and isatty(0)  # off a terminal, attach only watches
+    io = Io(tty=raw, raw=raw, detach_keys=detach_keys if raw else b"")
     note(call_header(call.call_id, entry), "bold")
     if io.raw:
         cols, rows = terminal_size()
