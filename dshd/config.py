@@ -157,6 +157,13 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     #: A graceful stop (SIGTERM, SIGINT) ends within this, seconds: every stop timeout of the
     #: daemon is a share of it; the units' TimeoutStopSec= is it plus a 5 s margin.
     stop_timeout_seconds: Annotated[float, msgspec.Meta(ge=1, le=3600)] = 10.0
+    # -- runner room (issue 12, HOST.md §3): the call host's per-call log and lifetime ------
+    #: Raw output kept on disk per call (output.raw and its segments), bytes: 64 KiB .. 1 TiB;
+    #: past it the oldest quarter is dropped (``truncation.droppedBytes``).
+    spill_max_bytes: Annotated[int, msgspec.Meta(ge=65_536, le=1 << 40)] = 1_073_741_824
+    #: A call host whose command ended waits this long for the daemon to record the result
+    #: before it exits on its own, seconds.
+    host_linger_seconds: Annotated[float, msgspec.Meta(ge=0, le=86_400)] = 300.0
     #: Log output: "auto" (console on a TTY, JSON otherwise), "console" or "json".
     log_format: Literal["auto", "console", "json"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"

@@ -35,18 +35,29 @@ import msgspec
 from protocol.methods import BashArguments, arguments_problem
 
 from .errors import InvalidParams, UnknownTool
-from .execution.process import BashScript
+from .execution.spawn import BashScript
 
 __all__ = ["BASH", "TOOLS", "Invocation", "ToolSpec", "check_arguments", "tool_names"]
 
 
 @dataclass(frozen=True)
+class Terminal:
+    """The PTY a ``tty`` call runs under: its size (HOST.md §5)."""
+
+    cols: int
+    rows: int
+
+
+@dataclass(frozen=True)
 class Invocation:
     """What the command's owner runs for one call: ``script`` (its ``argv``; the owner closes
-    it) and ``timeout`` in seconds (None: no timeout)."""
+    it), ``timeout`` in seconds (None: no timeout), ``tty`` (None: pipes) and ``stdin``
+    (``"null"`` or ``"pipe"``; a tty call's stdin is its terminal)."""
 
     script: BashScript
     timeout: float | None
+    tty: Terminal | None = None
+    stdin: str = "null"
 
 
 @dataclass(frozen=True)
@@ -86,8 +97,11 @@ class ToolSpec:
 
 def _invoke_bash(arguments: Mapping[str, Any]) -> Invocation:
     timeout = arguments.get("timeout")
+    tty = (Terminal(int(arguments.get("cols", 80)), int(arguments.get("rows", 24)))
+           if arguments.get("tty") else None)
     return Invocation(BashScript(arguments["command"]),
-                      float(timeout) if timeout is not None else None)
+                      float(timeout) if timeout is not None else None,
+                      tty=tty, stdin="pipe" if tty is not None else arguments.get("stdin", "null"))
 
 
 BASH = ToolSpec(
@@ -96,7 +110,8 @@ BASH = ToolSpec(
         "Run a shell command with bash in the session's working directory, confined by the "
         "session's sandbox, after a person approves it. stdout and stderr come back merged; "
         "long output keeps only its tail (the daemon's output window; the result says what was "
-        "cut). Non-interactive: stdin is empty."
+        "cut). stdin is empty unless stdin is \"pipe\" (written with tool.write); tty: true "
+        "runs it under a terminal of cols x rows (default 80x24) for programs that need one."
     ),
     arguments=BashArguments,
     concurrent=False,  # it may write: one at a time
@@ -104,6 +119,11 @@ BASH = ToolSpec(
     sentences={
         "command": "bash needs arguments.command, a non-empty string",
         "timeout": "arguments.timeout is seconds, a number > 0 (at most 7 days)",
+        "tty": "arguments.tty is true (run under a terminal) or false (pipes, the default)",
+        "cols": "arguments.cols is the terminal's width, a whole number from 1 to 10000",
+        "rows": "arguments.rows is the terminal's height, a whole number from 1 to 10000",
+        "stdin": 'arguments.stdin is "null" (empty, the default) or "pipe" (written with '
+                 "tool.write)",
     },
 )
 

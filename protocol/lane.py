@@ -36,7 +36,8 @@ TurnState = Literal["starting", "running", "waiting-tools", "cancelling"]
 
 class Truncation(JsonView, msgspec.Struct, rename="camel"):
     """``details.truncation`` of a ToolResult and ``truncation`` of a ToolOutput: every key
-    always present; a call that never ran has zero totals with the limits it would have had."""
+    always present (but ``droppedBytes``, only when non-zero); a call that never ran has zero
+    totals with the limits it would have had."""
 
     truncated: bool = False
     truncated_by: str | None = None
@@ -44,6 +45,9 @@ class Truncation(JsonView, msgspec.Struct, rename="camel"):
     total_lines: int = 0
     max_bytes: int = 0
     max_lines: int = 0
+    #: Raw bytes the per-call disk cap dropped from the call's log (its ``firstOffset``);
+    #: present only when non-zero (HOST.md §3).
+    dropped_bytes: int | msgspec.UnsetType = msgspec.UNSET
 
 
 class SandboxNote(JsonView, msgspec.Struct, rename="camel"):

@@ -70,6 +70,8 @@ MAX_INPUT_CHARS = 1024 * 1024
 MAX_ARGUMENTS_BYTES = 8 * 1024 * 1024
 #: ``bash``'s ``timeout`` cap: 7 days in seconds (PROTOCOL.md §3.2).
 MAX_BASH_TIMEOUT_SECONDS = 7 * 86400
+#: Largest terminal width or height of a tty call (HOST.md §5).
+MAX_TTY_SIZE = 10_000
 
 _arguments_encoder = msgspec.json.Encoder()
 
@@ -275,13 +277,23 @@ class ToolRunResult(_Result, omit_defaults=True):
 class BashArguments(msgspec.Struct, frozen=True, kw_only=True):
     """``arguments`` of the built-in ``bash`` tool, for a client and a model alike (§3.2):
     ``command`` a non-empty string without NUL, ``timeout`` seconds > 0 and ≤ 604,800; other
-    keys are ignored. Its JSON schema is what the model is shown."""
+    keys are ignored. ``tty`` (a PTY of ``cols`` x ``rows``, 1..10000 each) and ``stdin``
+    (``"pipe"``: written with ``tool.write``) shape the command's terminal and input (HOST.md
+    §5). Its JSON schema is what the model is shown."""
 
     command: Annotated[str, Meta(min_length=1, description="The command line, run as `bash -c`.")]
     timeout: Annotated[float, Meta(
         gt=0, le=MAX_BASH_TIMEOUT_SECONDS,
         description="Seconds before the command's process group is killed.",
     )] | None = None
+    tty: Annotated[bool, Meta(
+        description="Run under a terminal (PTY) of cols x rows; stdin is the terminal.",
+    )] = False
+    cols: Annotated[int, Meta(ge=1, le=MAX_TTY_SIZE, description="Terminal width (tty).")] = 80
+    rows: Annotated[int, Meta(ge=1, le=MAX_TTY_SIZE, description="Terminal height (tty).")] = 24
+    stdin: Annotated[Literal["null", "pipe"], Meta(
+        description='"pipe": stdin is written with tool.write; "null": empty.',
+    )] = "null"
 
     def __post_init__(self) -> None:
         if "\0" in self.command:

@@ -15,8 +15,12 @@ with a handful of deadlines. Its life, in order:
    SIGKILL to the whole tree (:func:`tree.kill_tree`).
 3. **Draining**: once the direct child is reaped (the host reaps every orphan too: it is the
    subreaper), the host waits up to ``eof_grace`` for end of file, then -- always, even after
-   end of file -- SIGKILLs every remaining descendant and the token's carriers, reads what is
-   still buffered, and closes the output: no ``sleep 30 &`` outlives the call.
+   end of file -- SIGKILLs every remaining descendant and the token's carriers, then reads on
+   until end of file (what the killed holders wrote is still in the pipe) or
+   :data:`DRAIN_SECONDS`, and closes the output: no ``sleep 30 &`` outlives the call.
+   A log that cannot be written (``ENOSPC``, ``EFBIG``) stops the command like a
+   ``terminate`` (reason ``killed``, the record's ``message`` says why); output is then read
+   and dropped, so the command never blocks on a full pipe.
 4. **Ended**: the log is fsync'd, then ``exit.json`` is written durably, then attached
    connections get the ``exit`` event. The host exits once a ``release`` came (before or
    after), or ``linger`` seconds after the end without one, after flushing its replies
@@ -54,8 +58,9 @@ PROGRESS_INTERVAL = 0.02
 SYNC_INTERVAL = 1.0
 #: Seconds the host waits, after it decided to exit, for its replies to leave.
 FLUSH_SECONDS = 1.0
-#: Reads of still-buffered output after the tree was killed (bounds a writer that escaped).
-DRAIN_READS = 64
+#: Seconds the output may take to reach end of file once the tree was killed (a holder that
+#: escaped the kill cannot keep the call open).
+DRAIN_SECONDS = 2.0
 
 
 class Host:
@@ -76,6 +81,8 @@ class Host:
         self.reason: str | None = None
         self.record: dict | None = None
         self.released = False
+        self.log_error: str | None = None  # why the log could not be written, if it failed
+        self._swept = False  # the remaining tree was killed after the child's exit
         self.uid = spec["user"]["uid"] if spec["user"] else os.geteuid()
         now = time.monotonic()
         self.deadlines: dict[str, float] = {}
@@ -173,7 +180,13 @@ class Host:
         self._append(data)
 
     def _append(self, data: bytes) -> None:
-        self.log.append(data)
+        if self.log_error is not None:
+            return  # the log failed: output is read and dropped while the command is stopped
+        try:
+            self.log.append(data)
+        except OSError as exc:
+            self._log_failed(exc)
+            return
         now = time.monotonic()
         if now - self._last_sync >= SYNC_INTERVAL:
             self._on_sync()
@@ -193,30 +206,46 @@ class Host:
         os.close(self.output_fd)
         self.output_fd = None
 
+    def _log_failed(self, exc: OSError) -> None:
+        self.log_error = (f"writing the output log failed ({exc.strerror or exc}) after "
+                          f"{self.log.total_bytes} bytes; the command was stopped")
+        os.write(2, f"dsh-host: {self.log_error}\n".encode())
+        self.deadlines.pop("sync", None)
+        if self.child_alive and "kill" not in self.deadlines:
+            self._terminate("killed", self.spec["kill_grace"])
+
     def _end_output(self) -> None:
-        """The child is gone: kill what is left of the tree, take the buffered rest, finish."""
+        """The child is gone: kill what is left of the tree (once), let the output reach end
+        of file (bounded: :data:`DRAIN_SECONDS`), finish."""
         self.deadlines.pop("eof", None)
-        self._kill_tree(leader=None)
+        if not self._swept:
+            self._swept = True
+            self._kill_tree(leader=None)
         if self.output_fd is not None:
-            for _ in range(DRAIN_READS):
-                try:
-                    data = os.read(self.output_fd, READ_CHUNK)
-                except (BlockingIOError, InterruptedError, OSError):
-                    break
-                if not data:
-                    break
-                self.log.append(data)
-            self._close_output()
+            self.deadlines.setdefault("drain", time.monotonic() + DRAIN_SECONDS)
+            return
+        self.deadlines.pop("drain", None)
         self._finish(self._exit_fields())
+
+    def _on_drain(self) -> None:
+        self._close_output()
+        self._end_output()
 
     def _exit_fields(self) -> dict:
         code = os.waitstatus_to_exitcode(self.status)
         sig = -code if code < 0 else None
-        return {"exitCode": 128 + sig if sig else code, "signal": sig,
-                "reason": self.reason or "exited"}
+        fields = {"exitCode": 128 + sig if sig else code, "signal": sig,
+                  "reason": self.reason or "exited"}
+        if self.log_error is not None:
+            fields["message"] = self.log_error
+        return fields
 
     def _finish(self, fields: dict) -> None:
-        self.log.close()
+        try:
+            self.log.close()
+        except OSError as exc:
+            self._log_failed(exc)
+            fields.setdefault("message", self.log_error)
         self.record = {"version": 1, **fields, "endedAt": time.time(),
                        "totalBytes": self.log.total_bytes, "totalLines": self.log.total_lines,
                        "firstOffset": self.log.first_offset}
@@ -269,6 +298,10 @@ class Host:
         tree.signal_command(self.child_pid, signal.SIGTERM, self.spec["spare_wrapper"])
         self.deadlines["kill"] = time.monotonic() + grace
 
+    def kill_everything(self) -> None:
+        """SIGKILL the whole tree now (the host is going away on an unexpected error)."""
+        self._kill_tree(leader=self.child_pid if self.child_alive else None)
+
     def _kill_tree(self, leader: int | None) -> None:
         marker = f"{self.spec['token_var']}={self.spec['token']}"
         tree.kill_tree(self.pid, leader, self.spec["spare_wrapper"], marker, self.uid)
@@ -294,21 +327,20 @@ class Host:
         if self.stdin is not None:
             self.stdin.drop(conn)
 
-    def _status(self) -> dict:
-        state = "exited" if self.record is not None else "running"
-        out = {"ok": True, "state": state, **self._progress()}
+    def _state(self) -> dict:
+        out = {"state": "exited" if self.record is not None else "running", **self._progress()}
         if self.record is not None:
             out["record"] = self.record
         return out
 
     def _request(self, conn, request_id: int, op: str, args: dict) -> dict | None:
         if op == "status":
-            return self._status()
+            return {"ok": True, **self._state()}
         if op == "attach":
             conn.attached = True
             if self.record is not None:  # after the reply: the exit event, once
                 conn.after.append({"event": "exit", "record": self.record})
-            return {"ok": True, "state": self._status()}
+            return {"ok": True, "state": self._state()}
         if op == "release":
             self.released = True
             if self.record is not None:

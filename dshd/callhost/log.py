@@ -28,15 +28,31 @@ from __future__ import annotations
 import json
 import os
 
-__all__ = ["Gap", "LogExtent", "LogWriter", "MAX_RETAINED_SEGMENTS", "read", "scan",
-           "segment_name"]
+__all__ = ["Gap", "LogExtent", "LogWriter", "MAX_RETAINED_SEGMENTS", "count_newlines", "read",
+           "scan", "segment_name"]
 
 #: Segments kept on disk; opening segment k unlinks segment k - MAX_RETAINED_SEGMENTS.
 MAX_RETAINED_SEGMENTS = 4
 #: The name of segment 0 (the spill file).
 BASE_NAME = "output.raw"
+#: Below one newline per this many bytes (in a sample) output counts as sparse in newlines.
+SPARSE_NEWLINES = 24
 #: Largest ``host.json`` the reader accepts (it is a few hundred bytes).
 HOST_JSON_MAX = 65536
+
+
+def count_newlines(data: bytes) -> int:
+    """``data.count(b"\\n")``, faster for output with few newlines.
+
+    ``bytes.count`` of one byte is a plain per-byte loop (~0.8 ms per MiB here), while
+    ``bytes.replace`` finds the bytes it deletes with ``memchr`` and copies between them: ~50x
+    faster without newlines, ~3x at one newline per 77 bytes (base64), but ~2x slower for
+    dense ones (``seq``). A 4 KiB sample picks the method for chunks of 64 KiB and more.
+    """
+    size = len(data)
+    if size >= 65536 and data.count(b"\n", 0, 4096) < 4096 // SPARSE_NEWLINES:
+        return size - len(data.replace(b"\n", b""))
+    return data.count(b"\n")
 
 
 def segment_name(k: int) -> str:
@@ -108,7 +124,7 @@ class LogWriter:
         """Append ``data`` (any size), crossing into new segments as needed."""
         if not data:
             return
-        self.newlines += data.count(b"\n")
+        self.newlines += count_newlines(data)
         self._last_byte = data[-1:]
         view = memoryview(data)
         while view:

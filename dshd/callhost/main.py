@@ -30,6 +30,7 @@ import json  # noqa: E402
 import secrets  # noqa: E402
 import signal  # noqa: E402
 import socket  # noqa: E402
+import traceback  # noqa: E402
 
 import child  # noqa: E402,F401 -- loaded now, used by host
 import control  # noqa: E402,F401
@@ -90,6 +91,7 @@ def _detach_stdio() -> None:
 def _host(spec: dict) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.chdir("/")  # pin no mount
     try:
         _subreaper()
         name = f"dsh-host-{secrets.token_hex(16)}"
@@ -110,10 +112,18 @@ def _host(spec: dict) -> int:
     except OSError as exc:
         _answer({"ok": False, "error": f"the call host could not start: {exc}"})
         return 1
-    _answer({"ok": True, "pid": pid, "startTime": start_time, "control": name,
-             "commandPid": command_pid})
+    try:
+        _answer({"ok": True, "pid": pid, "startTime": start_time, "control": name,
+                 "commandPid": command_pid})
+    except OSError:
+        pass  # the runner is gone (the daemon died): run on, a restarted daemon finds host.json
     _detach_stdio()
-    the_host.run(sigpipe)
+    try:
+        the_host.run(sigpipe)
+    except BaseException:  # a bug: say so in host.log, and leave no orphan behind
+        os.write(2, f"dsh-host: crashed:\n{traceback.format_exc()}".encode())
+        the_host.kill_everything()
+        return 70
     return 0
 
 

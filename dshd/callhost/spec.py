@@ -103,6 +103,8 @@ def validate(spec) -> dict:
     except OSError as exc:
         raise SpecError(f"the call directory {directory} is not usable ({exc.strerror})") from None
     _need(stat.S_ISDIR(st.st_mode), f"the call directory {directory} is not a directory")
+    _need(st.st_uid == os.geteuid() and not st.st_mode & 0o077,
+          f"the call directory {directory} must be owned by the host's user and mode 0700")
     _check_strings(spec)
     _check_identity(spec)
     spill, segment = spec.get("spill_max_bytes"), spec.get("segment_bytes")

@@ -1,21 +1,19 @@
-"""Process spawn, output capture and spill for tool calls (EXEC.md §2).
+"""Tool call execution: output capture, the call host's daemon side, sandboxes (EXEC.md §2-§3).
 
-``capture`` is the pure, synchronous window/totals/spill-buffer state of one call's output (and
-its spill file's writer, ``SpillSink``); ``process`` drives an already-wrapped argv in its own
-process group (``spawn`` starts it, ``procs`` finds and signals its processes) and a capture
-until the call settles. Sandbox providers (``sandbox*.py``, ``confine``, ``workspace``,
-``tmp_budget``, ``self_test``; the Landlock launcher ``landlock_exec`` with ``landlock_seccomp``)
-wrap argv before ``run_command`` sees it; ``sandbox.probe`` picks one.
+``capture`` is the pure, synchronous window/totals state of one call's output, fed from the
+call host's log; ``hosted`` starts a call host (:mod:`dshd.callhost`) for an already-wrapped
+argv, talks to it over its control socket and runs the call to an ``ExecOutcome``; ``spawn``
+holds the command's script (``BashScript``), its identity (``RunAs``) and the spawn sentences.
+Sandbox providers (``sandbox*.py``, ``confine``, ``workspace``, ``tmp_budget``, ``self_test``;
+the Landlock launcher ``landlock_exec`` with ``landlock_seccomp``) wrap argv before
+``run_hosted`` sees it; ``sandbox.probe`` picks one.
 """
 
-from dshd.execution.capture import OutputCapture, ShellOutputLimits, SpillSink
-from dshd.execution.process import ExecOutcome, bash_argv, run_command
+from dshd.execution.capture import OutputCapture, ShellOutputLimits
+from dshd.execution.spawn import bash_argv
 
 __all__ = [
-    "ExecOutcome",
     "OutputCapture",
     "ShellOutputLimits",
-    "SpillSink",
     "bash_argv",
-    "run_command",
 ]

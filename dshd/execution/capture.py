@@ -1,33 +1,47 @@
-"""Output capture at the source: the retained window, its totals, and the spill (EXEC.md §2).
+"""Output capture from the call host's log: the retained window and its totals (EXEC.md §2).
 
 Theory of operation
 -------------------
-One :class:`OutputCapture` per tool call. The process runner reads raw bytes from the call's
-single output pipe (stdout and stderr merged) and hands every chunk to :meth:`OutputCapture.feed`;
-at end of stream it calls :meth:`OutputCapture.finish`. :class:`OutputCapture` itself is pure
-and synchronous: no clock, no trio, no file I/O; the only way bytes leave it is the
-:class:`SpillSink` it was given, into which it only *buffers*. The sink (below) is this
-module's one part that writes files: the runner's spill writer task drains its buffer with
-:meth:`SpillSink.flush` (in a worker thread) while the reader goes on reading, and the reader
-waits only once the buffer passes a high-water mark (:mod:`dshd.execution.process`).
+One :class:`OutputCapture` per tool call. The call's host (:mod:`dshd.callhost`) appends every
+byte the command writes to the call's raw log (``output.raw`` and its segments: that file *is*
+the spill) and reports how far it got; :func:`catch_up` brings the capture up to a reported
+end by reading from the log (through a *reader*, ``await reader(offset, limit) -> bytes``, that
+raises :class:`Gap` for bytes no longer retained). :class:`OutputCapture` itself is pure and
+synchronous: no clock, no trio, no file I/O.
 
-Each chunk goes through three stages:
+The capture does not need every byte. When the unread gap is small it is fed incrementally
+(:meth:`OutputCapture.feed`). When it is large (more than :func:`jump_threshold`: 4 x
+``max_bytes`` + 1 MiB) in tail mode, :func:`catch_up` *jumps*: it reads only the log's tail,
+growing backwards (doubling) until the cleaned tail overflows the window's limits, and rebuilds
+the window from it (:meth:`OutputCapture.rebuild`). The window is the longest suffix of the
+cleaned stream within both limits, so a suffix of the cleaned stream that already overflows
+them has the same window and the same edge character -- and a suffix of the raw stream that
+starts at a byte that is not a UTF-8 continuation byte decodes to a suffix of the decoded
+stream (the decoder resynchronises at every such byte). So a jump gives exactly the window of
+feeding everything; reading back to the read offset is just an incremental feed, and reading
+back to the oldest retained byte (``firstOffset``) after bytes were dropped marks the window
+truncated. Head mode reads from offset 0 until the window closed, then nothing more. The
+daemon's CPU therefore grows with catch-ups (publishes), not with bytes.
 
-1. **Totals** on the raw bytes: ``totalBytes`` is every byte the command wrote; ``totalLines``
-   is the number of ``\\n`` bytes plus one for a final line without ``\\n`` (counted live, so
-   the figure is already right before :meth:`finish`).
-2. **Decode and clean**: an incremental UTF-8 decoder (``errors="replace"``) keeps a character
+Each chunk fed goes through two stages:
+
+1. **Decode and clean**: an incremental UTF-8 decoder (``errors="replace"``) keeps a character
    split across reads whole and turns invalid bytes into U+FFFD; then NUL and the C0 controls
    other than ``\\t``, ``\\n`` and ESC are deleted. Cleaning works on the re-encoded, already
    valid UTF-8, where a control byte can never sit inside a multi-byte character, so deleting
    bytes is exact (an order of magnitude faster than ``str.translate`` on non-ASCII text).
-3. **Window**: the cleaned text is appended to the retained window and the window is cut back to
+2. **Window**: the cleaned text is appended to the retained window and the window is cut back to
    ``max_bytes`` UTF-8 bytes and ``max_lines`` lines. ``retain="tail"`` keeps the longest suffix
    within both limits (a line longer than ``max_bytes`` keeps its UTF-8-safe end);
    ``retain="head"`` keeps the longest prefix and, once something was cut, ignores everything
    after it. Both limits are monotone over suffixes (prefixes), so cutting ``window + new``
    gives exactly the window of the whole cleaned stream: the result does not depend on how the
    bytes were chunked, and memory is O(window + one chunk).
+
+**Totals** are the host's (:meth:`OutputCapture.set_totals`, from its progress events and exit
+record): ``totalBytes`` is every byte the command wrote; ``totalLines`` is the number of
+``\\n`` bytes plus one for a final line without ``\\n``. ``droppedBytes`` (in the truncation
+only when non-zero) is the log's ``firstOffset``: raw bytes no longer retained on disk.
 
 A line, in the window as in the totals, is a ``\\n``-terminated run or a final unterminated run:
 ``lines(s) = s.count("\\n") + (1 if s and not s.endswith("\\n") else 0)``.
@@ -36,39 +50,37 @@ A line, in the window as in the totals, is a ``\\n``-terminated run or a final u
 decides the window's edge: with ``c`` the character just outside the window (the last one
 dropped in tail mode, the first one refused in head mode), it is ``"lines"`` when ``c`` plus the
 window would exceed ``max_lines``, else ``"bytes"``. Like the window, it is a function of the
-whole cleaned stream only. Output that is dropped by cleaning (a megabyte of NULs) is not
-truncation: the text is complete, the totals and the spill show the rest.
+whole cleaned stream only (after a jump back to ``firstOffset`` the edge may be unknown: then
+``"bytes"``). Output that is dropped by cleaning (a megabyte of NULs) is not truncation: the
+text is complete, the totals and the log show the rest.
 
-Spill: with a sink, the capture keeps the raw bytes it has seen until the output first exceeds
-the window — ``totalBytes > max_bytes``, ``totalLines > max_lines``, or the window cut something
-(invalid bytes grow threefold as U+FFFD, so the last can happen first). At that moment the kept
-bytes go to the sink in one piece, :attr:`spill_path` is set, and every later raw chunk is
-passed to the sink as it arrives. The kept raw bytes therefore never exceed
-``max_bytes`` + one chunk. Without a sink nothing raw is kept.
+Spill path: once the output first exceeds the window -- ``totalBytes > max_bytes``,
+``totalLines > max_lines``, or the window cut something -- :attr:`spill_path` is set to the
+log's ``output.raw`` (``details.spillPath``).
 
-:attr:`version` bumps on every change (new bytes, the final flush); a publisher polls it and
-reads :attr:`text`, :attr:`offset` and :attr:`truncation`. ``offset`` counts the cleaned
-characters dropped before the window (tail mode), so a publisher holding an older
-``(offset, text)`` can tell a slide (drop ``offset' - offset`` characters, append the rest) from
-a complete turnover.
+:attr:`version` bumps on every change (new bytes, new totals, the final flush); a publisher
+polls it and reads :attr:`text` and :attr:`truncation`. ``offset`` counts the cleaned
+characters dropped before the window as far as the capture saw them (a jump skips unseen ones).
 """
 
 from __future__ import annotations
 
 import codecs
 import os
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 from typing import Literal
 
 import msgspec
-import trio
 
-from dshd.paths import is_valid_id
-
-__all__ = ["OutputCapture", "ShellOutputLimits", "SpillSink", "clean_text"]
+__all__ = ["Gap", "OutputCapture", "ShellOutputLimits", "catch_up", "clean_text",
+           "jump_threshold"]
 
 #: C0 controls deleted from the retained text: everything below 0x20 except \t, \n and ESC.
 _DROPPED_CONTROLS = bytes(b for b in range(0x20) if b not in (0x09, 0x0A, 0x1B))
+#: Bytes of unread gap past 4 x max_bytes beyond which :func:`catch_up` jumps.
+JUMP_SLACK = 1_048_576
+#: Largest single read of an incremental catch-up, bytes.
+READ_PIECE = 4 * 1_048_576
 
 
 class ShellOutputLimits(msgspec.Struct, frozen=True):
@@ -92,187 +104,68 @@ def clean_text(text: str) -> str:
     return text if len(kept) == len(raw) else kept.decode()
 
 
-class SpillSink:
-    """Owner of one spill file ``<session_dir>/spill/<callId>.log`` (EXEC.md §2).
+class Gap(Exception):
+    """A read asked for bytes the log no longer retains; ``first_offset`` is its oldest byte."""
 
-    :meth:`write` only buffers (sync, no I/O; safe from the capture). :meth:`flush` writes the
-    buffer in a worker thread (``trio.to_thread.run_sync``) so a slow disk never stalls the trio
-    thread; :meth:`flush_sync` is the same in the calling thread (tests, tools without trio).
-    The file and the ``spill`` directory are created on the first flush, file mode 0600 and
-    directory mode 0700 (the directory is created only if missing; the session directory must
-    exist). The file is opened ``O_TRUNC | O_NOFOLLOW``.
-
-    Errors: a failed open or write raises :class:`OSError` from the flush and is kept in
-    :attr:`error`; afterwards :meth:`write` discards data and flushes are no-ops — the caller
-    must fail the call (the runner does: EXEC.md §2, never a silent loss).
-
-    Thread use: only one flush may run at a time (the runner has one spill writer task).
-    :meth:`write` and the start of :meth:`flush` run in the trio thread, and a flush takes the
-    buffered chunks before its worker starts, so the capture may go on buffering while the
-    worker writes (the runner overlaps reading with spilling); :meth:`flush_sync` must not run
-    while a :meth:`flush` is in flight.
-    """
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        #: Absolute (``details.spillPath`` is an absolute path: PROTOCOL.md §3.2).
-        self.path: str = os.path.abspath(os.fspath(path))
-        self.error: OSError | None = None
-        #: Bytes written to the file so far.
-        self.written: int = 0
-        self._chunks: list[bytes | bytearray] = []
-        self._pending: int = 0
-        self._fd: int | None = None
-        self._closed = False
-
-    @classmethod
-    def for_call(cls, session_dir: str | os.PathLike[str], call_id: str) -> SpillSink:
-        """The sink of call ``call_id`` in ``session_dir``; ``ValueError`` for an invalid id."""
-        if not is_valid_id(call_id):
-            raise ValueError(f"invalid call id for a spill file: {call_id!r}")
-        return cls(Path(session_dir) / "spill" / f"{call_id}.log")
-
-    @property
-    def pending(self) -> int:
-        """Bytes buffered and not yet written."""
-        return self._pending
-
-    def write(self, data: bytes | bytearray) -> None:
-        """Buffer ``data`` (the sink takes ownership; do not mutate it afterwards)."""
-        if self.error is not None or self._closed or not data:
-            return
-        self._chunks.append(data)
-        self._pending += len(data)
-
-    def flush_sync(self) -> None:
-        """Write every buffered byte now, in this thread. Raises ``OSError`` (kept in ``error``)."""
-        if self.error is not None or not self._chunks:
-            return
-        chunks, self._chunks = self._chunks, []
-        size = sum(len(c) for c in chunks)
-        try:
-            self._write_chunks(chunks)
-        except OSError:
-            self._pending = 0
-            raise
-        self._pending -= size
-
-    async def flush(self) -> None:
-        """Write every buffered byte in a worker thread. Raises ``OSError`` (kept in ``error``).
-
-        The chunks are taken here, in the trio thread, so :meth:`write` may go on buffering
-        while the worker writes (the runner overlaps reading with spilling).
-        """
-        if self.error is not None or not self._chunks:
-            return
-        chunks, self._chunks = self._chunks, []
-        size = sum(len(c) for c in chunks)
-        try:
-            await trio.to_thread.run_sync(self._write_chunks, chunks)
-        except OSError:
-            self._pending = 0
-            raise
-        except BaseException:
-            # Cancelled before the worker started (a started worker is waited for): nothing
-            # was written; keep the chunks, in order, for the next flush.
-            self._chunks[:0] = chunks
-            raise
-        self._pending -= size
-
-    def _write_chunks(self, chunks: list) -> None:
-        """Write ``chunks`` in order (the worker-thread half of :meth:`flush`, and all of
-        :meth:`flush_sync`): touches only the file, never the buffer."""
-        try:
-            if self._fd is None:
-                self._fd = self._open()
-            for chunk in chunks:
-                view = memoryview(chunk)
-                while view:
-                    n = os.write(self._fd, view)
-                    view = view[n:]
-                    self.written += n
-        except OSError as exc:
-            self.error = exc
-            raise
-
-    def close(self) -> None:
-        """Close the file (buffered bytes not flushed are dropped). Idempotent."""
-        self._closed = True
-        self._chunks = []
-        self._pending = 0
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
-            os.close(fd)
-
-    def _open(self) -> int:
-        directory = os.path.dirname(self.path)
-        try:
-            os.mkdir(directory, 0o700)
-        except FileExistsError:
-            pass
-        else:
-            os.chmod(directory, 0o700)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW
-        fd = os.open(self.path, flags, 0o600)
-        try:
-            os.fchmod(fd, 0o600)
-        except OSError:
-            os.close(fd)
-            raise
-        return fd
+    def __init__(self, first_offset: int) -> None:
+        super().__init__(f"the log starts at byte {first_offset} now")
+        self.first_offset = first_offset
 
 
 class OutputCapture:
     """The retained window and totals of one call's output (EXEC.md §2; see the module doc).
 
-    ``feed(data)`` takes raw bytes as read from the pipe; ``finish()`` ends the stream (a
-    trailing partial character becomes U+FFFD); feeding after ``finish()`` is a
-    ``RuntimeError``. ``ValueError`` for limits below ``max_bytes=4`` / ``max_lines=1``.
+    ``feed(data)`` takes the log's next raw bytes (from :attr:`read_offset` on);
+    ``rebuild(tail, lost=...)`` replaces the window by that of a tail of the log (a jump);
+    ``set_totals`` takes the host's totals; ``finish()`` ends the stream (a trailing partial
+    character becomes U+FFFD); feeding after ``finish()`` is a ``RuntimeError``.
+    ``ValueError`` for limits below ``max_bytes=4`` / ``max_lines=1``.
 
-    Attributes: ``text`` (the window), ``offset`` (cleaned characters dropped before it, tail
-    mode), ``spill`` (the sink or None), ``spill_path`` (set once spilling started),
-    ``version`` (bumps on every change), ``finished``.
+    Attributes: ``text`` (the window), ``offset`` (module doc), ``read_offset`` (raw bytes of
+    the log consumed), ``spill_path`` (``log_path`` once the output exceeded the window),
+    ``version`` (bumps on every change), ``finished``, ``closed`` (head mode: the window is
+    full and reads nothing more).
     """
 
-    def __init__(self, limits: ShellOutputLimits, spill: SpillSink | None) -> None:
+    def __init__(self, limits: ShellOutputLimits, log_path: str | os.PathLike[str] | None = None,
+                 ) -> None:
         if limits.max_bytes < 4 or limits.max_lines < 1:
             raise ValueError("ShellOutputLimits needs max_bytes >= 4 and max_lines >= 1")
         if limits.retain not in ("tail", "head"):
             raise ValueError(f"ShellOutputLimits.retain must be 'tail' or 'head': {limits.retain!r}")
         self.limits = limits
-        self.spill = spill
+        #: Absolute (``details.spillPath`` is an absolute path: PROTOCOL.md §3.2).
+        self.log_path = os.path.abspath(os.fspath(log_path)) if log_path is not None else None
         self.spill_path: str | None = None
         self.text: str = ""
         self.offset: int = 0
+        self.read_offset: int = 0
         self.version: int = 0
         self.finished = False
+        self.dropped_bytes = 0
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self._total_bytes = 0
-        self._newlines = 0
-        self._ends_with_newline = False
+        self._total_lines_ = 0
         self._window_newlines = 0  # "\n" in text
         self._window_bytes = 0  # UTF-8 bytes of text
         self._truncated = False
         self._edge = ""  # the cleaned character just outside the window
         self._closed = False  # head mode: the window refused a character; nothing more enters
-        # Raw bytes kept until the output first exceeds the window (only with a sink).
-        self._raw: bytearray | None = bytearray() if spill is not None else None
 
     # -- input ---------------------------------------------------------------------------
 
+    @property
+    def closed(self) -> bool:
+        """Head mode: the window is full; later bytes cannot change it."""
+        return self._closed
+
     def feed(self, data: bytes) -> None:
-        """Take one raw chunk: count it, spill it if spilling, decode/clean it into the window."""
+        """Take the log's next raw chunk: decode/clean it into the window."""
         if self.finished:
             raise RuntimeError("OutputCapture.feed after finish")
         if not data:
             return
-        self._total_bytes += len(data)
-        self._newlines += data.count(b"\n")
-        self._ends_with_newline = data[-1] == 0x0A
-        if self.spill_path is not None:
-            assert self.spill is not None
-            self.spill.write(bytes(data))
-        elif self._raw is not None:
-            self._raw += data
+        self.read_offset += len(data)
         if not self._closed:
             if data.isascii() and not self._decoder.getstate()[0]:
                 # Nothing pending in the decoder and nothing to decode: clean the raw bytes
@@ -282,7 +175,47 @@ class OutputCapture:
                 text = clean_text(self._decoder.decode(data))
             if text:
                 self._push(text)
-        self._maybe_start_spill()
+        self._maybe_spill()
+        self.version += 1
+
+    def rebuild(self, tail: bytes, *, start: int, lost: bool) -> bool:
+        """Jump: make the window that of the stream whose last raw bytes are ``tail`` (the log
+        from byte ``start`` on) and set :attr:`read_offset` past it. True when done: the
+        cleaned tail (decoded from its first byte that is not a UTF-8 continuation byte)
+        overflows the window's limits, or ``lost`` (``tail`` starts at the oldest retained
+        byte, after bytes between the read offset and it were dropped: the window is marked
+        truncated). False, nothing changed: the tail is too short; read more of it."""
+        if self.finished:
+            raise RuntimeError("OutputCapture.rebuild after finish")
+        start = 0
+        while start < len(tail) and tail[start] & 0xC0 == 0x80:
+            start += 1
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        text = clean_text(decoder.decode(tail[start:]))
+        nbytes = _utf8_len(text)
+        lines = text.count("\n") + (1 if text and text[-1] != "\n" else 0)
+        if not lost and nbytes <= self.limits.max_bytes and lines <= self.limits.max_lines:
+            return False
+        self.offset += len(self.text)
+        self.text, self._window_newlines, self._window_bytes, self._edge = "", 0, 0, ""
+        self._truncated = self._closed = False
+        self._decoder = decoder
+        self.read_offset = start + len(tail)
+        if text:
+            self._push(text)
+        self._truncated = True
+        self._maybe_spill()
+        self.version += 1
+        return True
+
+    def set_totals(self, total_bytes: int, total_lines: int, dropped_bytes: int = 0) -> None:
+        """The host's totals (its progress event or exit record)."""
+        if (total_bytes, total_lines, dropped_bytes) == (
+                self._total_bytes, self._total_lines_, self.dropped_bytes):
+            return
+        self._total_bytes, self._total_lines_ = total_bytes, total_lines
+        self.dropped_bytes = dropped_bytes
+        self._maybe_spill()
         self.version += 1
 
     def finish(self) -> None:
@@ -294,26 +227,26 @@ class OutputCapture:
             text = clean_text(self._decoder.decode(b"", final=True))
             if text:
                 self._push(text)
-        self._maybe_start_spill()
-        self._raw = None
+        self._maybe_spill()
         self.version += 1
 
     # -- output --------------------------------------------------------------------------
 
     @property
     def truncation(self) -> dict:
-        """``{"truncated","truncatedBy","totalBytes","totalLines","maxBytes","maxLines"}``.
-
-        Totals are raw: bytes written, and ``\\n`` count plus a final unterminated line.
-        """
-        return {
+        """``{"truncated","truncatedBy","totalBytes","totalLines","maxBytes","maxLines"}``,
+        plus ``"droppedBytes"`` when the log dropped bytes (its ``firstOffset`` > 0)."""
+        value = {
             "truncated": self._truncated,
             "truncatedBy": self._truncated_by(),
             "totalBytes": self._total_bytes,
-            "totalLines": self._total_lines(),
+            "totalLines": self._total_lines_,
             "maxBytes": self.limits.max_bytes,
             "maxLines": self.limits.max_lines,
         }
+        if self.dropped_bytes:
+            value["droppedBytes"] = self.dropped_bytes
+        return value
 
     def tool_output(self) -> dict:
         """The ToolOutput value (PROTOCOL.md §3.3): content, details (spillPath?), truncation."""
@@ -327,24 +260,14 @@ class OutputCapture:
         }
 
     def statistics(self) -> dict:
-        """Sizes of what the capture holds, for tests and ``daemon.status``.
-
-        ``windowChars`` (characters of ``text``), ``rawBuffered`` (bytes kept before spilling),
-        ``decoderPending`` (bytes of an incomplete character), ``spillPending`` (bytes buffered
-        in the sink, not yet written).
-        """
+        """Sizes of what the capture holds, for tests and ``daemon.status``: ``windowChars``
+        (characters of ``text``), ``decoderPending`` (bytes of an incomplete character)."""
         return {
             "windowChars": len(self.text),
-            "rawBuffered": len(self._raw) if self._raw is not None else 0,
             "decoderPending": len(self._decoder.getstate()[0]),
-            "spillPending": self.spill.pending if self.spill is not None else 0,
         }
 
     # -- internals -----------------------------------------------------------------------
-
-    def _total_lines(self) -> int:
-        unterminated = self._total_bytes and not self._ends_with_newline
-        return self._newlines + (1 if unterminated else 0)
 
     def _truncated_by(self) -> str | None:
         if not self._truncated:
@@ -362,17 +285,15 @@ class OutputCapture:
             with_edge = self._window_newlines + 1
         return "lines" if with_edge > limit else "bytes"
 
-    def _maybe_start_spill(self) -> None:
-        if self._raw is None or self.spill_path is not None or self.spill is None:
+    def _maybe_spill(self) -> None:
+        if self.spill_path is not None or self.log_path is None:
             return
         if (
             self._truncated
             or self._total_bytes > self.limits.max_bytes
-            or self._total_lines() > self.limits.max_lines
+            or self._total_lines_ > self.limits.max_lines
         ):
-            raw, self._raw = self._raw, None
-            self.spill.write(raw)
-            self.spill_path = self.spill.path
+            self.spill_path = self.log_path
 
     def _push(self, text: str) -> None:
         if self.limits.retain == "tail":
@@ -476,3 +397,56 @@ class OutputCapture:
 def _utf8_len(text: str) -> int:
     """UTF-8 size of ``text`` in bytes (O(1) for ASCII: CPython flags it)."""
     return len(text) if text.isascii() else len(text.encode())
+
+
+Reader = Callable[[int, int], Awaitable[bytes]]
+
+
+def jump_threshold(limits: ShellOutputLimits) -> int:
+    """Unread bytes past which a tail-mode catch-up reads only the log's tail."""
+    return 4 * limits.max_bytes + JUMP_SLACK
+
+
+async def catch_up(capture: OutputCapture, reader: Reader, end: int, first: int,
+                   total_lines: int, *, threshold: int | None = None) -> None:
+    """Bring ``capture`` up to byte ``end`` of the log (module doc): totals from the host
+    (``end`` bytes, ``total_lines``, ``first`` = the oldest retained byte), then the window by
+    an incremental feed or, for a large gap in tail mode, a jump.
+
+    ``reader(offset, limit)``: up to ``limit`` bytes of the log from ``offset`` (fewer only
+    where the log ends); :class:`Gap` when ``offset`` is no longer retained. ``threshold``:
+    the gap past which it jumps (default :func:`jump_threshold`)."""
+    if threshold is None:
+        threshold = jump_threshold(capture.limits)
+    capture.set_totals(end, total_lines, first)
+    while capture.read_offset < end and not capture.closed and not capture.finished:
+        gap = end - capture.read_offset
+        try:
+            if capture.read_offset < first and capture.limits.retain == "head":
+                capture.rebuild(b"", start=end, lost=True)  # the head is gone: none to show
+                capture._closed = True
+            elif capture.read_offset < first or (
+                    capture.limits.retain == "tail" and gap > threshold):
+                await _jump(capture, reader, end, first)
+            else:
+                data = await reader(capture.read_offset, min(gap, READ_PIECE))
+                if not data:
+                    return  # the log is shorter than reported (not flushed yet): next time
+                capture.feed(data)
+        except Gap as exc:
+            first = max(first, exc.first_offset)
+            capture.set_totals(end, total_lines, first)
+
+
+async def _jump(capture: OutputCapture, reader: Reader, end: int, first: int) -> None:
+    """Read the log's tail, growing backwards, until the window can be rebuilt from it."""
+    span = 4 * capture.limits.max_bytes
+    while True:
+        start = max(end - span, first, capture.read_offset)
+        data = await reader(start, end - start)
+        if start == capture.read_offset:
+            capture.feed(data)
+            return
+        if capture.rebuild(data, start=start, lost=start == first):
+            return
+        span *= 2

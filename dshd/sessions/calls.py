@@ -3,8 +3,8 @@
 Theory of operation:
 
 * **A call is a handle.** :class:`Call` is the daemon's handle on a command whose owner is
-  outside the daemon's own work: today ``run_command`` (the command is a child of this
-  process), after the call-host issue a host process that outlives the daemon (HOST.md §2–§7).
+  outside the daemon's own work: a call host, one detached process per call that outlives
+  the daemon (HOST.md §2–§7; ``dshd.execution.hosted``), reached through ``Call.host``.
   The call's :class:`trio.CancelScope` covers the daemon-side work only: the approval gate and
   the checkpoint barrier. Ending the *command* is a request to its owner
   (:meth:`Call.cancel` at the ``exec`` stage asks it to terminate: TERM, ``kill_grace``, KILL);
@@ -57,8 +57,8 @@ from protocol.lane import (
 
 from .. import errors
 from ..config import Config
-from ..execution.capture import OutputCapture, ShellOutputLimits, SpillSink
-from ..execution.process import ExecOutcome
+from ..execution.capture import OutputCapture, ShellOutputLimits
+from ..execution.hosted import ExecOutcome, HostHandle
 from ..results import CallFailed, sentence
 from ..storage import threads
 from ..storage.errors import StorageError
@@ -88,8 +88,11 @@ class Call:
     """The daemon's handle on a tool call of this daemon run that has not settled (module doc).
 
     ``stage`` is where its daemon-side work is: ``gate`` → ``barrier`` → ``exec`` (the command
-    runs, owned by ``run_command``). ``scope`` covers the gate and the barrier; ``terminate``
-    is the request to the command's owner to end it (what ``run_command`` watches)."""
+    runs, owned by its call host). ``scope`` covers the gate and the barrier; ``terminate``
+    is the request to the host to end it (what ``run_hosted`` watches). ``host``: the call's
+    :class:`~dshd.execution.hosted.HostHandle` while its host runs, kept after the settle
+    (its ``record`` set, its requests refused) until the session drops the call; the raw
+    methods (``tool.write``, ``tool.resize``, ...) use it."""
 
     call_id: str
     name: str
@@ -103,6 +106,7 @@ class Call:
     synced_version: int = -1
     synced_spill: str | None = None
     pending: PendingOutput | None = None
+    host: HostHandle | None = None
 
     @property
     def started(self) -> bool:
@@ -291,7 +295,7 @@ class CallTable:
         """The call's lane entry and its task (``encoded``: the arguments' JSON, as logged)."""
         limits = ShellOutputLimits(max_bytes=self.config.output_max_bytes,
                                    max_lines=self.config.output_max_lines)
-        call.capture = OutputCapture(limits, SpillSink(self.dir / "spill" / f"{call.call_id}.log"))
+        call.capture = OutputCapture(limits, self.call_dir(call.call_id) / "output.raw")
         cut_args, cut = lane_args(encoded)
         self.lane.enter_tool(call.call_id, ToolEntry(
             call.name, cut_args if cut else call.arguments,
@@ -299,6 +303,10 @@ class CallTable:
             call.capture.tool_output(), args_cut=cut))
         call.synced_version = call.capture.version
         self.host.spawn(self._run, call)
+
+    def call_dir(self, call_id: str) -> Path:
+        """The call's directory (HOST.md §3): its log, ``host.json``, ``exit.json``."""
+        return self.dir / "calls" / call_id
 
     def propose(self, call_id: str, name: str) -> None:
         """Make ``call_id`` known and waitable before its ``tool/call`` (a model's call)."""
@@ -336,8 +344,8 @@ class CallTable:
                 result = self._failed(call, "TOOL_FAILED", sentence(
                     "TOOL_FAILED", "internal", error=f"{type(exc).__name__}: {exc}"))
         except BaseException:
-            # The session's scope was cancelled under us (a crash; run_command killed the
-            # process group on the way out): settle as cancelled, shielded and bounded.
+            # The session's scope was cancelled under us (a crash; run_hosted told the
+            # host to kill the command on the way out): settle as cancelled, shielded and bounded.
             code = "TOOL_CANCELLED" if call.started else "ABORTED_BEFORE_DISPATCH"
             crash = self.host.crash_text()
             if crash is not None:
@@ -368,13 +376,16 @@ class CallTable:
             call.stage = "exec"
             self.lane.tool_running(call.call_id)
 
+        def hosted(handle: HostHandle) -> None:
+            call.host = handle
+
         assert call.capture is not None
         call.pending = PendingOutput(self.dir, call.call_id)
         outcome, completeness = await command.run(
             command.CommandSpec(call.call_id, call.name, call.arguments, call.capture,
-                                call.pending, call.terminate),
+                                call.pending, call.terminate, self.call_dir(call.call_id)),
             self.host, self.log.header.cwd, self.config, self.sandbox,
-            on_start=started, on_output=self.lane.mark_dirty,
+            on_start=started, on_output=self.lane.mark_dirty, on_host=hosted,
         )
         return self.outcome_result(call, outcome, completeness)
 

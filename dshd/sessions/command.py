@@ -1,23 +1,26 @@
-"""A call's command and its owner: confine it, start it, watch it, get its outcome.
+"""A call's command and its owner: confine it, start its call host, watch it, get its outcome.
 
 Theory of operation (EXEC.md §1, §3; HOST.md §2): once a call has passed its gate and its
-barrier, :func:`run` hands its command to the command's *owner* and watches it until the owner
-reports an outcome. Today the owner is ``dshd.execution.process.run_command``, in this process:
-the tool's registry entry (``dshd.tools``) turns the call's arguments into a script,
-the command line is confined by the session's sandbox (``confine``; the session env and the
-call's ids are set inside the sandbox by ``env(1)``, so nothing in them reaches the wrapper),
-runs as the session's owner with the documented minimal environment, and its output is captured
-at the source into the call's ``OutputCapture`` while :func:`output.checkpoint_output` keeps
-its pending-output sidecar. The call asks the owner to end the command by setting
-``terminate`` (TERM, ``kill_grace``, KILL; the outcome says ``cancelled``). The call-host issue
-replaces this owner by a host process that outlives the daemon; the interface stays: a spec in,
-an outcome out, a terminate request in between.
+barrier, :func:`run` hands its command to the command's *owner*, a call host
+(``dshd.execution.hosted``: one detached process per call that outlives the daemon's own
+work), and watches it until the host reports an outcome. The tool's registry entry
+(``dshd.tools``) turns the call's arguments into a script (and its terminal and stdin); the
+command line is confined by the session's sandbox (``confine``; the session env and the call's
+ids are set inside the sandbox by ``env(1)``, so nothing in them reaches the wrapper; the state
+directory -- with the call's own directory -- and the socket are hidden), runs as the session's
+owner with the documented minimal environment, and its output is read from the host's log into
+the call's ``OutputCapture`` while :func:`output.checkpoint_output` keeps its pending-output
+sidecar. The call dir ``<session dir>/calls/<callId>/`` (0700) holds the log, ``host.json``,
+``exit.json`` and ``host.log``. The call asks the host to end the command by setting
+``terminate`` (TERM, ``kill_grace``, KILL; the outcome says ``cancelled``); ``on_host`` hands
+the call its :class:`~dshd.execution.hosted.HostHandle` (``Call.host``) once the host runs.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Protocol
 
 import trio
@@ -26,7 +29,7 @@ from .. import identity, tools
 from ..config import Config
 from ..execution.capture import OutputCapture
 from ..execution.env import tool_env
-from ..execution.process import ExecOutcome, run_command
+from ..execution.hosted import ExecOutcome, HostHandle, run_hosted
 from ..execution.sandbox import SandboxUnavailable
 from ..paths import is_within
 from ..results import CallFailed, sentence
@@ -53,6 +56,7 @@ class CommandSpec:
     capture: OutputCapture
     pending: PendingOutput
     terminate: trio.Event
+    call_dir: Path
 
 
 class SessionSettings(Protocol):
@@ -66,10 +70,12 @@ class SessionSettings(Protocol):
 
 async def run(spec: CommandSpec, session: SessionSettings, cwd: str, config: Config, sandbox, *,
               on_start: Callable[[], None], on_output: Callable[[], None],
+              on_host: Callable[[HostHandle], None] | None = None,
               ) -> tuple[ExecOutcome, str]:
     """Confine and run the command; ``(outcome, completeness)``. Raises CallFailed
     (``SANDBOX_UNAVAILABLE``) before anything started. ``on_start`` is called right before the
-    command is handed to its owner, ``on_output`` whenever its capture changed."""
+    command is handed to its host, ``on_output`` whenever its capture changed, ``on_host``
+    with the host's handle once it runs."""
     if is_within(cwd, config.state_path()):
         raise CallFailed("SANDBOX_UNAVAILABLE", sentence("SANDBOX_UNAVAILABLE", "state-dir", cwd=cwd))
     inner_env = dict(session.env)
@@ -77,8 +83,8 @@ async def run(spec: CommandSpec, session: SessionSettings, cwd: str, config: Con
     inner_env["DSH_SESSION_ID"] = session.id
     inner = ["env", "--", *(f"{k}={v}" for k, v in inner_env.items())]
     invocation = tools.TOOLS[spec.name].invoke(spec.arguments)
-    script = invocation.script  # run_command closes it
-    fds: list[int] = []  # the sandbox's pinned workspace and lease; run_command closes them
+    script = invocation.script  # run_hosted closes it
+    fds: list[int] = []  # the sandbox's pinned workspace and lease; run_hosted closes them
     try:
         argv, completeness = sandbox.confine(
             inner + script.argv, session.mode, cwd,
@@ -89,18 +95,44 @@ async def run(spec: CommandSpec, session: SessionSettings, cwd: str, config: Con
         script.close()
         raise CallFailed("SANDBOX_UNAVAILABLE", sentence("SANDBOX_UNAVAILABLE", reason=exc)) from None
     env = tool_base_env(config, session.owner)
+    tty = None
+    if invocation.tty is not None:
+        tty = (invocation.tty.cols, invocation.tty.rows,
+               session.env.get("TERM") or "xterm-256color")
+    try:
+        make_call_dir(spec.call_dir)
+    except OSError as exc:
+        script.close()
+        for fd in fds:
+            os.close(fd)
+        raise CallFailed("TOOL_FAILED", sentence("TOOL_FAILED", error=(
+            f"Could not create the call's directory {spec.call_dir} ({exc.strerror or exc}); "
+            "free disk space or fix the session directory, then run it again."))) from None
     on_start()
     with barrier.passed("tool/dispatch"):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(checkpoint_output, spec, session.id)
-            outcome = await run_command(
-                argv, cwd=cwd, env=env, capture=spec.capture, on_output=on_output,
-                timeout=invocation.timeout,
-                cancel=spec.terminate,
+            outcome = await run_hosted(
+                argv, call_dir=spec.call_dir, cwd=cwd, env=env, capture=spec.capture,
+                on_output=on_output, timeout=invocation.timeout, cancel=spec.terminate,
                 kill_grace=config.kill_grace_seconds, eof_grace=config.eof_grace_seconds,
                 as_user=identity.run_as_for(session.owner), script=script, pass_fds=fds,
                 spare_wrapper=(getattr(sandbox, "wrapper_comm", None)
                                if completeness != "none" else None),
+                tty=tty, stdin=invocation.stdin, spill_max_bytes=config.spill_max_bytes,
+                linger=config.host_linger_seconds, on_host=on_host,
             )
             nursery.cancel_scope.cancel()
     return outcome, completeness
+
+
+def make_call_dir(call_dir: Path) -> None:
+    """Create the call's directory (and ``calls/``) with mode 0700; an existing one (a call id
+    reused after a restart) is refused by the host's log, so it must be new."""
+    calls = call_dir.parent
+    try:
+        os.mkdir(calls, 0o700)
+    except FileExistsError:
+        pass
+    os.mkdir(call_dir, 0o700)
+    os.chmod(call_dir, 0o700)

@@ -1,4 +1,4 @@
-"""OutputCapture and SpillSink, pure and synchronous (EXEC.md §2).
+"""OutputCapture and catch_up from a log (EXEC.md §2; HOST.md §2).
 
 The reference model below is written from the spec's definitions, independently of the
 implementation: decode the whole stream at once, delete the C0 controls, and take the longest
@@ -8,16 +8,14 @@ suffix (tail) or prefix (head) within both limits by brute force.
 from __future__ import annotations
 
 import codecs
-import os
-import stat
-import tempfile
 from pathlib import Path
 
 import pytest
+import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dshd.execution.capture import OutputCapture, ShellOutputLimits, SpillSink
+from dshd.execution.capture import Gap, OutputCapture, ShellOutputLimits, catch_up
 
 DEFAULT = ShellOutputLimits()
 
@@ -68,13 +66,33 @@ def ref_total_lines(data: bytes) -> int:
 
 
 def feed_all(capture: OutputCapture, chunks: list[bytes]) -> None:
+    """Feed ``chunks`` and set the totals as the host would report them."""
+    stream = b""
     for chunk in chunks:
         capture.feed(chunk)
-        if capture.spill is not None:
-            capture.spill.flush_sync()
+        stream += chunk
+        capture.set_totals(len(stream), ref_total_lines(stream))
     capture.finish()
-    if capture.spill is not None:
-        capture.spill.flush_sync()
+
+
+class MemoryLog:
+    """The host's log in memory, read as ``dshd.callhost.log.read`` reads it: bytes from an
+    absolute offset, fewer at the end, ``Gap`` before ``first``; it counts what was read."""
+
+    def __init__(self, data: bytes = b"", first: int = 0) -> None:
+        self.data, self.first, self.bytes_read = data, first, 0
+
+    async def read(self, offset: int, limit: int) -> bytes:
+        if offset < self.first:
+            raise Gap(self.first)
+        out = self.data[offset:offset + limit]
+        self.bytes_read += len(out)
+        return out
+
+    def catch_up(self, capture: OutputCapture, end: int | None = None, **kw) -> None:
+        end = len(self.data) if end is None else end
+        trio.run(lambda: catch_up(capture, self.read, end, self.first,
+                                  ref_total_lines(self.data[:end]), **kw))
 
 
 # -- limits ------------------------------------------------------------------------------
@@ -82,9 +100,7 @@ def feed_all(capture: OutputCapture, chunks: list[bytes]) -> None:
 
 def test_line_limit_keeps_the_last_2000_lines() -> None:
     capture = OutputCapture(DEFAULT, None)
-    for i in range(3000):
-        capture.feed(f"line {i}\n".encode())
-    capture.finish()
+    feed_all(capture, [f"line {i}\n".encode() for i in range(3000)])
     lines = capture.text.splitlines()
     assert len(lines) == 2000
     assert lines[0] == "line 1000" and lines[-1] == "line 2999"
@@ -111,9 +127,8 @@ def test_single_200kb_line_keeps_its_utf8_safe_end() -> None:
     capture = OutputCapture(DEFAULT, None)
     line = "€" * 70_000  # 3 bytes each: 210,000 bytes, and 51,200 is not a multiple of 3
     data = line.encode()
-    for i in range(0, len(data), 4096):  # chunk edges fall inside characters
-        capture.feed(data[i : i + 4096])
-    capture.finish()
+    # chunk edges fall inside characters
+    feed_all(capture, [data[i : i + 4096] for i in range(0, len(data), 4096)])
     assert capture.text == "€" * (51_200 // 3)
     assert capture.truncation["truncatedBy"] == "bytes"
     assert capture.truncation["totalLines"] == 1
@@ -122,9 +137,7 @@ def test_single_200kb_line_keeps_its_utf8_safe_end() -> None:
 
 def test_head_keeps_the_beginning_and_ignores_the_rest() -> None:
     capture = OutputCapture(ShellOutputLimits(max_bytes=100, max_lines=3, retain="head"), None)
-    capture.feed(b"one\ntwo\nthree\nfour\n")
-    capture.feed(b"five\n")
-    capture.finish()
+    feed_all(capture, [b"one\ntwo\nthree\nfour\n", b"five\n"])
     assert capture.text == "one\ntwo\nthree\n"
     assert capture.truncation["truncatedBy"] == "lines"
     assert capture.truncation["totalLines"] == 5
@@ -150,30 +163,22 @@ def test_invalid_bytes_become_replacement_characters() -> None:
     assert capture.text == "a\ufffdb\ufffd(x\ufffd"
 
 
-def test_nul_and_c0_controls_dropped_but_kept_in_the_spill(tmp_path: Path) -> None:
-    sink = SpillSink.for_call(tmp_path, "call-1")
-    capture = OutputCapture(ShellOutputLimits(max_bytes=16, max_lines=100), sink)
+def test_nul_and_c0_controls_dropped_but_counted(tmp_path: Path) -> None:
+    capture = OutputCapture(ShellOutputLimits(max_bytes=16, max_lines=100),
+                            tmp_path / "output.raw")
     raw = b"a\x00b\x07c\r\n\td\x1b[0m\x7f" + b"\x01" * 40 + b"end"
     feed_all(capture, [raw[:5], raw[5:]])
     assert capture.text == "abc\n\td\x1b[0m\x7fend"
     assert capture.truncation["truncated"] is False
     assert capture.truncation["totalBytes"] == len(raw)
-    assert capture.spill_path == str(tmp_path / "spill" / "call-1.log")
-    assert Path(capture.spill_path).read_bytes() == raw
-
-
-def test_final_line_without_newline_is_counted() -> None:
-    for data, lines in [(b"", 0), (b"a", 1), (b"a\n", 1), (b"a\nb", 2), (b"\n\n", 2), (b"\x00", 1)]:
-        capture = OutputCapture(DEFAULT, None)
-        capture.feed(data)
-        capture.finish()
-        assert capture.truncation["totalLines"] == lines, data
+    assert capture.spill_path == str(tmp_path / "output.raw")  # more raw bytes than the window
 
 
 def test_version_bumps_on_every_change_and_tool_output_shape(tmp_path: Path) -> None:
-    capture = OutputCapture(ShellOutputLimits(max_bytes=8, max_lines=10), SpillSink(tmp_path / "s.log"))
+    capture = OutputCapture(ShellOutputLimits(max_bytes=8, max_lines=10), tmp_path / "s.log")
     versions = [capture.version]
     capture.feed(b"abc")
+    capture.set_totals(3, 1)
     versions.append(capture.version)
     capture.feed(b"")  # nothing happened
     versions.append(capture.version)
@@ -193,7 +198,7 @@ def test_version_bumps_on_every_change_and_tool_output_shape(tmp_path: Path) -> 
     versions.append(capture.version)
     capture.finish()
     versions.append(capture.version)
-    assert versions == [0, 1, 1, 2, 3]
+    assert versions == [0, 2, 2, 3, 4]
     out = capture.tool_output()
     assert out["content"][0]["text"] == "cdefghij"
     assert out["details"] == {"spillPath": str(tmp_path / "s.log")}
@@ -209,73 +214,100 @@ def test_limits_are_validated() -> None:
         OutputCapture(ShellOutputLimits(max_lines=0), None)
 
 
-# -- spill ---------------------------------------------------------------------------------
+# -- spill path and the log -------------------------------------------------------------------
 
 
-def test_no_spill_while_output_fits(tmp_path: Path) -> None:
-    sink = SpillSink.for_call(tmp_path, "c")
-    capture = OutputCapture(DEFAULT, sink)
+def test_no_spill_path_while_output_fits(tmp_path: Path) -> None:
+    capture = OutputCapture(DEFAULT, tmp_path / "output.raw")
     feed_all(capture, [b"y\n" * 1000])
     assert capture.spill_path is None
     assert "spillPath" not in capture.tool_output()["details"]
-    assert not (tmp_path / "spill").exists()
-    assert capture.statistics()["rawBuffered"] == 0  # dropped at finish
 
 
-def test_spill_starts_when_replacement_characters_overflow_the_window(tmp_path: Path) -> None:
-    sink = SpillSink.for_call(tmp_path, "c")
-    capture = OutputCapture(ShellOutputLimits(max_bytes=30, max_lines=10), sink)
-    raw = b"\xff" * 20  # 20 raw bytes, 60 bytes of U+FFFD
-    feed_all(capture, [raw])
+def test_spill_path_when_replacement_characters_overflow_the_window(tmp_path: Path) -> None:
+    capture = OutputCapture(ShellOutputLimits(max_bytes=30, max_lines=10), tmp_path / "output.raw")
+    feed_all(capture, [b"\xff" * 20])  # 20 raw bytes, 60 bytes of U+FFFD
     assert capture.truncation["truncated"] is True
     assert capture.text == "\ufffd" * 10
-    assert Path(capture.spill_path).read_bytes() == raw
+    assert capture.spill_path == str(tmp_path / "output.raw")
 
 
-def test_spill_file_and_directory_modes(tmp_path: Path) -> None:
-    sink = SpillSink.for_call(tmp_path, "call_2")
-    capture = OutputCapture(ShellOutputLimits(max_bytes=4, max_lines=1), sink)
-    feed_all(capture, [b"hello\nworld\n"])
-    assert stat.S_IMODE(os.stat(tmp_path / "spill").st_mode) == 0o700
-    assert stat.S_IMODE(os.stat(capture.spill_path).st_mode) == 0o600
-    assert sink.written == 12
+def test_spill_path_when_totals_pass_the_window_and_is_absolute(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    capture = OutputCapture(ShellOutputLimits(max_bytes=1024, max_lines=2), Path("s") / "output.raw")
+    capture.set_totals(3, 3)  # three lines: the window (2 lines) is exceeded
+    assert capture.spill_path == str(tmp_path / "s" / "output.raw")
 
 
-def test_spill_rejects_bad_call_ids(tmp_path: Path) -> None:
-    for bad in ["../x", "a/b", "", "__proto__", "x" * 65]:
-        with pytest.raises(ValueError):
-            SpillSink.for_call(tmp_path, bad)
+def test_dropped_bytes_only_when_the_log_dropped_some() -> None:
+    log = MemoryLog(b"x" * 100 + b"tail\n")
+    capture = OutputCapture(DEFAULT, None)
+    log.catch_up(capture)
+    assert "droppedBytes" not in capture.truncation
+    log.data += b"more\n"
+    log.first = 64
+    capture2 = OutputCapture(DEFAULT, None)
+    log.catch_up(capture2)
+    assert capture2.truncation["droppedBytes"] == 64
+    assert capture2.truncation["truncated"] is True  # bytes the window never saw were lost
+    assert capture2.text == "x" * 36 + "tail\nmore\n"
 
 
-def test_spill_write_failure_is_reported_and_sticky(tmp_path: Path) -> None:
-    (tmp_path / "spill").write_text("a file where the directory should be")
-    sink = SpillSink.for_call(tmp_path, "c")
-    sink.write(b"data")
-    with pytest.raises(OSError):
-        sink.flush_sync()
-    assert isinstance(sink.error, OSError)
-    sink.write(b"more")
-    assert sink.pending == 0
-    sink.flush_sync()  # a no-op now: the caller already knows
-    sink.close()
+def test_a_large_gap_reads_only_the_tail() -> None:
+    """The daemon's CPU grows with catch-ups, not bytes: 64 MiB of output behind, a catch-up
+    reads a few window sizes of it, and the window is exact."""
+    stream = b"".join(b"line %d\n" % i for i in range(8_000_000))[: 64 * 1024 * 1024]
+    log = MemoryLog(stream)
+    capture = OutputCapture(DEFAULT, None)
+    log.catch_up(capture)
+    assert log.bytes_read <= 16 * DEFAULT.max_bytes
+    reference = OutputCapture(DEFAULT, None)
+    feed_all(reference, [stream])
+    capture.finish()
+    assert (capture.text, capture.truncation) == (reference.text, reference.truncation)
 
 
-def test_capture_memory_is_bounded_by_the_window(tmp_path: Path) -> None:
-    sink = SpillSink.for_call(tmp_path, "c")
-    capture = OutputCapture(DEFAULT, sink)
+def test_a_jump_grows_backwards_through_cleaned_away_bytes() -> None:
+    """A tail of NULs cleans to nothing: the jump reads further back until the cleaned tail
+    overflows the window, and the window is still exact."""
+    limits = ShellOutputLimits(max_bytes=64, max_lines=4)
+    stream = b"".join(b"%d\n" % i for i in range(5000)) + b"\x00" * 10_000 + b"end"
+    log = MemoryLog(stream)
+    capture = OutputCapture(limits, None)
+    log.catch_up(capture, threshold=100)
+    capture.finish()
+    reference = OutputCapture(limits, None)
+    feed_all(reference, [stream])
+    assert (capture.text, capture.truncation) == (reference.text, reference.truncation)
+    assert capture.text == "4997\n4998\n4999\nend"
+
+
+def test_head_mode_reads_until_the_window_closed_then_nothing() -> None:
+    limits = ShellOutputLimits(max_bytes=64, max_lines=4, retain="head")
+    log = MemoryLog(b"a\nb\nc\nd\ne\n" + b"f" * 10_000_000)
+    capture = OutputCapture(limits, None)
+    log.catch_up(capture)
+    assert capture.text == "a\nb\nc\nd\n" and capture.closed
+    assert log.bytes_read <= 4 * 1024 * 1024 + 64  # one piece, then closed
+    before = log.bytes_read
+    log.data += b"g" * 1000
+    log.catch_up(capture)
+    assert log.bytes_read == before
+    assert capture.truncation["totalBytes"] == len(log.data)
+
+
+def test_capture_memory_is_bounded_by_the_window() -> None:
+    capture = OutputCapture(DEFAULT, None)
     chunk = b"y\n" * 32_768
     peak: dict[str, int] = {}
     for _ in range(100):
         capture.feed(chunk)
         for key, value in capture.statistics().items():
             peak[key] = max(peak.get(key, 0), value)
-        sink.flush_sync()
     capture.finish()
-    sink.flush_sync()
     assert peak["windowChars"] <= 51_200
-    assert peak["rawBuffered"] <= 51_200 + len(chunk)
-    assert peak["spillPending"] <= 51_200 + 2 * len(chunk)
-    assert os.path.getsize(capture.spill_path) == 100 * len(chunk)
+    assert peak["decoderPending"] <= 3
 
 
 # -- properties ------------------------------------------------------------------------------
@@ -301,45 +333,58 @@ def test_any_chunking_gives_the_reference_window(data: st.DataObject, limits: Sh
     cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=12), label="cuts"))
     chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)])]
 
-    with tempfile.TemporaryDirectory() as tmp:
-        capture = OutputCapture(limits, SpillSink(Path(tmp) / "spill" / "c.log"))
-        decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        seen = ""
-        for chunk in chunks:
-            capture.feed(chunk)
-            capture.spill.flush_sync()
-            seen += decoder.decode(chunk)
-            # At every step: the window of what has been decoded so far.
-            assert capture.text == ref_window(ref_clean(seen), limits)[0]
-            assert len(capture.text.encode()) <= limits.max_bytes
-            assert ref_lines(capture.text) <= limits.max_lines
-        capture.finish()
-        capture.spill.flush_sync()
+    capture = OutputCapture(limits, Path("/calls/c/output.raw"))
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    seen, fed = "", b""
+    for chunk in chunks:
+        capture.feed(chunk)
+        fed += chunk
+        capture.set_totals(len(fed), ref_total_lines(fed))
+        seen += decoder.decode(chunk)
+        # At every step: the window of what has been decoded so far.
+        assert capture.text == ref_window(ref_clean(seen), limits)[0]
+        assert len(capture.text.encode()) <= limits.max_bytes
+        assert ref_lines(capture.text) <= limits.max_lines
+    capture.finish()
 
-        text, truncated, by = ref_window(ref_clean(stream.decode("utf-8", "replace")), limits)
-        assert capture.text == text
-        assert capture.truncation == {
-            "truncated": truncated,
-            "truncatedBy": by,
-            "totalBytes": len(stream),
-            "totalLines": ref_total_lines(stream),
-            "maxBytes": limits.max_bytes,
-            "maxLines": limits.max_lines,
-        }
-
-        whole = OutputCapture(limits, None)
-        whole.feed(stream)
-        whole.finish()
-        assert (whole.text, whole.truncation) == (capture.text, capture.truncation)
-
-        must_spill = truncated or len(stream) > limits.max_bytes or ref_total_lines(stream) > limits.max_lines
-        if must_spill:
-            assert Path(capture.spill_path).read_bytes() == stream
-        else:
-            assert capture.spill_path is None
-        capture.spill.close()
+    text, truncated, by = ref_window(ref_clean(stream.decode("utf-8", "replace")), limits)
+    assert capture.text == text
+    assert capture.truncation == {
+        "truncated": truncated,
+        "truncatedBy": by,
+        "totalBytes": len(stream),
+        "totalLines": ref_total_lines(stream),
+        "maxBytes": limits.max_bytes,
+        "maxLines": limits.max_lines,
+    }
+    must_spill = truncated or len(stream) > limits.max_bytes or ref_total_lines(stream) > limits.max_lines
+    assert capture.spill_path == ("/calls/c/output.raw" if must_spill else None)
 
 
-def test_spill_path_is_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    assert SpillSink(Path("session") / "spill" / "c.log").path == str(tmp_path / "session" / "spill" / "c.log")
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), limits=LIMITS)
+def test_catch_ups_with_jumps_give_the_window_of_feeding_everything(
+        data: st.DataObject, limits: ShellOutputLimits) -> None:
+    """For random streams, random catch-up points and random jump thresholds, the window after
+    every catch-up equals that of feeding every byte so far (EXEC.md §2's cleaned tail)."""
+    stream = b"".join(data.draw(st.lists(PIECES, max_size=40), label="pieces"))
+    ends = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=8), label="ends"))
+    threshold = data.draw(st.integers(0, 120), label="threshold")
+    log = MemoryLog(stream)
+    capture = OutputCapture(limits, None)
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    seen, last = "", 0
+    for end in [*ends, len(stream)]:
+        log.catch_up(capture, end, threshold=threshold)
+        seen += decoder.decode(stream[last:end])
+        last = end
+        window, truncated, by = ref_window(ref_clean(seen), limits)
+        assert capture.text == window
+        assert capture.truncation["truncated"] == truncated
+        assert capture.truncation["totalBytes"] == end
+        if limits.retain == "tail":
+            assert capture.truncation["truncatedBy"] == by
+    capture.finish()
+    whole = OutputCapture(limits, None)
+    feed_all(whole, [stream])
+    assert (capture.text, capture.truncation) == (whole.text, whole.truncation)
