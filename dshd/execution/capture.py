@@ -187,11 +187,11 @@ class OutputCapture:
         truncated). False, nothing changed: the tail is too short; read more of it."""
         if self.finished:
             raise RuntimeError("OutputCapture.rebuild after finish")
-        start = 0
-        while start < len(tail) and tail[start] & 0xC0 == 0x80:
-            start += 1
+        skip = 0  # not ``start``: that is the tail's absolute offset, needed below
+        while skip < len(tail) and tail[skip] & 0xC0 == 0x80:
+            skip += 1
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        text = clean_text(decoder.decode(tail[start:]))
+        text = clean_text(decoder.decode(tail[skip:]))
         nbytes = _utf8_len(text)
         lines = text.count("\n") + (1 if text and text[-1] != "\n" else 0)
         if not lost and nbytes <= self.limits.max_bytes and lines <= self.limits.max_lines:
