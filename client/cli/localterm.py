@@ -41,7 +41,12 @@ def isatty(fd: int) -> bool:
 
 
 def stdin_usable(fd: int = 0) -> bool:
-    """Whether ``fd`` is open for reading (a closed stdin forwards nothing)."""
+    """Whether ``fd`` is open (a closed stdin forwards nothing). For fd 0 Python's own view
+    counts too: a stdin closed when the interpreter started is ``sys.stdin is None``, and its
+    number may belong to another file since (``client.cli.main.hold_standard_fds`` prevents
+    that for ``dsh`` itself)."""
+    if fd == 0 and sys.stdin is None:
+        return False
     try:
         os.fstat(fd)
     except OSError:
