@@ -101,7 +101,6 @@ async def run_command(client: Client, argv: tuple[str, ...], session_id: str | N
     call = Call(session_id, call_id or "c" + secrets.token_hex(8))
     io = io_for(tty, detach_keys, cancel_on_interrupt)
     sub = await client.subscribe(session_id) if how.ask else None
-    note(f"session {call.session_id} call {call.call_id}")
     try:
         never_ran = await _submit(client, call, command, timeout, how, io)
         if never_ran is not None:
@@ -133,6 +132,7 @@ async def _submit(client: Client, call: Call, command: str, timeout: float | Non
             raise
         note(f"dsh: STORAGE_FAILURE: {exc.message}")
         return EXIT_NEVER_RAN
+    note(f"session {call.session_id} call {call.call_id}")
     if started.existing:
         note(f"dsh: call {call.call_id} already exists in session {call.session_id}: showing "
              "its result; nothing was run again (use a new --call-id to run again)")
