@@ -19,7 +19,8 @@ never holds a call's output in memory. This module reads it back for clients:
   :data:`CHUNK_BYTES`, queues one ``output`` notification and goes on. Its memory is one
   chunk. At the end of the log it waits on ``HostHandle.wait_progress`` (the host's coalesced
   progress events); a call that has no host yet (at its approval gate or checkpoint) is looked
-  at again every :data:`NO_HOST_POLL_SECONDS`. An offset before the call's ``firstOffset`` (the
+  at again every :data:`NO_HOST_POLL_SECONDS` (so is one whose host connection ended before
+  its exit record came, until the call settles). An offset before the call's ``firstOffset`` (the
   per-call disk cap dropped those bytes, before or while it read) is one ``gap {from, to}``
   notification and the follower goes on at ``to``. The last notification is ``{offset, eof:
   true, exitCode?}``; a log the daemon cannot read ends the follower with ``{offset, error}``
@@ -42,6 +43,8 @@ import trio
 from protocol import methods as m
 from protocol import rpc
 
+from ..callhost import log as calllog
+from ..callhost.log import Gap
 from ..storage import threads
 
 __all__ = ["CHUNK_BYTES", "CallSource", "FollowSink", "Follower", "Gap", "OutputState",
@@ -80,11 +83,9 @@ class OutputState:
 
 def _scan(call_dir: Path) -> Any:
     """``dshd.callhost.log.scan``, or None while the call dir has no log (never started)."""
-    from ..callhost import log as calllog
-
     try:
         return calllog.scan(call_dir)
-    except FileNotFoundError:
+    except FileNotFoundError:  # the call dir appeared but holds no log yet
         return None
 
 
@@ -96,19 +97,6 @@ def _exit_record(call_dir: Path) -> dict | None:
         return None
     return record if isinstance(record, dict) else None
 
-
-def _read(call_dir: Path, offset: int, limit: int, segment_bytes: int) -> bytes:
-    from ..callhost import log as calllog
-
-    return calllog.read(call_dir, offset, limit, segment_bytes)
-
-
-class Gap(Exception):
-    """The bytes at an offset were dropped (the per-call cap); they start at ``first_offset``."""
-
-    def __init__(self, first_offset: int) -> None:
-        super().__init__(first_offset)
-        self.first_offset = first_offset
 
 
 class CallSource:
@@ -141,31 +129,24 @@ class CallSource:
     async def read(self, state: OutputState, offset: int, limit: int) -> bytes:
         """Up to ``limit`` bytes at ``offset`` (within ``state``'s range); :class:`Gap` when
         the host dropped them since ``state`` was taken."""
-        from ..callhost import log as calllog
-
         limit = min(limit, state.end_offset - offset)
         if limit <= 0:
             return b""
-        try:
-            return await threads.run_sync(_read, self._lookup().dir, offset, limit,
-                                          state.segment_bytes)
-        except calllog.Gap as exc:
-            raise Gap(_gap_first(exc)) from None
+        return await threads.run_sync(calllog.read, self._lookup().dir, offset, limit,
+                                      state.segment_bytes)
 
     async def wait_change(self, offset: int) -> None:
         """Return once the log may have grown past ``offset`` or the call may have ended."""
         out = self._lookup()
-        if out.host is not None and out.host.record is None:
-            await out.host.wait_progress(offset)
-        elif out.result is None and (out.host is None or out.host.record is None):
+        host = out.host
+        if host is not None and host.record is None and not getattr(host, "closed", False):
+            await host.wait_progress(offset)
+        elif out.result is None and (host is None or host.record is None):
+            # No host yet, or its connection ended before the record came: the call settles
+            # (or its host appears) soon; look again.
             await trio.sleep(NO_HOST_POLL_SECONDS)
         else:
             await trio.lowlevel.checkpoint()
-
-
-def _gap_first(exc: Exception) -> int:
-    value = getattr(exc, "first_offset", None)
-    return int(value if value is not None else exc.args[0])
 
 
 class FollowSink(Protocol):
