@@ -15,7 +15,7 @@ import os
 import pwd
 import stat
 
-from .execution.process import RunAs
+from .execution.spawn import RunAs
 
 
 def run_as_for(owner: int | None) -> RunAs | None:

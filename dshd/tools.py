@@ -132,7 +132,7 @@ TOOLS: dict[str, ToolSpec] = {BASH.name: BASH}
 
 #: msgspec's own sentences start so; anything else came from a struct's ``__post_init__``
 #: and is already the sentence to show.
-_MSGSPEC_WORDING = ("Expected ", "Object missing required field")
+_MSGSPEC_WORDING = ("Expected ", "Object missing required field", "Invalid enum value")
 
 
 def tool_names() -> list[str]:

@@ -2,9 +2,11 @@
 
 Theory of operation: the listener is an abstract Unix stream socket (``dsh-host-<32 hex>``).
 Abstract sockets have no file permissions, so :func:`accept_peer` checks ``SO_PEERCRED`` of
-every connection (the peer's uid must be the host's euid) and refuses connections past
-:data:`MAX_CONNECTIONS`; the first line must then be ``{"hello": 1, "secret": <spec secret>}``
-(compared in constant time), else the connection is closed. Anything malformed -- a line that
+every connection (the peer's uid must be the host's euid); the first line must then be
+``{"hello": 1, "secret": <spec secret>}`` (compared in constant time), else the connection is
+closed. At most :data:`MAX_CONNECTIONS` are open: a new one past that evicts the oldest that
+has not said hello yet (or one silent for :data:`HELLO_SECONDS`), else it is refused -- so a
+process of the same uid that opens connections and stays silent cannot lock the daemon out. Anything malformed -- a line that
 is not a JSON object with an int ``id``, a line over :data:`MAX_LINE`, a wrong hello -- closes
 *that* connection, never the host. A well-formed request with bad fields gets a
 ``bad-request`` reply (:func:`parse_request` validates; :class:`RequestError` carries the code).
@@ -13,20 +15,31 @@ is not a JSON object with an int ``id``, a line over :data:`MAX_LINE`, a wrong h
 to a bounded output buffer flushed when the socket is writable, and a peer that lets more than
 :data:`MAX_OUTPUT` bytes pile up (a slow or dead daemon) is dropped -- the daemon re-attaches
 and reads the state. While a request's reply is deferred (a ``write`` waits until its bytes
-reached the command), the connection reads no further lines: one request in flight per
-connection bounds the pending input.
+reached the command), the connection reads on -- a ``terminate`` or ``status`` behind a
+write that the command does not read is still served -- until :data:`MAX_DEFERRED` replies
+are outstanding; then it reads no further line until one is answered. That bounds the
+pending input per connection (4 x 1 MiB).
+
+What the host answers (plan §C, with these precisions): a wrong or missing hello closes the
+connection without a reply; ``attach`` and ``status`` carry the state ``{"state":
+"running"|"exited", "endOffset", "firstOffset", "totalLines", "record"?}`` (``attach`` as
+``"state": {...}``, ``status`` flat), and an ``attach`` after the end is followed by the
+``exit`` event at once; ``signal`` answers ``{"signalled": n}`` (processes hit);
+``terminate`` after the child exited but before the record cuts the ``eof_grace`` wait short
+(``ok``), after the record it is ``not-running``; a ``write`` into a pipe the command closed
+is ``no-stdin``; on a terminal ``close-stdin`` writes VEOF and input stays open.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import hmac
 import json
 import math
 import os
 import socket
 import struct
+import time
 
 __all__ = ["Connection", "MAX_CONNECTIONS", "MAX_LINE", "MAX_OUTPUT", "MAX_WRITE",
            "RequestError", "SIGNALS", "accept_peer", "parse_request"]
@@ -37,6 +50,10 @@ MAX_CONNECTIONS = 8
 MAX_LINE = 4 * 1_048_576
 #: Output bytes a connection may leave unread before it is dropped.
 MAX_OUTPUT = 256 * 1024
+#: Deferred replies (queued writes) per connection before it reads no further request.
+MAX_DEFERRED = 4
+#: Seconds a connection may stay without its hello once others wait for a slot.
+HELLO_SECONDS = 5.0
 #: Largest decoded ``write``.
 MAX_WRITE = 1_048_576
 #: Bytes asked of the socket per read.
@@ -57,16 +74,30 @@ class RequestError(Exception):
         self.sentence = sentence
 
 
-def accept_peer(listener: socket.socket, count: int) -> socket.socket | None:
-    """Accept one connection; None (closed) when the peer's uid is not ours or ``count``
-    connections are already open."""
-    try:
-        sock, _ = listener.accept()
-    except (BlockingIOError, InterruptedError, ConnectionAbortedError):
-        return None
+def same_secret(given: bytes, expected: bytes) -> bool:
+    """Constant-time equality (``hmac.compare_digest`` without importing ``hashlib``, whose
+    OpenSSL load costs every host's start-up ~7 ms)."""
+    if len(given) != len(expected):
+        return False
+    diff = 0
+    for a, b in zip(given, expected):
+        diff |= a ^ b
+    return diff == 0
+
+
+def accept_peer(listener: socket.socket) -> socket.socket | None:
+    """Accept one connection; None (closed) when the peer's uid is not ours."""
+    while True:
+        try:
+            sock, _ = listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return None
+        except ConnectionAbortedError:
+            continue
+        break
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     _pid, uid, _gid = struct.unpack("3i", creds)
-    if uid != os.geteuid() or count >= MAX_CONNECTIONS:
+    if uid != os.geteuid():
         sock.close()
         return None
     sock.setblocking(False)
@@ -136,10 +167,11 @@ class Connection:
         self._out = bytearray()
         self.greeted = False
         self.attached = False
-        self.busy = False  # a deferred reply is outstanding
+        self.deferred = 0  # requests whose reply comes later (writes in the stdin queue)
         self.after: list[dict] = []  # messages to send right after the current reply
         self._in_lines = False
         self.closed = False
+        self.opened_at = time.monotonic()
         reactor.want_read(self.fd, self._readable)
 
     @property
@@ -158,9 +190,9 @@ class Connection:
     def reply(self, request_id: int, fields: dict) -> None:
         """Send a deferred reply and read requests again."""
         self.send({"id": request_id, **fields})
-        if self.busy:
-            self.busy = False
-            if not self.closed:
+        if self.deferred:
+            self.deferred -= 1
+            if self.deferred == MAX_DEFERRED - 1 and not self.closed:
                 self._reactor.want_read(self.fd, self._readable)
                 if not self._in_lines:
                     self._lines()
@@ -200,7 +232,7 @@ class Connection:
             self._in_lines = False
 
     def _lines_now(self) -> None:
-        while not self.closed and not self.busy:
+        while not self.closed and self.deferred < MAX_DEFERRED:
             end = self._in.find(b"\n")
             if end < 0:
                 if len(self._in) > MAX_LINE:
@@ -224,7 +256,7 @@ class Connection:
         if not self.greeted:
             secret = msg.get("secret")
             if msg.get("hello") != 1 or not isinstance(secret, str) \
-                    or not hmac.compare_digest(secret.encode(), self._secret):
+                    or not same_secret(secret.encode(), self._secret):
                 self.close()
                 return
             self.greeted = True
@@ -240,8 +272,9 @@ class Connection:
         except RequestError as exc:
             fields = {"ok": False, "code": exc.code, "error": exc.sentence}
         if fields is None:
-            self.busy = True
-            self._reactor.want_read(self.fd, None)
+            self.deferred += 1
+            if self.deferred >= MAX_DEFERRED:
+                self._reactor.want_read(self.fd, None)
         else:
             self.send({"id": request_id, **fields})
             while self.after:

@@ -7,7 +7,8 @@ with a handful of deadlines. Its life, in order:
 1. **Start** (:meth:`Host.start`): the command is spawned (:mod:`child`); a spawn failure is
    an exit record with reason ``spawn-failed`` at once.
 2. **Running**: each readable wake reads up to 1 MiB of output (a PTY's ``EIO`` is end of
-   file) and appends it to the log (:mod:`log`); the log is fsync'd at most once a second
+   file; the master then stays open, unread, until the child is reaped, since closing it
+   would hang the terminal up and SIGHUP the exiting command) and appends it to the log (:mod:`log`); the log is fsync'd at most once a second
    while output flows (a deadline catches the end of a burst). Attached connections get a
    ``progress`` event -- the first of a burst at once, then at most one per 20 ms. ``timeout``
    (reason ``timeout``) and ``terminate`` (``cancelled``/``killed``) send TERM to the command's
@@ -83,6 +84,7 @@ class Host:
         self.released = False
         self.log_error: str | None = None  # why the log could not be written, if it failed
         self._swept = False  # the remaining tree was killed after the child's exit
+        self._output_eof = False  # the PTY reached end of file while the child still ran
         self.uid = spec["user"]["uid"] if spec["user"] else os.geteuid()
         now = time.monotonic()
         self.deadlines: dict[str, float] = {}
@@ -156,6 +158,8 @@ class Host:
         self.deadlines.pop("kill", None)
         if self.stdin is not None:
             self.stdin.end("not-running", "the command has ended")
+        if self._output_eof:
+            self._close_output()
         if self.output_fd is None:
             self._end_output()
         else:
@@ -173,6 +177,13 @@ class Host:
                 os.write(2, f"dsh-host: reading the output failed: {exc}\n".encode())
             data = b""
         if not data:
+            if self.child_alive and self.spec["tty"] is not None:
+                # Keep the master open until the child is reaped: closing it hangs the
+                # terminal up, and the kernel's SIGHUP kills a command between its last
+                # close of the terminal and its exit (cat exited 129).
+                self.reactor.want_read(self.output_fd, None)
+                self._output_eof = True
+                return
             self._close_output()
             if not self.child_alive:
                 self._end_output()
@@ -269,10 +280,12 @@ class Host:
     # -- deadlines -----------------------------------------------------------------------
 
     def _on_sync(self) -> None:
+        self.deadlines.pop("sync", None)  # when called early, from _append
         self.log.sync()
         self._last_sync = time.monotonic()
 
     def _on_progress(self) -> None:
+        self.deadlines.pop("progress", None)  # when called early, from _append
         self._last_progress = time.monotonic()
         event = self._progress_event()
         for conn in list(self.conns):
@@ -316,10 +329,25 @@ class Host:
     # -- control -------------------------------------------------------------------------
 
     def _accept(self) -> None:
-        sock = control.accept_peer(self.listener, len(self.conns))
-        if sock is not None:
-            self.conns.append(control.Connection(sock, self.reactor, self.spec["secret"],
-                                                 self._request, self._closed))
+        for _ in range(control.MAX_CONNECTIONS):  # what the backlog holds, then select again
+            sock = control.accept_peer(self.listener)
+            if sock is None:
+                return
+            self._admit(sock)
+
+    def _admit(self, sock) -> None:
+        now = time.monotonic()
+        for conn in [c for c in self.conns if not c.greeted
+                     and now - c.opened_at > control.HELLO_SECONDS]:
+            conn.close()
+        if len(self.conns) >= control.MAX_CONNECTIONS:
+            silent = [c for c in self.conns if not c.greeted]
+            if not silent:
+                sock.close()
+                return
+            silent[0].close()
+        self.conns.append(control.Connection(sock, self.reactor, self.spec["secret"],
+                                             self._request, self._closed))
 
     def _closed(self, conn) -> None:
         if conn in self.conns:

@@ -3,9 +3,10 @@
 Theory of operation: the stdin end (the write end of the stdin pipe, or the PTY master in
 terminal mode) is non-blocking. ``write`` and ``close-stdin`` requests join one FIFO; the
 head is written whenever the fd is writable, and a ``write`` is answered (``{"written": n}``)
-only once all its bytes went to the kernel: end-to-end back-pressure, since the requesting
-connection reads no further request until then (:class:`~control.Connection` ``busy``), so
-the queue holds at most one entry per connection (<= 8 MiB). ``close-stdin`` closes the pipe's
+only once all its bytes went to the kernel: end-to-end back-pressure. A connection with
+``MAX_DEFERRED`` (4) unanswered requests reads no further one
+(:class:`~control.Connection`), so the queue holds at most 4 entries per connection
+(<= 32 MiB for 8 connections). ``close-stdin`` closes the pipe's
 write end (the command reads end of file); on a PTY it writes the terminal's VEOF character
 (``c_cc[VEOF]``, normally Ctrl-D: end of file for a reader in canonical mode at the start of a
 line) and stdin stays open. When the command ends, or it closed its end of the pipe

@@ -187,11 +187,11 @@ class OutputCapture:
         truncated). False, nothing changed: the tail is too short; read more of it."""
         if self.finished:
             raise RuntimeError("OutputCapture.rebuild after finish")
-        skip = 0  # not ``start``: that is the tail's absolute offset, needed below
-        while skip < len(tail) and tail[skip] & 0xC0 == 0x80:
-            skip += 1
+        sync = 0
+        while sync < len(tail) and tail[sync] & 0xC0 == 0x80:
+            sync += 1
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        text = clean_text(decoder.decode(tail[skip:]))
+        text = clean_text(decoder.decode(tail[sync:]))
         nbytes = _utf8_len(text)
         lines = text.count("\n") + (1 if text and text[-1] != "\n" else 0)
         if not lost and nbytes <= self.limits.max_bytes and lines <= self.limits.max_lines:

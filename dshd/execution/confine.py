@@ -65,7 +65,7 @@ class Provider(Protocol):
 
         ``fds``: receives the fds the wrapped argv refers to (the workspace pinned by fd, a
         tmpfs lease); the caller passes them to the child and closes them after the spawn
-        (``run_command(pass_fds=...)`` does both). The bwrap provider requires it.
+        (``run_hosted(pass_fds=...)`` does both). The bwrap provider requires it.
 
         ``hide``: paths the tool must not see (the daemon's state directory, its socket).
         ``network``: allow the network in ``workspace-write``. ``danger-full-access`` gives

@@ -17,7 +17,7 @@ Never included, whatever ``pass_env`` says: ``DSH_*`` (the daemon's socket and s
 systemd hand-over (``NOTIFY_SOCKET``, ``LISTEN_*``, ``WATCHDOG_*``, ``INVOCATION_ID``) and the
 model's API key variable. The session's ``env`` and ``DSH_CALL_ID``/``DSH_SESSION_ID`` are set
 on top of this by the caller, inside the sandbox (by ``env(1)``, after the wrapper has run).
-:func:`dshd.execution.process.run_command` adds ``DSH_RUN``: a random token of the run, which
+:func:`dshd.execution.hosted.run_hosted` adds ``DSH_RUN``: a random token of the run, which
 its kill sweep looks for (a tool should leave it alone; unsetting it only lets the tool's own
 ``setsid`` children escape the sweep).
 """

@@ -38,14 +38,12 @@ durably when the command ends. This module is everything the daemon does with on
 
 from __future__ import annotations
 
-import base64
 import errno
 import json
-import math
 import os
 import secrets
-import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -53,7 +51,10 @@ import msgspec
 import trio
 
 
-from dshd.execution.capture import Gap, OutputCapture, catch_up
+from dshd.execution.capture import OutputCapture, catch_up
+from dshd.execution.hostlink import (
+    MAX_LINE, HostHandle, HostRequestError, log_reader, read_line, record_on_disk, scan_log,
+)
 from dshd.execution.spawn import RESOURCE_ERRNOS, BashScript, RunAs, spawn, spawn_sentence
 
 __all__ = ["ExecOutcome", "HostHandle", "HostRequestError", "HostStartError", "HOST_MAIN",
@@ -65,15 +66,11 @@ HOST_MAIN = Path(__file__).resolve().parent.parent / "callhost" / "main.py"
 RUN_TOKEN_VAR = "DSH_RUN"
 #: Seconds a host may take to answer its spec with the ready line.
 START_TIMEOUT = 30.0
-#: Longest control line accepted from a host (plan §C).
-MAX_LINE = 4 * 1024 * 1024
 #: Seconds between two reads of the log while output flows (the first one of a burst is at once).
 READ_INTERVAL = 0.05
 #: Seconds the shielded cleanup after an outside cancellation may take (terminate, wait for the
 #: record, a last read, release).
 CLEANUP_SECONDS = 10.0
-#: Seconds to wait for a reply to a control request before the host counts as stuck.
-REQUEST_TIMEOUT = 30.0
 
 
 class ExecOutcome(msgspec.Struct):
@@ -94,195 +91,6 @@ class ExecOutcome(msgspec.Struct):
 class HostStartError(Exception):
     """The host could not be started or refused its spec; ``str()`` is the sentence."""
 
-
-class HostRequestError(Exception):
-    """A control request the host refused: ``code`` (``not-running``, ``no-stdin``,
-    ``too-big``, ``bad-request``) and ``sentence`` (the host's words, for a person)."""
-
-    def __init__(self, code: str, sentence: str) -> None:
-        super().__init__(sentence)
-        self.code = code
-        self.sentence = sentence
-
-
-class HostHandle:
-    """The daemon's connection to one call's host (module doc; plan §D).
-
-    ``dir``: the call dir. ``tty`` / ``stdin_pipe``: how the command's input was set up.
-    ``first_offset`` / ``end_offset`` / ``total_lines``: the log's extent as last reported.
-    ``record``: the exit record once known. ``pid``: the host's pid.
-    """
-
-    def __init__(self, directory: Path, stream: trio.SocketStream, *, pid: int, tty: bool,
-                 stdin_pipe: bool, segment_bytes: int) -> None:
-        self.dir = directory
-        self.pid = pid
-        self.tty = tty
-        self.stdin_pipe = stdin_pipe
-        self.segment_bytes = segment_bytes
-        self.first_offset = 0
-        self.end_offset = 0
-        self.total_lines = 0
-        self.record: dict | None = None
-        #: The connection ended (the host exited or died); requests fail with not-running.
-        self.closed = False
-        self._stream = stream
-        self._send_lock = trio.Lock()
-        self._next_id = 0
-        self._waiters: dict[int, list] = {}
-        self._changed = trio.Event()
-        self._buffer = bytearray()
-
-    # -- what other rooms use ------------------------------------------------------------
-    async def wait_progress(self, end_offset: int) -> None:
-        """Return once ``end_offset`` moved past the argument, or the record is known, or the
-        connection ended (at once when one of them is already so)."""
-        while self.end_offset <= end_offset and self.record is None and not self.closed:
-            await self._changed.wait()
-
-    async def write(self, data: bytes) -> int:
-        """Write ``data`` (≤ 1 MiB) to the command's stdin; the count once all was written."""
-        reply = await self.request("write", data=base64.b64encode(data).decode("ascii"))
-        return int(reply.get("written", len(data)))
-
-    async def close_stdin(self) -> None:
-        await self.request("close-stdin")
-
-    async def resize(self, cols: int, rows: int) -> None:
-        await self.request("resize", cols=cols, rows=rows)
-
-    async def signal(self, name: str) -> None:
-        await self.request("signal", signal=name)
-
-    # -- what the runner uses ------------------------------------------------------------
-    async def terminate(self, grace: float, reason: str) -> None:
-        await self.request("terminate", grace=grace, reason=reason)
-
-    async def release(self) -> None:
-        await self.request("release")
-
-    async def request(self, op: str, **fields: object) -> dict:
-        """Send ``{"id", "op", **fields}`` and return the reply (``HostRequestError`` for an
-        error reply, or ``not-running`` when the connection ended first)."""
-        if self.closed:
-            raise HostRequestError("not-running", self._gone_sentence())
-        self._next_id += 1
-        rid = self._next_id
-        done = trio.Event()
-        slot: list = [done, None]
-        self._waiters[rid] = slot
-        try:
-            line = json.dumps({"id": rid, "op": op, **fields}).encode() + b"\n"
-            async with self._send_lock:
-                try:
-                    await self._stream.send_all(line)
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                    self._close()
-            with trio.move_on_after(REQUEST_TIMEOUT):
-                await done.wait()
-        finally:
-            self._waiters.pop(rid, None)
-        reply = slot[1]
-        if reply is None:
-            if self.closed:
-                raise HostRequestError("not-running", self._gone_sentence())
-            raise HostRequestError("bad-request", f"the call host (pid {self.pid}) did not "
-                                   f"answer {op!r} within {REQUEST_TIMEOUT:g} s")
-        if not reply.get("ok"):
-            raise HostRequestError(str(reply.get("code", "bad-request")),
-                                   str(reply.get("error", "the call host refused the request")))
-        return reply
-
-    async def pump(self) -> None:
-        """Read every line from the host until the connection ends: replies to their
-        waiters, ``progress`` and ``exit`` events into the handle's state. A cancelled pump
-        leaves the handle open (another pump may take over); the end of the connection
-        closes it."""
-        while True:
-            line = await self._read_line()
-            if line is None:
-                self._close()
-                return
-            self._dispatch(line)
-
-    def _gone_sentence(self) -> str:
-        if self.record is not None:
-            return "the command has ended; the call's host no longer takes requests"
-        return f"the call host (pid {self.pid}) is not reachable any more"
-
-    def _close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        for slot in self._waiters.values():
-            slot[0].set()
-        self._wake()
-
-    def _wake(self) -> None:
-        self._changed.set()
-        self._changed = trio.Event()
-
-    async def _read_line(self) -> dict | None:
-        while True:
-            cut = self._buffer.find(b"\n")
-            if cut >= 0:
-                raw = bytes(self._buffer[:cut])
-                del self._buffer[:cut + 1]
-                try:
-                    value = json.loads(raw)
-                except ValueError:
-                    return {}
-                return value if isinstance(value, dict) else {}
-            if len(self._buffer) > MAX_LINE:
-                return None  # a host that says nonsense: treat as gone
-            try:
-                data = await self._stream.receive_some(65536)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                return None
-            if not data:
-                return None
-            self._buffer += data
-
-    def _dispatch(self, message: dict) -> None:
-        event = message.get("event")
-        if event == "progress":
-            self._progress(message)
-        elif event == "exit":
-            record = message.get("record")
-            if isinstance(record, dict):
-                self._progress(record, end_key="totalBytes")
-                self.record = record
-            self._wake()
-        elif "id" in message:
-            slot = self._waiters.get(message["id"])
-            if slot is not None:
-                slot[1] = message
-                slot[0].set()
-
-    def _progress(self, state: dict, end_key: str = "endOffset") -> None:
-        end = state.get(end_key)
-        if isinstance(end, int) and end > self.end_offset:
-            self.end_offset = end
-        first = state.get("firstOffset")
-        if isinstance(first, int) and first > self.first_offset:
-            self.first_offset = first
-        lines = state.get("totalLines")
-        if isinstance(lines, int):
-            self.total_lines = lines
-        self._wake()
-
-    def absorb(self, state: dict) -> None:
-        """Take an ``attach`` or ``status`` reply's state (progress, maybe the record)."""
-        self._progress(state)
-        record = state.get("record")
-        if isinstance(record, dict) and self.record is None:
-            self._progress(record, end_key="totalBytes")
-            self.record = record
-            self._wake()
-
-    async def aclose(self) -> None:
-        self._close()
-        await self._stream.aclose()
 
 
 # ----------------------------------------------------------------------------- starting
@@ -371,7 +179,7 @@ async def connect(ready: dict, spec: dict) -> HostHandle:
     try:
         await stream.send_all(json.dumps({"hello": 1, "secret": spec["secret"]}).encode() + b"\n")
         with trio.move_on_after(START_TIMEOUT):
-            hello = await handle._read_line()
+            hello = await read_line(handle)
         if not hello or hello.get("hello") != 1:
             raise HostStartError(f"the call host (pid {pid}) did not answer its hello")
     except BaseException:
@@ -506,7 +314,7 @@ class _Run:
                 async with trio.open_nursery() as reading:
                     reading.start_soon(self._read)  # ends once the record is known
                     await self._supervise(cancel, kill_grace)
-                record = handle.record or _record_on_disk(handle.dir)
+                record = handle.record or record_on_disk(handle.dir)
                 await self._last_read(record)
                 with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_SECONDS):
                     if not handle.closed:
@@ -566,31 +374,33 @@ class _Run:
             first = int(record.get("firstOffset", handle.first_offset))
             lines = int(record.get("totalLines", handle.total_lines))
         else:
-            extent = await trio.to_thread.run_sync(_scan, handle.dir)
+            extent = await trio.to_thread.run_sync(scan_log, handle.dir)
             end, first, lines = (max(handle.end_offset, extent.end_offset),
                                  max(handle.first_offset, extent.first_offset), handle.total_lines)
         await catch_up(capture, self.reader, end, first, lines)
         _settle(capture, self.on_output)
 
     async def _kill(self) -> None:
-        """Shielded: the time is up; everything of the call is KILLed at once."""
+        """Shielded: the time is up; everything of the call is KILLed at once, then the
+        record is awaited in a worker thread against the real clock (:func:`_await_record`),
+        its output read, and the host released."""
         handle = self.handle
-        if handle.record is not None or handle.closed:
-            return
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(handle.pump)
-                await handle.terminate(0, "killed")
-                while handle.record is None and not handle.closed:
-                    await handle.wait_progress(handle.end_offset)
+                if handle.record is None and not handle.closed:
+                    await handle.terminate(0, "killed")
+                    record = await trio.to_thread.run_sync(_await_record, handle.dir,
+                                                           CLEANUP_SECONDS)
+                    if record is not None and handle.record is None:
+                        handle.absorb({"record": record})
+                if handle.record is not None:
+                    await self._last_read(handle.record)
+                    if not handle.closed:
+                        await handle.release()
                 nursery.cancel_scope.cancel()
         except HostRequestError:
             pass
-        if handle.record is not None:
-            try:
-                await handle.release()
-            except HostRequestError:
-                pass
 
     def _outcome(self, record: dict | None) -> ExecOutcome:
         if record is None:
@@ -604,62 +414,37 @@ class _Run:
             return ExecOutcome(exit_code=None, error=spawn_failed_sentence(
                 self.argv, self.cwd, record))
         outcome = ExecOutcome(exit_code=code, timed_out=reason == "timeout",
-                              cancelled=reason in ("cancelled", "killed"))
-        outcome.error = wrapper_resource_failure(self.spare_wrapper, code, self.capture.text)
+                              cancelled=reason == "cancelled")
+        if reason == "killed":  # the host stopped it on its own (its log could not be written)
+            outcome.error = str(record.get("message") or "the call host killed the command")
+        else:
+            outcome.error = wrapper_resource_failure(self.spare_wrapper, code, self.capture.text)
         return outcome
 
 
-def _scan(directory: Path):
-    from dshd.callhost import log as hostlog  # the host room's reader (stdlib, sync)
-
-    return hostlog.scan(directory)
-
-
-def log_reader(directory: Path, segment_bytes: int):
-    """The capture's reader of the call's log (:func:`~dshd.execution.capture.catch_up`):
-    ``dshd.callhost.log.read`` looped to the limit, in a worker thread past 256 KiB; the
-    host's ``Gap`` becomes the capture's."""
-    from dshd.callhost import log as hostlog
-
-    def read_all(offset: int, limit: int) -> bytes:
-        parts, got = [], 0
-        while got < limit:
-            try:
-                data = hostlog.read(directory, offset + got, limit - got, segment_bytes)
-            except hostlog.Gap as exc:
-                raise Gap(exc.first_offset) from None
-            if not data:
-                break
-            parts.append(data)
-            got += len(data)
-        return b"".join(parts)
-
-    async def read(offset: int, limit: int) -> bytes:
-        if limit <= 256 * 1024:
-            return read_all(offset, limit)
-        return await trio.to_thread.run_sync(read_all, offset, limit)
-
-    return read
-
-
-def _record_on_disk(directory: Path) -> dict | None:
-    try:
-        value = json.loads((directory / "exit.json").read_bytes())
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
+def _await_record(directory: Path, seconds: float) -> dict | None:
+    """The exit record on disk, polled for up to ``seconds`` of real time (a worker thread:
+    the daemon's own clock, which a test may run virtually, plays no part)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        record = record_on_disk(directory)
+        if record is not None or time.monotonic() >= deadline:
+            return record
+        time.sleep(0.005)
 
 
 def spawn_failed_sentence(argv: list[str], cwd: str, record: dict) -> str:
-    """The sentence of a ``spawn-failed`` exit record, worded as a spawn failure in-process
-    was (:func:`~dshd.execution.spawn.spawn_sentence`)."""
+    """The sentence of a ``spawn-failed`` exit record: the host's own (it knows the stage:
+    chdir, user, exec; worded as :func:`~dshd.execution.spawn.spawn_sentence`), else one
+    built from its ``errno``."""
+    message = record.get("message")
+    if isinstance(message, str) and message:
+        return message
     name = str(record.get("errno") or "")
     number = getattr(errno, name, None) if name.isupper() else None
-    message = str(record.get("message") or (os.strerror(number) if number else "failed"))
-    if number is None:
-        return f"Could not start the command: {message}"
-    filename = cwd if "directory" in message.lower() or cwd in message else argv[0]
-    return spawn_sentence(argv, cwd, OSError(number, os.strerror(number), filename))
+    if not isinstance(number, int):
+        return "Could not start the command (the call host gave no reason)."
+    return spawn_sentence(argv, cwd, OSError(number, os.strerror(number), argv[0]))
 
 
 def wrapper_resource_failure(spare_wrapper: str | None, exit_code: int | None,

@@ -7,7 +7,7 @@ how complete that confinement is. :func:`probe` picks one provider at daemon sta
 keeps it for its lifetime and reports :meth:`Provider.describe` in ``initialize`` and
 ``daemon.status``. Confining rewrites argv (and opens the fds the new argv refers to: the
 pinned workspace, a tmpfs lease): nothing is spawned by ``confine`` itself, and the wrapped
-argv is what :func:`dshd.execution.process.run_command` spawns (and kills).
+argv is what :func:`dshd.execution.hosted.run_hosted` hands to the call's host.
 
 This module is the probe and the one place the daemon imports sandbox names from; the parts
 live by job: :mod:`.confine` (modes, the :class:`Provider` interface, the verdict,

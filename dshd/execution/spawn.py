@@ -4,9 +4,9 @@ Theory of operation: a tool call's bash command reaches the shell as argv or, wh
 long for argv, as a sealed memfd (:class:`BashScript`); a daemon that runs as root for another
 user starts it as that user (:class:`RunAs`). :func:`spawn` runs ``subprocess.Popen`` in the
 calling (trio) thread -- its docstring says why never in a worker thread -- and returns a
-:class:`Child` that is awaited through a pidfd. :func:`spawn_sentence` turns a failed spawn
-into the sentence the call's result carries. What the runner does with the child (read,
-supervise, terminate) is :mod:`dshd.execution.process`'s.
+:class:`Child` that is awaited through a pidfd; :mod:`dshd.execution.hosted` uses it to start
+a call host (the command itself is the host's child). :func:`spawn_sentence` turns a failed
+spawn into the sentence the call's result carries.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class BashScript:
     immutable), and the ``/dev/fd`` of a bwrap sandbox's own ``/dev`` finds it. The script's
     fd stays open (read-only, immutable) in the command's processes.
 
-    Owns the fd: :meth:`close` (``run_command`` calls it) is idempotent; a forgotten one is
+    Owns the fd: :meth:`close` (``run_hosted`` calls it) is idempotent; a forgotten one is
     closed when the object is collected.
     """
 

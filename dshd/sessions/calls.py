@@ -77,8 +77,6 @@ StopPolicy = Literal["cancel"]
 _json = msgspec.json.Encoder()
 
 
-
-
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -89,10 +87,8 @@ class Call:
 
     ``stage`` is where its daemon-side work is: ``gate`` → ``barrier`` → ``exec`` (the command
     runs, owned by its call host). ``scope`` covers the gate and the barrier; ``terminate``
-    is the request to the host to end it (what ``run_hosted`` watches). ``host``: the call's
-    :class:`~dshd.execution.hosted.HostHandle` while its host runs, kept after the settle
-    (its ``record`` set, its requests refused) until the session drops the call; the raw
-    methods (``tool.write``, ``tool.resize``, ...) use it."""
+    is the request to the host to end it. ``host``: the call's ``HostHandle`` once its host
+    runs (``record`` set after the end; raw methods such as ``tool.write`` use it)."""
 
     call_id: str
     name: str

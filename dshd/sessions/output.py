@@ -1,7 +1,10 @@
 """The live output of a running call: its lane window and its pending-output checkpoints.
 
 Theory of operation: a running call's ``OutputCapture`` (``dshd.execution.capture``) is
-written by its command's reader. Two consumers copy from it, each at its own pace and only when
+brought up to date from its call host's log by the runner (``dshd.execution.hosted``: at most
+one read per progress burst; the window's totals are the host's). Its ``spill_path`` is the
+call's ``calls/<callId>/output.raw`` once the output exceeded the window, and its truncation
+carries ``droppedBytes`` once the per-call disk cap dropped some. Two consumers copy from it, each at its own pace and only when
 its ``version`` changed: the lane (:func:`sync_output`, run by the publisher right before each
 publish, so a flood of writes costs O(publishes)) and the pending-output sidecar
 (:func:`checkpoint_output`, at most once per ``CHECKPOINT_SECONDS``; STORAGE.md §6), which

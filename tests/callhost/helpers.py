@@ -106,7 +106,14 @@ class Control:
     def __init__(self, name: str, secret: str, hello: bool = True) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(LIVENESS)
-        self.sock.connect("\0" + name)
+        deadline = time.monotonic() + LIVENESS
+        while True:
+            try:
+                self.sock.connect("\0" + name)
+                break
+            except BlockingIOError:  # the listener's backlog is full: the host accepts soon
+                assert time.monotonic() < deadline, "the host accepts no connection"
+                time.sleep(0.01)
         self._buf = b""
         self._next_id = 1
         self.events: list[dict] = []

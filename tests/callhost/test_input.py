@@ -97,3 +97,25 @@ def test_signal_int_reaches_a_trap(hosts, tty):
     assert b"got-INT" in run.output()
     assert conn.request("signal", signal="INT")["code"] == "not-running"
     assert conn.request("signal", signal="BOGUS")["code"] == "bad-request"
+
+
+def test_terminate_is_served_behind_a_write_the_command_never_reads(hosts):
+    run = hosts(["/bin/sleep", "300"], stdin="pipe")
+    conn = run.connect()
+    conn._next_id = 2
+    conn.send_line({"id": 1, "op": "write", "data": "eHh4" * 300000})  # 900 kB, never read
+    assert conn.request("status")["state"] == "running"
+    assert conn.request("terminate", grace=0.5)["ok"] is True
+    reply = conn.read_line()  # the write's, failed once the command is gone
+    assert reply["id"] == 1 and reply["ok"] is False, reply
+    assert reply["code"] in ("not-running", "no-stdin"), reply
+    assert run.wait_record()["reason"] == "cancelled"
+
+
+def test_a_command_that_closes_its_terminal_is_not_hung_up_while_it_runs(hosts):
+    # closing the PTY master at EIO (every slave fd closed) hung the terminal up: SIGHUP to
+    # a session leader still running (cat killed by SIGHUP between its close and its exit)
+    run = hosts(["/bin/sh", "-c", "echo bye; exec 0<&- 1>&- 2>&-; sleep 0.5; exit 5"], tty=TTY)
+    record = run.wait_record()
+    assert record["exitCode"] == 5 and record["signal"] is None, record
+    assert run.output() == b"bye\r\n"

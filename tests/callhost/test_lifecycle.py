@@ -9,6 +9,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.callhost import helpers
 
 TREE = """
@@ -240,3 +242,86 @@ def test_pass_fds_reach_the_command_and_leave_the_host(hosts, tmp_path):
     finally:
         os.close(fd)
     assert record["exitCode"] == 0 and run.output() == b"from-the-fd\n"
+
+
+def test_the_command_starts_with_default_signals_and_an_empty_mask(hosts):
+    run = hosts(["/bin/cat", "/proc/self/status"])  # cat changes no disposition
+    run.wait_record()
+    fields = dict(line.split(":\t", 1) for line in run.output().decode().splitlines()
+                  if ":\t" in line)
+    assert int(fields["SigIgn"], 16) == 0, fields["SigIgn"]  # SIGPIPE, SIGHUP, SIGINT too
+    assert int(fields["SigBlk"], 16) == 0, fields["SigBlk"]
+
+
+def test_the_log_is_fsynced_at_most_once_a_second_while_output_flows(tmp_path):
+    directory = tmp_path / "call"
+    directory.mkdir(mode=0o700)
+    flow = "for i in $(seq 1 30); do head -c 100000 /dev/zero; sleep 0.1; done"
+    spec = helpers.make_spec(directory, ["/bin/sh", "-c", flow], linger=0.0)
+    trace = tmp_path / "trace"
+    with open(directory / "host.log", "wb") as log:
+        popen = subprocess.Popen(
+            ["strace", "-f", "-qq", "-ttt", "-e", "trace=fsync,openat", "-o", str(trace),
+             "--", os.sys.executable, "-I", "-S", helpers.MAIN],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, close_fds=True,
+            start_new_session=True)
+    popen.stdin.write(json.dumps(spec).encode())
+    popen.stdin.close()
+    ready = json.loads(popen.stdout.readline())
+    record = helpers.HostRun(directory, spec, ready, popen).wait_record(timeout=120)
+    assert record["totalBytes"] == 3_000_000
+    helpers.wait_gone(ready["pid"])
+    popen.wait(timeout=helpers.LIVENESS)
+    time.sleep(0.2)
+    lines = [x.split(None, 1)[1] for x in trace.read_text().splitlines()
+             if x.split()[0] == str(ready["pid"])]  # the host's own calls: "TIME call"
+    log_fd = next(x.rsplit("=", 1)[1].strip() for x in lines if "output.raw" in x)
+    record_at = next(i for i, x in enumerate(lines) if ".exit.json.tmp" in x)
+    syncs = [float(x.split()[0]) for x in lines[:record_at] if f"fsync({log_fd})" in x]
+    flowing = syncs[:-1]  # the last one is the sync before exit.json
+    assert len(flowing) >= 1, lines  # the output flowed for ~3 s
+    assert all(b - a >= 0.99 for a, b in zip(flowing, flowing[1:])), flowing
+
+
+def _pids_cgroup(tmp_path) -> Path | None:
+    root = Path("/sys/fs/cgroup/pids")
+    if not (root / "cgroup.procs").exists() or not os.access(root, os.W_OK):
+        return None
+    group = root / f"dsh-test-{tmp_path.name}"
+    try:
+        group.mkdir()
+    except OSError:
+        return None
+    return group
+
+
+def test_a_fork_at_the_pids_limit_is_a_spawn_failure_naming_the_limit(tmp_path):
+    group = _pids_cgroup(tmp_path)
+    if group is None:
+        pytest.skip("no writable cgroup v1 pids hierarchy")
+    directory = tmp_path / "call"
+    directory.mkdir(mode=0o700)
+    spec = helpers.make_spec(directory, ["/bin/true"], linger=0.0)
+    try:
+        (group / "pids.max").write_text("2")  # main.py + the host; the command's fork fails
+        with open(directory / "host.log", "wb") as log:
+            popen = subprocess.Popen([os.sys.executable, "-I", "-S", helpers.MAIN],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                                     close_fds=True, start_new_session=True)
+        (group / "cgroup.procs").write_text(str(popen.pid))  # it waits for the spec
+        popen.stdin.write(json.dumps(spec).encode())
+        popen.stdin.close()
+        ready = json.loads(popen.stdout.readline())  # main.py stays a zombie until reaped
+        assert ready["ok"] is True and ready["commandPid"] is None, ready
+        record = helpers.HostRun(directory, spec, ready, popen).wait_record()
+        popen.wait(timeout=helpers.LIVENESS)
+        helpers.wait_gone(ready["pid"])
+    finally:
+        for _ in range(100):  # the host's last exit may still be on its way
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.05)
+    assert record["reason"] == "spawn-failed" and record["errno"] == "EAGAIN", record
+    assert "resource limit" in record["message"] and "pids.max" in record["message"]

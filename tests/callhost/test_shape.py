@@ -39,3 +39,11 @@ def test_a_resource_limit_is_named_in_the_spawn_sentence():
     sentence = child.failure_sentence("fork", errno.EAGAIN, "/bin/sh", "/")
     assert "resource limit" in sentence and "EAGAIN" in sentence and "pids.max" in sentence
     assert "/work" in child.failure_sentence("chdir", errno.ENOTDIR, "/bin/sh", "/work")
+
+
+def test_every_module_but_the_script_imports_as_the_package():
+    import importlib
+
+    for name in sorted(SIBLINGS - {"__init__", "main"}):
+        module = importlib.import_module(f"dshd.callhost.{name}")
+        assert module.__doc__ and "Theory of operation" in module.__doc__, name

@@ -9,7 +9,7 @@ import msgspec
 
 from dshd import tools
 from dshd.agent.tools import schemas
-from dshd.execution.process import BashScript
+from dshd.execution.spawn import BashScript
 
 
 class EchoArguments(msgspec.Struct, frozen=True, forbid_unknown_fields=False):

@@ -1,13 +1,16 @@
-"""Run a shell script through a provider with the real process runner."""
+"""Run a shell script through a provider with the real runner (a call host per run)."""
 
 from __future__ import annotations
 
 import os
+import tempfile
+from pathlib import Path
 
 import trio
 
 from dshd.execution.capture import OutputCapture, ShellOutputLimits
-from dshd.execution.process import ExecOutcome, bash_argv, run_command
+from dshd.execution.hosted import ExecOutcome, run_hosted
+from dshd.execution.spawn import bash_argv
 from dshd.execution.sandbox import Provider
 
 
@@ -36,8 +39,9 @@ async def run_confined(
         bash_argv(script), mode, workspace, hide=list(hide), network=network, fds=fds
     )
     capture = OutputCapture(ShellOutputLimits(), None)
-    outcome = await run_command(
+    outcome = await run_hosted(
         argv,
+        call_dir=Path(tempfile.mkdtemp(prefix="dsh-call-")),
         cwd=workspace,
         env=env if env is not None else call_env(),
         capture=capture,

@@ -1,4 +1,4 @@
-"""run_command with real subprocesses and real spill files (EXEC.md §2).
+"""run_hosted: real call hosts, real subprocesses, real logs (EXEC.md §2, HOST.md §2-§5).
 
 No assertion is about elapsed time: kill paths are checked by their outcome (flags, 128+signal
 exit codes) and by the state of pids the command printed.
@@ -10,18 +10,33 @@ import hashlib
 import os
 import re
 import signal
+import stat
 import subprocess
 from pathlib import Path
 
 import pytest
 import trio
 
-from dshd.execution.capture import OutputCapture, ShellOutputLimits, SpillSink
-from dshd.execution.process import READ_CHUNK, SPILL_HIGH_WATER, ExecOutcome, bash_argv, run_command
+import json
+import tempfile
+
+from dshd.execution.capture import OutputCapture, ShellOutputLimits
+from dshd.execution.hosted import ExecOutcome, HostHandle, HostRequestError, run_hosted
+from dshd.execution.spawn import bash_argv
 
 from .helpers import alive, wait_dead
 
 ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C"}
+
+
+def new_call_dir() -> Path:
+    """A fresh call dir (0700), as the session makes ``calls/<callId>/``."""
+    return Path(tempfile.mkdtemp(prefix="dsh-call-"))
+
+
+async def run_command(argv: list[str], *, call_dir: Path | None = None, **kwargs) -> ExecOutcome:
+    """``run_hosted`` in a fresh call dir (the host path every call takes)."""
+    return await run_hosted(argv, call_dir=call_dir or new_call_dir(), **kwargs)
 
 
 class Recorder:
@@ -50,7 +65,7 @@ async def run(
     command: str,
     cwd: Path,
     *,
-    sink: SpillSink | None = None,
+    call_dir: Path | None = None,
     timeout: float | None = None,
     cancel: trio.Event | None = None,
     recorder: Recorder | None = None,
@@ -58,10 +73,11 @@ async def run(
 ) -> tuple[ExecOutcome, OutputCapture, Recorder]:
     """Run ``command`` to the end; pass ``recorder`` to watch its output while it runs."""
     if recorder is None:
-        recorder = Recorder(OutputCapture(ShellOutputLimits(), sink))
+        recorder = Recorder(OutputCapture(ShellOutputLimits(), (call_dir or Path("/x")) / "output.raw"))
     capture = recorder.capture
     outcome = await run_command(
         bash_argv(command),
+        call_dir=call_dir,
         cwd=str(cwd),
         env=ENV,
         capture=capture,
@@ -83,8 +99,8 @@ def pids(text: str) -> list[int]:
 async def test_20_mb_of_yes_keeps_a_window_and_spills_everything(session_dir: Path) -> None:
     command = "yes | head -c 20000000"
     expected = hashlib.sha256(subprocess.run(["bash", "-c", command], capture_output=True, check=True).stdout)
-    sink = SpillSink.for_call(session_dir, "yes-call")
-    outcome, capture, recorder = await run(command, session_dir, sink=sink)
+    call_dir = new_call_dir()
+    outcome, capture, recorder = await run(command, session_dir, call_dir=call_dir)
 
     assert outcome == ExecOutcome(exit_code=0)
     assert len(capture.text.encode()) <= 51_200
@@ -98,8 +114,9 @@ async def test_20_mb_of_yes_keeps_a_window_and_spills_everything(session_dir: Pa
         "maxLines": 2_000,
     }
     spill = Path(capture.spill_path)
-    assert spill == session_dir / "spill" / "yes-call.log"
+    assert spill == call_dir / "output.raw"
     assert spill.stat().st_size == 20_000_000
+    assert stat.S_IMODE(spill.stat().st_mode) == 0o600
     digest = hashlib.sha256()
     with spill.open("rb") as f:
         while block := f.read(1 << 20):
@@ -108,9 +125,9 @@ async def test_20_mb_of_yes_keeps_a_window_and_spills_everything(session_dir: Pa
     # O(window) memory: checked on the capture's own buffers after every read.
     assert recorder.calls > 1
     assert recorder.peak["windowChars"] <= 51_200
-    assert recorder.peak["rawBuffered"] <= 51_200 + READ_CHUNK
-    assert recorder.peak["spillPending"] <= SPILL_HIGH_WATER + READ_CHUNK  # bounded hand-off
-    assert sink.pending == 0 and sink.written == 20_000_000
+    assert recorder.peak["decoderPending"] <= 3
+    record = json.loads((call_dir / "exit.json").read_text())
+    assert record["reason"] == "exited" and record["totalBytes"] == 20_000_000
 
 
 async def test_stdout_and_stderr_merge_in_order_and_stdin_is_empty(tmp_path: Path) -> None:
@@ -232,18 +249,21 @@ async def test_background_child_holding_the_pipe_is_killed_after_eof_grace(tmp_p
     assert await wait_dead(child)
 
 
-async def test_background_child_that_closed_the_pipe_is_left_alone(tmp_path: Path) -> None:
-    outcome, capture, _ = await run("sleep 100 >/dev/null 2>&1 & echo pid=$!", tmp_path)
+async def test_background_child_that_closed_the_pipe_is_ended_too(tmp_path: Path) -> None:
+    # The host ends the remaining tree after the command (plan §C): no orphan survives.
+    outcome, capture, _ = await run("sleep 100 >/dev/null 2>&1 & echo pid=$!", tmp_path,
+                                    eof_grace=0.5)
     [child] = pids(capture.text)
     try:
         assert outcome == ExecOutcome(exit_code=0)
-        assert alive(child)
+        assert await wait_dead(child)
     finally:
-        os.kill(child, signal.SIGKILL)
+        if alive(child):
+            os.kill(child, signal.SIGKILL)
 
 
 async def test_holder_outside_the_group_does_not_keep_the_call_open(tmp_path: Path) -> None:
-    # setsid leaves the process group: killpg cannot reach it, so the call must give up on EOF.
+    # setsid leaves the process group; the host (subreaper, token sweep) still ends it.
     outcome, capture, _ = await run(
         "setsid sleep 100 & echo pid=$!", tmp_path, eof_grace=0.2, kill_grace=0.2
     )
@@ -251,8 +271,10 @@ async def test_holder_outside_the_group_does_not_keep_the_call_open(tmp_path: Pa
     try:
         assert outcome == ExecOutcome(exit_code=0)
         assert capture.finished
+        assert await wait_dead(child)
     finally:
-        os.kill(child, signal.SIGKILL)
+        if alive(child):
+            os.kill(child, signal.SIGKILL)
 
 
 async def test_outside_cancellation_kills_the_group_before_propagating(tmp_path: Path) -> None:
@@ -282,19 +304,10 @@ async def test_outside_cancellation_kills_the_group_before_propagating(tmp_path:
         box[0].cancel()
     assert finished == ["cancelled"]
     child, leader = pids(capture.text)
-    # The group is killed inside the shielded cleanup, before the cancellation propagates.
-    assert not alive(leader)
+    # The host was told to kill the tree inside the shielded cleanup, before the
+    # cancellation propagates.
+    assert await wait_dead(leader)
     assert await wait_dead(child)
-    assert capture.finished
-
-
-async def test_spill_write_failure_stops_the_command(session_dir: Path) -> None:
-    (session_dir / "spill").write_text("a file where the spill directory should be")
-    sink = SpillSink.for_call(session_dir, "c")
-    outcome, capture, _ = await run("yes", session_dir, sink=sink)  # would never end by itself
-    assert outcome.error is not None and "spill file" in outcome.error
-    assert outcome.exit_code in (128 + signal.SIGTERM, 128 + signal.SIGPIPE)
-    assert not outcome.timed_out and not outcome.cancelled
     assert capture.finished
 
 
@@ -312,7 +325,7 @@ async def test_a_failing_on_output_still_kills_the_group(tmp_path: Path) -> None
         if "pid=" in capture.text and not capture.finished:
             raise RuntimeError("publisher bug")
 
-    # A bug in a task of run_command's nursery comes out as a (strict) exception group.
+    # A bug in a task of run_hosted's nursery comes out as a (strict) exception group.
     with pytest.RaisesGroup(pytest.RaisesExc(RuntimeError, match="publisher bug"), flatten_subgroups=True):
         await run_command(
             bash_argv("echo pid=$$; exec sleep 100"),
@@ -324,7 +337,7 @@ async def test_a_failing_on_output_still_kills_the_group(tmp_path: Path) -> None
             cancel=trio.Event(),
         )
     [leader] = pids(capture.text)
-    assert not alive(leader)
+    assert await wait_dead(leader)
 
 
 async def test_cancel_during_eof_grace_kills_the_holder_at_once(tmp_path: Path) -> None:
