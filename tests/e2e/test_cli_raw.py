@@ -149,3 +149,22 @@ def test_wait_prints_the_complete_output_of_a_settled_call(dshd, tmp_path):
     assert b"not shown" not in r.stderr and b"window" not in r.stderr
     result = json.loads(run(dshd, "wait", session_id, call_id, "--json").stdout)
     assert result["details"]["truncation"]["totalBytes"] == len(SEQ)
+
+
+def test_attach_says_in_one_line_what_the_disk_cap_dropped(tmp_path):
+    with running_daemon("spill_max_bytes = 65536\n", prefix="dsh-raw-cap-") as capped:
+        session_id, call_id, proc = _seq_call(capped, tmp_path)
+        assert proc.wait(timeout=120) == 0
+        r = run(capped, "attach", session_id, "--call", call_id)
+        assert r.returncode == 0, r.stderr
+        dropped = len(SEQ) - len(r.stdout)
+        assert 0 < dropped and r.stdout == SEQ[dropped:]  # the retained end, byte for byte
+        lines = [line for line in r.stderr.decode().splitlines() if "disk cap" in line]
+        assert lines == [f"dsh: bytes 0..{dropped} of the output were dropped by the per-call "
+                         f"disk cap (spill_max_bytes); the output goes on from byte {dropped}"]
+        r = run(capped, "attach", session_id, "--call", call_id, "--tail", "100000")
+        assert r.stdout == SEQ[dropped:]
+        assert "dsh: the per-call disk cap (spill_max_bytes) dropped the first " \
+               f"{dropped} bytes" in r.stderr.decode()
+        r = run(capped, "wait", session_id, call_id)
+        assert r.stdout == SEQ[dropped:] and b"disk cap" in r.stderr
