@@ -39,7 +39,9 @@ import msgspec
 from client.paths import socket_path as resolve_socket_path
 from protocol import events
 from protocol import methods as m
+from client.raw import OutputFollow, ReadResult
 from client.subscription import Subscription
+from protocol.rpc import RpcError
 from client.transport import (
     DEFAULT_INBOX_BOUND,
     Connection,
@@ -243,12 +245,18 @@ class Client:
 
     async def start_tool(self, session_id: str, command: str, *, call_id: str | None = None,
                          timeout: float | None = None, approved: bool = True,
-                         name: str = "bash") -> m.ToolRunResult:
+                         name: str = "bash", tty: tuple[int, int] | None = None,
+                         stdin: bool = False) -> m.ToolRunResult:
         """``tool.run`` of the bash tool; ``existing`` is true when ``call_id`` names a call
-        already in the session (nothing was run again)."""
+        already in the session (nothing was run again). ``tty``: (cols, rows) of the PTY the
+        command runs under; ``stdin``: the call takes input (``tool.write``) on a pipe."""
         arguments: dict[str, Any] = {"command": command}
         if timeout is not None:
             arguments["timeout"] = timeout
+        if tty is not None:
+            arguments.update(tty=True, cols=tty[0], rows=tty[1])
+        elif stdin:
+            arguments["stdin"] = "pipe"
         return await self.request("tool.run", m.ToolRunParams(
             session_id=session_id, name=name, arguments=arguments, call_id=call_id,
             approved=approved))
@@ -264,6 +272,52 @@ class Client:
         result: m.CancelledResult = await self.request(
             "tool.cancel", m.ToolCancelParams(session_id=session_id, call_id=call_id))
         return result.cancelled
+
+    # -- the raw channel (HOST.md §6) ------------------------------------------------------
+    async def read_output(self, session_id: str, call_id: str, offset: int,
+                          limit: int | None = None, *, from_first: bool = False) -> ReadResult:
+        """``tool.read``: up to ``limit`` raw bytes at ``offset``. ``from_first``: an offset
+        the disk cap dropped already reads from ``firstOffset`` instead of failing."""
+
+        def params(at: int) -> m.ToolReadParams:
+            if limit is None:
+                return m.ToolReadParams(session_id=session_id, call_id=call_id, offset=at)
+            return m.ToolReadParams(session_id=session_id, call_id=call_id, offset=at,
+                                    limit=limit)
+
+        try:
+            return await self.request("tool.read", params(offset))
+        except RpcError as exc:
+            first = exc.data.get("firstOffset") if isinstance(exc.data, dict) else None
+            if not from_first or not isinstance(first, int) or first <= offset:
+                raise
+        return await self.request("tool.read", params(first))
+
+    async def follow_output(self, session_id: str, call_id: str,
+                            offset: int = 0) -> OutputFollow:
+        """``tool.follow`` from ``offset``; iterate the answer, ``aclose`` it when done."""
+        return await OutputFollow(self, session_id, call_id, offset).open()
+
+    async def write_input(self, session_id: str, call_id: str, data: bytes) -> int:
+        """``tool.write``: answered once the command's stdin took every byte (≤ 1 MiB)."""
+        result: m.ToolWriteResult = await self.request("tool.write", m.ToolWriteParams(
+            session_id=session_id, call_id=call_id, data=data))
+        return result.written
+
+    async def close_input(self, session_id: str, call_id: str) -> None:
+        """``tool.closeStdin``: end of input (a PTY gets its VEOF character)."""
+        await self.request("tool.closeStdin",
+                           m.ToolCallParams(session_id=session_id, call_id=call_id))
+
+    async def resize(self, session_id: str, call_id: str, cols: int, rows: int) -> None:
+        """``tool.resize`` of a tty call's terminal (1..10000 each)."""
+        await self.request("tool.resize", m.ToolResizeParams(
+            session_id=session_id, call_id=call_id, cols=cols, rows=rows))
+
+    async def send_signal(self, session_id: str, call_id: str, name: str) -> None:
+        """``tool.signal`` (``INT``, ``TERM``, ... without ``SIG``) to the command."""
+        await self.request("tool.signal", m.ToolSignalParams(
+            session_id=session_id, call_id=call_id, signal=name))
 
     # -- approvals (PROTOCOL.md §3.4) -------------------------------------------------------
     async def decide(self, session_id: str, approval_id: str, decision: str) -> str:

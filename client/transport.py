@@ -12,6 +12,11 @@ on the wire. The *reader* task is the only one that reads: it splits lines, deco
 - puts a ``stream`` notification into the ``Inbox`` of its ``subscriptionId``. An inbox is
   bounded and the reader never waits on it: when it is full the inbox is marked overflowed and
   emptied, and its consumer learns it must subscribe again (a fresh base batch);
+- puts an ``output`` notification (``tool.follow``'s raw bytes, HOST.md §6) into the
+  ``FollowInbox`` of its ``followId``. Those are lossless: nothing is ever dropped. Instead,
+  once an inbox holds ``FOLLOW_INBOX_BYTES`` the reader stops reading the socket until its
+  consumer took some, so the daemon's follower pauses (its send queue fills) -- back-pressure
+  end to end, with the client's memory bounded by that budget plus one read;
 - keeps an error response with ``id: null`` (the daemon says why it closes, e.g. ``-32001``)
   and raises it to the calls still waiting when the connection ends.
 
@@ -54,6 +59,8 @@ __all__ = [
     "ConnectionLost",
     "InboxOverflow",
     "Inbox",
+    "FollowInbox",
+    "FOLLOW_INBOX_BYTES",
     "Connection",
     "open_connection",
     "MAX_LINE_BYTES",
@@ -65,6 +72,8 @@ MAX_LINE_BYTES = 64 * 1024 * 1024
 #: Stream batches queued per subscription before the client gives up on it and resubscribes.
 DEFAULT_INBOX_BOUND = 512
 _SEND_QUEUE = 64
+#: Bytes (of ``output`` notification params) a follower's inbox holds before the reader waits.
+FOLLOW_INBOX_BYTES = 4 * 1024 * 1024
 _READ_CHUNK = 65536
 
 
@@ -152,6 +161,75 @@ class Inbox:
             await self._wakeup.wait()
 
 
+class FollowInbox:
+    """Queue of one follower's ``output`` notification params (raw JSON), fed by the reader.
+
+    Lossless: ``put_nowait`` always queues; ``full`` tells the reader to wait (``wait_room``)
+    before it reads on. A closed inbox takes nothing and never makes the reader wait."""
+
+    def __init__(self, budget: int = FOLLOW_INBOX_BYTES) -> None:
+        self._budget = budget
+        self._items: deque[bytes] = deque()
+        self._bytes = 0
+        self._wakeup = anyio.Event()  # the consumer waits for items
+        self._room = anyio.Event()  # the reader waits for room
+        self._closed: BaseException | None = None
+        self._ended = False  # the consumer closed it
+
+    @property
+    def full(self) -> bool:
+        return not self._ended and self._bytes >= self._budget
+
+    def put_nowait(self, params: bytes) -> None:
+        if self._ended or self._closed is not None:
+            return
+        self._items.append(params)
+        self._bytes += len(params)
+        self._wakeup.set()
+
+    async def wait_room(self) -> None:
+        while self.full:
+            self._room = anyio.Event()
+            await self._room.wait()
+
+    def close(self, exc: BaseException) -> None:
+        """The connection ended: the consumer gets ``exc`` once the queue is empty."""
+        if self._closed is None:
+            self._closed = exc
+            self._wakeup.set()
+
+    def end(self) -> None:
+        """The consumer is done: drop what is queued, never hold the reader again."""
+        self._ended = True
+        self._items.clear()
+        self._bytes = 0
+        self._room.set()
+        self._wakeup.set()
+
+    async def get(self) -> bytes:
+        """The next params (raw JSON); raises the connection's end once all were taken."""
+        while True:
+            if self._items:
+                item = self._items.popleft()
+                self._bytes -= len(item)
+                if self._bytes < self._budget:
+                    self._room.set()
+                return item
+            if self._ended:
+                raise anyio.ClosedResourceError("the follower was closed")
+            if self._closed is not None:
+                raise self._closed
+            self._wakeup = anyio.Event()
+            await self._wakeup.wait()
+
+
+class _FollowId(msgspec.Struct):
+    followId: str
+
+
+_follow_id_decoder = msgspec.json.Decoder(_FollowId)
+
+
 class _Waiter:
     __slots__ = ("done", "result", "error", "on_result", "result_type")
 
@@ -173,6 +251,7 @@ class Connection:
         self._ids = itertools.count(1)
         self._pending: dict[int, _Waiter] = {}
         self._inboxes: dict[str, Inbox] = {}
+        self._follows: dict[str, FollowInbox] = {}
         self._send_in, self._send_out = anyio.create_memory_object_stream[bytes](_SEND_QUEUE)
         self._closed: BaseException | None = None
         self._orphan_error: RpcError | None = None
@@ -225,8 +304,21 @@ class Connection:
         """Stop routing; later batches of that subscription are dropped."""
         self._inboxes.pop(subscription_id, None)
 
+    def register_follow(self, follow_id: str, inbox: FollowInbox) -> None:
+        """Route ``output`` notifications of ``follow_id`` to ``inbox`` (lossless)."""
+        if self._closed is not None:
+            inbox.close(self._closed)
+        self._follows[follow_id] = inbox
+
+    def drop_follow(self, follow_id: str) -> None:
+        """Stop routing (and never wait for that inbox again)."""
+        inbox = self._follows.pop(follow_id, None)
+        if inbox is not None:
+            inbox.end()
+
     def statistics(self) -> dict[str, int]:
-        return {"pending": len(self._pending), "inboxes": len(self._inboxes)}
+        return {"pending": len(self._pending), "inboxes": len(self._inboxes),
+                "follows": len(self._follows)}
 
     # -- tasks ---------------------------------------------------------------------------
     async def _writer(self) -> None:
@@ -248,6 +340,8 @@ class Connection:
                     return
                 lines.feed(data)
                 self._take_lines(lines)
+                for inbox in [i for i in self._follows.values() if i.full]:
+                    await inbox.wait_room()  # lossless: pause the socket, not drop
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
             self._close(_lost(exc))
         except (_BadMessage, _LineTooLong) as exc:
@@ -280,6 +374,9 @@ class Connection:
             # A Request from the daemon: none is defined in v1; ignore it.
 
     def _notification(self, msg: Notification) -> None:
+        if msg.method == "output":
+            self._output(msg)
+            return
         if msg.method != "stream":
             return  # a notification this client does not know: ignore (forward compatible)
         try:
@@ -289,6 +386,16 @@ class Connection:
         inbox = self._inboxes.get(params.subscription_id)
         if inbox is not None:
             inbox.put_nowait(params.seq, params.ops)
+
+    def _output(self, msg: Notification) -> None:
+        raw = bytes(msg.params) if msg.params is not None else b""
+        try:
+            follow_id = _follow_id_decoder.decode(raw).followId
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            raise _BadMessage("dshd sent an output notification without a followId") from None
+        inbox = self._follows.get(follow_id)
+        if inbox is not None:
+            inbox.put_nowait(raw)
 
     def _response(self, msg: Response | ErrorResponse) -> None:
         if msg.id is None:
@@ -321,6 +428,8 @@ class Connection:
                 waiter.done.set()
         for inbox in self._inboxes.values():
             inbox.close(exc)
+        for follow in self._follows.values():
+            follow.close(exc)
         self._send_in.close()
 
 

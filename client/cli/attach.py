@@ -1,43 +1,76 @@
 """``dsh attach SESSION``: show a session's running calls and their live output.
 
-Theory of operation: subscribe to the session's lane view; for each batch ``show_calls``
-prints a header for each new call, its new output (``client.cli.output``: complete through
-the spill file, from the window first seen on) and a footer for each that settled, asking
-``tool.wait`` for its result (``client.cli.output.show_calls``). ``--call`` follows one call and exits with its status (a call
-not in the first view settled before we came: its result says what became of it). Without
-``--follow`` it ends once no call is in the lane. ``--approve`` hands the session to the
+Theory of operation: one call -- ``--call``, or the only call running -- is attached over the
+raw channel (``attach_call``): its complete retained output is replayed from byte 0 (or from
+the start of its last ``--tail N`` lines, found backwards with ``tool.read``:
+``client.raw.tail_offset``), then followed live (``client.cli.stream.follow_call``) to its end,
+and dsh exits with its status. A call that runs under a PTY (its arguments say ``tty``) gets
+this terminal's keys and size too, by the rule of ``dsh run -t`` (``KEYS_RULE``), starting
+with one ``tool.resize`` to this terminal's size so that a full-screen program redraws. Bytes
+the per-call disk cap dropped are said in one line on stderr.
+
+Several calls (or ``--follow`` without ``--call``, which waits for new ones) use the lane
+view: for each batch ``show_calls`` prints a header for each new call, its new output
+(``client.cli.output``: complete through the spill file, from the window first seen on) and
+a footer for each that settled, asking ``tool.wait`` for its result. Without ``--follow`` it
+ends once no call is in the lane. ``--approve`` hands the session to the
 answerer (``client.cli.approve``).
 """
 
 from __future__ import annotations
 
 import sys
+from typing import Any
+
 import anyio
 import click
 
 from client.api import Client
 from client.cli.approve import answer_session
 from client.cli.common import Options, execute, pass_options
+from client.cli.keys import DEFAULT_DETACH_KEYS, detach_keys_option
+from client.cli.localterm import isatty, terminal_size
 from client.cli.output import (
     Printer,
     Watchers,
+    call_header,
+    ended_line,
     finish_call,
     followed,
     keep_up,
     show_calls,
     tools_of,
 )
-from client.cli.terminal import note
-from client.spill import CompleteOutput
+from client.cli.stream import (
+    KEYS_RULE, Call, Io, call_is_tty, detach_exit, detach_note, follow_call, result_status,
+)
+from client.cli.terminal import note, silence_stdout
+from client.raw import tail_offset
 from client.subscription import Subscription
+from protocol.rpc import RpcError
 
-__all__ = ["attach", "attach_session"]
+__all__ = ["attach", "attach_session", "attach_call"]
+
 
 async def attach_session(client: Client, session_id: str, call_id: str | None,
-                         follow: bool) -> int:
+                         follow: bool, tail: int | None = None,
+                         detach_keys: bytes = b"") -> int:
     watchers: Watchers = {}
     printer = Printer()
     async with await client.subscribe(session_id) as sub:
+        if not follow or call_id is not None:
+            view = await sub.next_view()
+            tools = tools_of(view)
+            one = call_id or (next(iter(tools)) if len(tools) == 1 else None)
+            if one is not None:
+                await sub.aclose()
+                return await attach_call(client, Call(session_id, one), tools.get(one),
+                                         tail, detach_keys)
+            if not tools:
+                note(f"no call is running in session {session_id}", "dim")
+                return 0
+        if tail is not None:
+            raise click.UsageError("--tail shows one call: several run, pick one with --call")
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(keep_up, followed(watchers, printer))
             try:
@@ -47,15 +80,39 @@ async def attach_session(client: Client, session_id: str, call_id: str | None,
                 tasks.cancel_scope.cancel()
 
 
+async def attach_call(client: Client, call: Call, entry: Any, tail: int | None,
+                      detach_keys: bytes) -> int:
+    """Replay one call's output (all of it, or its last ``tail`` lines), follow it to its end,
+    with this terminal's keys and size for a tty call; its exit status (module doc)."""
+    offset = 0
+    if tail is not None:
+        offset, first = await tail_offset(client, call.session_id, call.call_id, tail)
+        if first > 0 and offset == first:
+            note(f"dsh: the per-call disk cap (spill_max_bytes) dropped the first {first} bytes "
+                 "of the output; shown from the oldest byte kept")
+    raw = call_is_tty(entry) and isatty(0)  # off a terminal, attach only watches
+    io = Io(tty=raw, raw=raw, detach_keys=detach_keys if raw else b"")
+    note(call_header(call.call_id, entry), "bold")
+    if io.raw:
+        cols, rows = terminal_size()
+        try:
+            await client.resize(call.session_id, call.call_id, cols, rows)
+        except RpcError:
+            pass  # settled meanwhile: nothing to resize
+    followed = await follow_call(client, call, offset, io)
+    if followed.detached is not None or followed.result is None:
+        detach_note(call, followed, io)
+        if followed.detached is not None and followed.detached.why == "pipe":
+            silence_stdout()
+        return detach_exit(followed.detached)
+    status = result_status(followed)
+    note(ended_line(call.call_id, followed.result), "dim")
+    return status
+
+
 async def _attach_views(client: Client, session_id: str, call_id: str | None, follow: bool,
                         sub: Subscription, watchers: Watchers, printer: Printer) -> int:
-    first = True
     async for view in sub:
-        if first and call_id and call_id not in tools_of(view):
-            # Settled before we came (or unknown): its result says what became of it.
-            result = await client.wait(session_id, call_id)
-            return await finish_call(CompleteOutput(call_id, from_start=False), result)
-        first = False
         settled = await show_calls(client, session_id, sub, view, watchers, printer, call_id)
         if settled is not None:
             return await finish_call(*settled)
@@ -66,24 +123,39 @@ async def _attach_views(client: Client, session_id: str, call_id: str | None, fo
     return 0
 
 
-@click.command()
+ATTACH_HELP = """Show the running calls of SESSION and their live output.
+
+One call (--call, or the only one running) is shown complete: its retained output from
+the first byte (--tail N: its last N lines), then live to its end; dsh exits with its
+status. A call run with -t gets this terminal's keys and size (below). Several calls, or
+--follow, show each call from its window on, with a header per call.
+
+With --approve, also show each pending approval request (the exact command, the call and
+the sandbox it would run in) and answer it with y or n on stdin. Without --follow it ends
+once no call runs and no request is pending; a closed stdin with a request unanswered
+detaches with status 1.
+
+""" + KEYS_RULE
+
+
+@click.command(help=ATTACH_HELP)
 @click.argument("session_id", metavar="SESSION")
 @click.option("--call", "call_id", metavar="ID", help="Follow only this call (exit with its status).")
+@click.option("--tail", type=click.IntRange(min=0), metavar="N",
+              help="Start at the last N lines of the call's output (default: all of it).")
+@click.option("--detach-keys", "detach_keys", default=DEFAULT_DETACH_KEYS, show_default=True,
+              callback=detach_keys_option, metavar="KEYS",
+              help='For a -t call: the sequence that detaches (docker\'s format; "" for none).')
 @click.option("--follow", "-f", is_flag=True, help="Keep waiting for new calls.")
 @click.option("--approve", is_flag=True,
               help="Answer the session's approval requests: y/n for each, read from stdin.")
 @pass_options
-def attach(opts: Options, session_id: str, call_id: str | None, follow: bool,
-           approve: bool) -> None:
-    """Show the running calls of SESSION and their live output.
-
-    With --approve, also show each pending approval request (the exact command, the call and
-    the sandbox it would run in) and answer it with y or n on stdin. Without --follow it ends
-    once no call runs and no request is pending; a closed stdin with a request unanswered
-    detaches with status 1.
-    """
-    if approve and call_id:
-        raise click.UsageError("--approve answers for the whole session: not with --call")
+def attach(opts: Options, session_id: str, call_id: str | None, tail: int | None,
+           detach_keys: bytes, follow: bool, approve: bool) -> None:
+    if approve and (call_id or tail is not None):
+        raise click.UsageError("--approve answers for the whole session: not with --call "
+                               "or --tail")
     if approve:
         sys.exit(execute(opts, lambda c: answer_session(c, session_id, follow), approvals=True))
-    sys.exit(execute(opts, lambda c: attach_session(c, session_id, call_id, follow)))
+    sys.exit(execute(opts, lambda c: attach_session(c, session_id, call_id, follow, tail,
+                                                     detach_keys)))

@@ -15,6 +15,8 @@ of the daemon, the call's own status for ``dsh run`` / ``dsh wait``. The socket 
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from client.api import dsh_version
@@ -44,6 +46,20 @@ for _command in (run, attach, approve, policy, sessions, log, cancel, status, wa
     cli.add_command(_command)
 
 
+def hold_standard_fds() -> None:
+    """A standard fd closed when dsh started (``dsh run ... <&-``) gets /dev/null, before
+    anything else can take its number: a socket at fd 0 would be read as stdin."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            opened = os.open(os.devnull, os.O_RDONLY if fd == 0 else os.O_WRONLY)
+            if opened != fd:
+                os.dup2(opened, fd)
+                os.close(opened)
+
+
 def main() -> None:
     """The ``dsh`` entry point."""
+    hold_standard_fds()
     cli.main(prog_name="dsh")

@@ -1,4 +1,8 @@
-"""Printing calls' output complete and once: ``dsh run``, ``dsh attach``, ``dsh wait``.
+"""Printing several calls' output from the lane view: ``dsh attach`` of a session where
+several calls run (or ``--follow``), and ``dsh attach --approve``.
+
+One call is printed from the raw channel instead (``client.cli.stream``: ``dsh run``,
+``dsh attach`` of one call, ``dsh wait``), byte for byte from its first byte.
 
 Theory of operation: each followed call has a ``client.spill.CompleteOutput``; after every
 lane batch ``drain`` prints what it has (appends as they come; a window slide or a resubscribe

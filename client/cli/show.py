@@ -5,7 +5,9 @@ Theory of operation: each is one request (or one page walk) and prints its answe
 with ``--json`` (the result struct encoded as on the wire; ``dsh log`` prints each record as
 dshd sent it), else as text -- a rich table on a terminal, tab-separated text otherwise,
 every cell on one line and cut to a width (``client.cli.terminal.cell``). ``dsh wait`` prints
-the call's output from its result and exits with the call's status (``client.exits``).
+the call's complete output once it settled -- every retained byte, from the raw channel
+(``client.cli.stream.replay``), not the result's window -- and exits with the call's status
+(``client.exits``).
 """
 
 from __future__ import annotations
@@ -21,11 +23,11 @@ from rich.table import Table
 
 from client.api import Client
 from client.cli.common import Options, execute, json_flag, pass_options
-from client.cli.output import finish_call
+from client.cli.stream import Call, Followed, replay, result_status
 from client.cli.terminal import cell, emit, fmt_time, is_tty, note, print_json, short, stdout
 from client.exits import decided_status, exit_status
 from protocol.printable import printable
-from client.spill import CompleteOutput
+from client.spill import command_ran
 from protocol.methods import CancelledResult, SessionInfo
 
 __all__ = ["sessions", "log", "status", "wait", "cancel", "TITLE_WIDTH", "REASON_WIDTH"]
@@ -147,7 +149,7 @@ def status(opts: Options, as_json: bool) -> None:
 @json_flag
 @pass_options
 def wait(opts: Options, session_id: str, call_id: str, timeout: float | None, as_json: bool) -> None:
-    """Wait for a call's result; print its output and exit with its exit code.
+    """Wait for a call's result; print its complete output and exit with its exit code.
 
     \b
     Exit status (never 0 when the call is an error):
@@ -168,6 +170,9 @@ def wait(opts: Options, session_id: str, call_id: str, timeout: float | None, as
         if as_json or opts.json:
             print_json(result)
             return exit_status(result)[0]
-        return await finish_call(CompleteOutput(call_id, opener=None), result)
+        followed = Followed(result)
+        if command_ran(result):
+            followed.output = await replay(client, Call(session_id, call_id))
+        return result_status(followed)
 
     sys.exit(execute(opts, body))

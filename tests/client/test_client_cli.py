@@ -121,14 +121,17 @@ async def test_run_prints_the_output_once_and_exits_with_the_exit_code(real_dshd
     async with connect(real_dshd.socket) as c:
         info = await c.get_session(sid)
     assert (info["title"], info["cwd"]) == (command, str(workdir))
-    assert await _tool_calls(real_dshd, sid) == [{"command": command, "timeout": 9.0}]
+    # stdin is a pipe here (not a terminal): the call takes it (``stdin: "pipe"``).
+    assert await _tool_calls(real_dshd, sid) == [{"command": command, "timeout": 9.0,
+                                                  "stdin": "pipe"}]
 
 
 async def test_run_in_an_existing_session_joins_argv(real_dshd, workdir):
     sid = await _session(real_dshd, workdir)
     proc = await dsh(real_dshd.socket, "run", "--session", sid, "--", "echo", "a  b", "$HOME")
     assert (proc.returncode, proc.stdout) == (0, b"a  b $HOME\n"), proc.stderr
-    assert await _tool_calls(real_dshd, sid) == [{"command": "echo 'a  b' '$HOME'"}]
+    assert await _tool_calls(real_dshd, sid) == [{"command": "echo 'a  b' '$HOME'",
+                                                  "stdin": "pipe"}]
 
 
 @pytest.mark.parametrize("args, command", [
@@ -347,15 +350,17 @@ TEXT = lambda cid: ["tools", cid, "output", "content", 0, "text"]  # noqa: E731
 TOTAL = lambda cid: ["tools", cid, "output", "truncation", "totalBytes"]  # noqa: E731
 
 
-async def test_run_prints_the_final_tail_when_the_stream_missed_it(fake):
-    # The call ran and settled between two lane flushes: it shows only in "recent", and the
-    # final result supplies the output.
+async def test_run_on_a_daemon_without_the_raw_channel_prints_the_result(fake):
+    # A daemon without tool.follow (-32601): the final result's window is the output shown,
+    # with a line saying so.
     _one_call(fake, [settle_ops("k1", keep=True)],
               {"isError": False, "content": "only in the result\n", "details": {"exitCode": 0},
                "exitCode": 0})
     proc = await dsh(fake.path, "run", "--call-id", "k1", "--", "true")
     assert proc.stdout.decode() == "only in the result\n", proc.stderr
     assert proc.returncode == 0
+    assert "the raw output is not available (method tool.follow not found)" in \
+        proc.stderr.decode()
 
 
 async def test_run_that_could_not_be_logged_exits_125(fake):
@@ -373,34 +378,42 @@ async def test_run_that_could_not_be_logged_exits_125(fake):
         "dsh: STORAGE_FAILURE: the session log could not be made durable (ENOSPC)")
 
 
-def _spilled_output(text: str, total: int, spill: str) -> dict:
-    return {"content": [{"type": "text", "text": text}], "details": {"spillPath": spill},
-            "truncation": {"truncated": True, "truncatedBy": "lines", "totalBytes": total,
-                           "totalLines": 0, "maxBytes": 51200, "maxLines": 50}}
-
-
-async def test_run_with_an_unreadable_spill_file_says_what_was_not_shown(fake, tmp_path):
+async def test_run_whose_raw_output_breaks_says_what_was_not_shown(fake):
+    """The daemon could not read the log ({offset, error}): dsh follows again from that
+    offset, a few times, then says how many bytes of the result's total it did not show."""
     c = "k7"
-    full = b"".join(b"line %d\n" % i for i in range(5000))
-    window = b"".join(full.splitlines(keepends=True)[-50:]).decode()
-    spill = tmp_path / "a-directory"  # opens, but cannot be read
-    spill.mkdir()
-    _one_call(fake, [
-        [["s", ["tools", c], tool_entry()]],
-        [["a", TEXT(c), "line 0\nline 1\n"], ["s", TOTAL(c), 14]],
-        [["s", ["tools", c, "output"], _spilled_output(window, len(full), str(spill))]],
-        settle_ops(c),
-    ], {"isError": False, "content": window, "exitCode": 0,
-        "details": {"exitCode": 0, "spillPath": str(spill),
-                    "truncation": {"truncated": True, "totalBytes": len(full)}}})
+    total = 5000
+    follows = []
+
+    async def follow(params):
+        follows.append(params["offset"])
+        stream = fake._streams[-1]
+        fid = f"f{len(follows)}"
+
+        async def play():
+            if params["offset"] == 0:
+                await fake._send(stream, _output(fid, offset=0, data="bGluZSAwCg=="))
+            await fake._send(stream, _output(fid, offset=7, error="dshd cannot read it"))
+
+        fake.nursery.start_soon(play)
+        return {"followId": fid}
+
+    _one_call(fake, [settle_ops(c)], {
+        "isError": False, "content": "window\n", "exitCode": 0,
+        "details": {"exitCode": 0, "truncation": {"truncated": True, "totalBytes": total}}})
+    fake.handlers["tool.follow"] = follow
     proc = await dsh(fake.path, "run", "--call-id", c, "--", "flood")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == b"line 0\nline 1\n" + window.encode()  # the window, as before
+    assert proc.stdout == b"line 0\n"
+    assert follows == [0, 7, 7, 7]  # followed again from where it broke, then given up
     err = proc.stderr.decode()
-    assert f"cannot read the spill file {spill}" in err
-    missing = len(full) - len(proc.stdout)
-    assert f"dsh: {missing} of {len(full)} bytes of output were not shown" in err
-    assert f"the full output is in {spill}" in err
+    assert (f"dsh: {total - 7} of {total} bytes of output were not shown: the raw output "
+            "ended at byte 7 (dshd cannot read it)") in err
+
+
+def _output(follow_id: str, **params) -> bytes:
+    return json.dumps({"jsonrpc": "2.0", "method": "output",
+                       "params": {"followId": follow_id, **params}}).encode() + b"\n"
 
 
 async def test_sessions_cuts_long_titles_and_damage_reasons(fake):

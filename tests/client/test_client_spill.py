@@ -31,8 +31,8 @@ SPILL_PATH = "/nowhere/spill/c1.log"
 
 
 class FakeSink:
-    """The daemon's SpillSink as the capture sees it; ``flush(n)`` makes ``n`` more bytes
-    visible in the "file" (the daemon flushes in a worker thread: the file lags)."""
+    """The call's log as a reader sees it; ``flush(n)`` makes ``n`` more bytes visible in the
+    "file" (the file may lag the capture's view: the client polls it)."""
 
     path = SPILL_PATH
 
@@ -88,7 +88,7 @@ class Daemon:
 
     def __init__(self, limits: ShellOutputLimits) -> None:
         self.sink = FakeSink()
-        self.cap = OutputCapture(limits, self.sink)
+        self.cap = OutputCapture(limits, SPILL_PATH)  # the call host writes the log (sink)
         self.raw = bytearray()
         self.tracker = Tracker(_lane())
         self.tracker.set(["tools", CID], {"name": "bash", "args": {"command": "x"},
@@ -98,6 +98,8 @@ class Daemon:
 
     def write(self, data: bytes) -> None:
         self.raw += data
+        self.sink.write(data)  # the host's log: visible to a reader once flushed
+        self.cap.set_totals(len(self.raw), self.raw.count(b"\n"))  # the host's progress
         self.cap.feed(data)
 
     def sync(self) -> None:

@@ -1,0 +1,472 @@
+"""Following one call over the raw channel: ``dsh run``, ``dsh attach`` of a call, ``dsh wait``.
+
+Theory of operation: the call's output is printed from ``tool.follow`` (``client.raw``): the
+bytes the command wrote, at absolute offsets, written to stdout's buffer as they come --
+byte-exact at every size, ``\\r`` and colours intact. ``follow_call`` runs a few small tasks
+that report through ONE bounded channel of events and never touch each other's state:
+
+- ``_output``: follows from ``offset`` and prints; a ``Gap`` (the per-call disk cap dropped
+  bytes) is one line on stderr; the ``End`` (every byte sent, the call ended) is ``OutputDone``.
+  A follow the daemon refuses before the call started (``--ask`` waits for an approval) is
+  tried again until the result is known; refused for good, the result's window is printed
+  instead, with a line saying so. A closed stdout is ``Detach("pipe")``;
+- ``_wait_result``: ``tool.wait`` (``Result``);
+- input (``KEYS_RULE``): with ``Io.forward`` stdin is read in chunks of at most
+  ``INPUT_CHUNK`` and each is one ``tool.write`` (its answer comes once the command's stdin
+  took it: the back-pressure), then ``tool.closeStdin`` at its end; with ``Io.raw`` (a tty
+  call and a local terminal) every key goes to the command, but the detach sequence
+  (``client.cli.keys``) is ``Detach("keys")``;
+- ``_resize`` (tty calls on a local terminal): each SIGWINCH is one ``tool.resize``;
+- ``_signals``: SIGINT detaches without a PTY (``--cancel-on-interrupt``: the first one
+  cancels, ``Cancelling``) and is sent on to the command (``tool.signal INT``) with one;
+  SIGTERM and SIGHUP detach (the terminal's mode is restored on the way out).
+
+``_decide`` alone reads the channel: it ends on a detach, or once both the result and the
+output's end are in (after the result the output may still be printing a long backlog; it
+gives up only when the output made no progress for ``OUTPUT_STALL_S``). The local terminal is
+in raw mode (``client.cli.localterm``) exactly while the tasks run; lines printed meanwhile
+end in ``\\r\\n``.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from client.api import Client
+from client.cli.keys import DetachScanner, describe_keys
+from client.cli.localterm import raw_terminal, read_input, terminal_size, write_line
+from client.cli.terminal import emit_bytes, note
+from client.exits import detached_status, exit_status
+from client.raw import Broken, Chunk, End, Gap
+from client.spill import command_ran
+from protocol.lane import ToolResult
+from protocol.rpc import RpcError
+
+__all__ = ["Call", "Io", "Followed", "follow_call", "replay", "call_is_tty", "detach_note",
+           "result_status", "reattach_hint", "detach_exit", "KEYS_RULE", "INPUT_CHUNK",
+           "OUTPUT_STALL_S", "RETRY_S"]
+
+#: The most stdin bytes one ``tool.write`` carries (the daemon's bound, HOST.md §6).
+INPUT_CHUNK = 1 << 20
+#: The most bytes read from a terminal at once (keys come a few at a time).
+KEY_CHUNK = 65536
+#: After the result: how long the output may make no progress before we stop waiting for it.
+OUTPUT_STALL_S = 10.0
+#: How often a follow (or a write) the daemon refused before the call started is tried again.
+RETRY_S = 0.25
+#: How often in a row a follow the daemon could not read is tried again without progress.
+BROKEN_RETRIES = 3
+EVENT_BOUND = 16
+#: -32006: the call settled (HOST.md §6).
+NOT_RUNNING = -32006
+METHOD_NOT_FOUND = -32601
+
+#: The one rule for keys, shown in ``dsh run --help`` and ``dsh attach --help``.
+KEYS_RULE = """\b
+Keys and input:
+  without -t (no PTY): stdin, when it is not a terminal, is the
+    command's stdin (EOF closes it); Ctrl-C detaches: the command
+    keeps running (--cancel-on-interrupt: the first Ctrl-C cancels).
+  with a PTY (dsh run -t, or dsh attach of a -t call, on a terminal):
+    the terminal is raw and every key goes to the command: Ctrl-C
+    interrupts it, Ctrl-D is its end of input, Ctrl-Z its job control,
+    as under ssh -t or docker run -it. The detach sequence (default
+    Ctrl-P Ctrl-Q; --detach-keys, docker's format, e.g. ctrl-a,d; ""
+    turns it off) leaves the command running and prints how to
+    re-attach; a part of it followed by another key is sent as typed.
+    A window resize resizes the command's terminal.
+  SIGTERM or SIGHUP to dsh detaches (the terminal is restored)."""
+
+
+@dataclass(frozen=True)
+class Call:
+    session_id: str
+    call_id: str
+
+
+@dataclass(frozen=True)
+class Io:
+    """How dsh talks to the call (``KEYS_RULE``)."""
+
+    tty: bool = False  # the call runs under a PTY
+    raw: bool = False  # the local stdin is a terminal, put in raw mode
+    forward: bool = False  # stdin (not a terminal) is copied to the command's stdin
+    detach_keys: bytes = b""
+    cancel_on_interrupt: bool = False
+
+
+# ---------------------------------------------------------------------- events
+@dataclass(frozen=True)
+class Detach:
+    why: str  # "interrupt" | "pipe" | "keys" | "signal"
+    signum: int = 0
+
+
+@dataclass(frozen=True)
+class Cancelling:
+    pass
+
+
+@dataclass(frozen=True)
+class Waits:
+    approval_id: str | None
+
+
+@dataclass(frozen=True)
+class OutputDone:
+    error: str | None = None  # the follow was refused: why
+
+
+@dataclass(frozen=True)
+class Result:
+    result: ToolResult
+
+
+Event = Detach | Cancelling | Waits | OutputDone | Result
+Events = MemoryObjectSendStream[Event]
+Extra = Callable[[Events], Awaitable[None]]
+
+
+@dataclass
+class OutputState:
+    """What ``_output`` printed (read by ``_decide`` and ``conclude``)."""
+
+    position: int = 0
+    dropped: int = 0  # bytes the disk cap dropped before they were printed
+    gaps: int = 0
+    progress_at: float = 0.0
+    result_known: bool = False
+    raw_mode: bool = False
+    error: str | None = None
+
+
+@dataclass
+class Followed:
+    """How following ended: the result (None when detached first) and what we knew."""
+
+    result: ToolResult | None
+    detached: Detach | None = None
+    waiting: str | None = None
+    cancelling: bool = False
+    output: OutputState = field(default_factory=OutputState)
+
+
+def say(state: OutputState, text: str) -> None:
+    """One line on stderr (``\\r\\n`` while the terminal is raw)."""
+    if state.raw_mode:
+        write_line(text)
+    else:
+        note(text)
+
+
+# ---------------------------------------------------------------------- the engine
+async def follow_call(client: Client, call: Call, offset: int, io: Io,
+                      extra: tuple[Extra, ...] = ()) -> Followed:
+    """Follow ``call`` from ``offset`` until its result and output's end, or a detach."""
+    state = OutputState(position=offset, progress_at=anyio.current_time())
+    send, receive = anyio.create_memory_object_stream[Event](EVENT_BOUND)
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(_signals, signals, client, call, io, state, send.clone())
+            for task in extra:
+                tasks.start_soon(task, send.clone())
+            tasks.start_soon(_output, client, call, state, send.clone())
+            tasks.start_soon(_wait_result, client, call, send.clone())
+            if io.raw:
+                with raw_terminal(0):
+                    state.raw_mode = True
+                    try:
+                        tasks.start_soon(_keys, client, call, io, state, send.clone())
+                        tasks.start_soon(_resize, client, call, send.clone())
+                        followed = await _decide(receive, state)
+                    finally:
+                        state.raw_mode = False
+                        tasks.cancel_scope.cancel()
+            else:
+                if io.forward:
+                    tasks.start_soon(_forward_stdin, client, call, state, send.clone())
+                followed = await _decide(receive, state)
+            tasks.cancel_scope.cancel()
+    return followed
+
+
+async def _signals(signals, client: Client, call: Call, io: Io, state: OutputState,
+                   events: Events) -> None:
+    async with events:
+        cancelling = False
+        async for signum in signals:
+            if signum != signal.SIGINT:
+                await events.send(Detach("signal", signum))
+                return
+            if io.tty:
+                await _quiet(client.send_signal(call.session_id, call.call_id, "INT"), state)
+                continue
+            if io.cancel_on_interrupt and not cancelling:
+                cancelling = True
+                say(state, "dsh: cancelling the command (Ctrl-C again to detach)")
+                await events.send(Cancelling())
+                await _quiet(client.cancel(call.session_id, call.call_id), state)
+                continue
+            await events.send(Detach("interrupt"))
+            return
+
+
+async def _quiet(request: Awaitable[object], state: OutputState) -> None:
+    try:
+        await request
+    except RpcError as exc:
+        say(state, f"dsh: {exc.message}")
+
+
+async def _open_follow(client: Client, call: Call, state: OutputState):
+    """``tool.follow``, tried again while the call has not started (module doc)."""
+    while True:
+        try:
+            return await client.follow_output(call.session_id, call.call_id, state.position)
+        except RpcError as exc:
+            if exc.code == METHOD_NOT_FOUND or state.result_known:
+                state.error = exc.message
+                return None
+        await anyio.sleep(RETRY_S)
+
+
+async def _output(client: Client, call: Call, state: OutputState, events: Events) -> None:
+    async with events:
+        try:
+            await _print_follow(client, call, state, retry=True)
+        except BrokenPipeError:
+            await events.send(Detach("pipe"))
+            return
+        await events.send(OutputDone(state.error))
+
+
+async def _print_follow(client: Client, call: Call, state: OutputState, *, retry: bool) -> None:
+    """Print from ``state.position`` to the end; a ``Broken`` log is followed again, at most
+    ``BROKEN_RETRIES`` times in a row without progress (then ``state.error`` says why)."""
+    broken = 0
+    while True:
+        if retry:
+            follow = await _open_follow(client, call, state)
+        else:
+            try:
+                follow = await client.follow_output(call.session_id, call.call_id,
+                                                    state.position)
+            except RpcError as exc:
+                follow, state.error = None, exc.message
+        if follow is None:
+            return
+        async with follow:
+            async for item in follow:
+                state.progress_at = anyio.current_time()
+                if isinstance(item, Chunk):
+                    emit_bytes(item.data)
+                    state.position = follow.position
+                    broken = 0
+                elif isinstance(item, Gap):
+                    _gap(state, item)
+                elif isinstance(item, End):
+                    return
+                elif isinstance(item, Broken):
+                    broken += 1
+                    if broken > BROKEN_RETRIES:
+                        state.error = item.message
+                        return
+                    state.position = item.offset
+        await anyio.sleep(RETRY_S)
+
+
+def _gap(state: OutputState, gap: Gap) -> None:
+    state.dropped += gap.to - gap.start
+    state.gaps += 1
+    state.position = gap.to
+    if state.gaps == 1:
+        say(state, f"dsh: bytes {gap.start}..{gap.to} of the output were dropped by the "
+                   f"per-call disk cap (spill_max_bytes); the output goes on from byte {gap.to}")
+
+
+async def _wait_result(client: Client, call: Call, events: Events) -> None:
+    async with events:
+        await events.send(Result(await client.wait(call.session_id, call.call_id)))
+
+
+def not_started(exc: RpcError) -> bool:
+    """The daemon's ``NOT_STARTED``: the call waits for its approval or checkpoint."""
+    return isinstance(exc.data, dict) and exc.data.get("code") == "NOT_STARTED"
+
+
+async def _write(client: Client, call: Call, data: bytes, state: OutputState) -> bool:
+    """One ``tool.write`` (tried again while the call has not started); False: stop input."""
+    while True:
+        try:
+            await client.write_input(call.session_id, call.call_id, data)
+            return True
+        except RpcError as exc:
+            if not not_started(exc) or state.result_known:
+                if exc.code != NOT_RUNNING and not state.result_known:
+                    say(state, f"dsh: input not forwarded: {exc.message}")
+                return False
+        await anyio.sleep(RETRY_S)
+
+
+async def _forward_stdin(client: Client, call: Call, state: OutputState,
+                         events: Events) -> None:
+    async with events:
+        while True:
+            data = await read_input(0, INPUT_CHUNK)
+            if not data:
+                break
+            if not await _write(client, call, data, state):
+                return
+        while True:
+            try:
+                await client.close_input(call.session_id, call.call_id)
+                return
+            except RpcError as exc:
+                if not not_started(exc) or state.result_known:
+                    if exc.code != NOT_RUNNING and not state.result_known:
+                        say(state, f"dsh: could not close the command's stdin: {exc.message}")
+                    return
+            await anyio.sleep(RETRY_S)
+
+
+async def _keys(client: Client, call: Call, io: Io, state: OutputState, events: Events) -> None:
+    async with events:
+        scanner = DetachScanner(io.detach_keys)
+        while True:
+            data = await read_input(0, KEY_CHUNK)
+            if not data:
+                await events.send(Detach("signal", signal.SIGHUP))  # the terminal went away
+                return
+            keys, detach = scanner.feed(data)
+            if keys and not await _write(client, call, keys, state):
+                return
+            if detach:
+                await events.send(Detach("keys"))
+                return
+
+
+async def _resize(client: Client, call: Call, events: Events) -> None:
+    async with events:
+        with anyio.open_signal_receiver(signal.SIGWINCH) as winches:
+            async for _ in winches:
+                cols, rows = terminal_size()
+                try:
+                    await client.resize(call.session_id, call.call_id, cols, rows)
+                except RpcError:
+                    return  # settled: nothing left to resize
+
+
+async def _decide(events: MemoryObjectReceiveStream[Event], state: OutputState) -> Followed:
+    followed = Followed(None, output=state)
+    done = False
+    while followed.result is None or not done:
+        if followed.result is not None and \
+                anyio.current_time() - state.progress_at >= OUTPUT_STALL_S:
+            state.error = (f"the output stopped at byte {state.position} and its end did "
+                           f"not come within {OUTPUT_STALL_S:g} s")
+            break
+        event: Event | None = None
+        with anyio.move_on_after(1):
+            event = await events.receive()
+        if event is None:
+            continue
+        if isinstance(event, Detach):
+            followed.detached = event
+            return followed
+        if isinstance(event, Cancelling):
+            followed.cancelling = True
+        elif isinstance(event, Waits):
+            followed.waiting = event.approval_id
+        elif isinstance(event, OutputDone):
+            done = True
+        elif isinstance(event, Result):
+            followed.result = event.result
+            state.result_known = True
+            state.progress_at = anyio.current_time()
+    return followed
+
+
+# ---------------------------------------------------------------------- the end
+def reattach_hint(call: Call) -> str:
+    return f"dsh attach {call.session_id} --call {call.call_id}"
+
+
+def detach_note(call: Call, followed: Followed, io: Io) -> None:
+    """The one line saying we left the call running, and how to come back."""
+    how = followed.detached
+    if followed.waiting:
+        note(f"detached; the call still waits for approval {followed.waiting} (`dsh approve "
+             f"{call.session_id} {followed.waiting}`). Re-attach: {reattach_hint(call)}")
+        return
+    why = f" ({describe_keys(io.detach_keys)})" if how is not None and how.why == "keys" else ""
+    note(f"detached{why}; the command keeps running. Re-attach: {reattach_hint(call)}")
+
+
+def detach_exit(detached: Detach | None) -> int:
+    """The status of a ``dsh run`` that left its call running (``KEYS_RULE``)."""
+    if detached is None or detached.why == "interrupt":
+        return detached_status(False)
+    if detached.why == "pipe":
+        return detached_status(True)
+    if detached.why == "keys":
+        return 0
+    return 128 + detached.signum
+
+
+def end_notes(followed: Followed, result: ToolResult) -> None:
+    """After the output: what of it was not shown, and why. The result's ``totalBytes`` (the
+    bytes the command wrote) is the check: a raw log that ended short is said, and one that is
+    missing altogether (nothing printed) is replaced by the call's window."""
+    state = followed.output
+    truncation = result.details.truncation
+    total = truncation.total_bytes if truncation is not None else 0
+    short = command_ran(result) and state.position < total
+    no_log = command_ran(result) and state.position == 0 and state.dropped == 0 \
+        and (short or state.error is not None)
+    if no_log and result.content:
+        emit_bytes(result.content.encode("utf-8", "replace"))  # the window, at least
+        note(f"dsh: the raw output is not available ({state.error or 'its log is missing'});"
+             " the call's window (its last lines, cleaned) was shown instead")
+    elif short:
+        note(f"dsh: {total - state.position} of {total} bytes of output were not shown: the "
+             f"raw output ended at byte {state.position}"
+             + (f" ({state.error})" if state.error else ""))
+    elif state.error is not None and command_ran(result):
+        note(f"dsh: the output may be incomplete: {state.error}")
+    if state.gaps > 1 or (state.dropped and state.gaps == 0):
+        note(f"dsh: {state.dropped} bytes of the output in all were dropped by the per-call "
+             "disk cap (spill_max_bytes)")
+
+
+def result_status(followed: Followed) -> int:
+    """Print the closing lines of a settled call; its exit status (``client.exits``)."""
+    assert followed.result is not None
+    end_notes(followed, followed.result)
+    status, message = exit_status(followed.result)
+    if message:
+        note(message)
+    return status
+
+
+async def replay(client: Client, call: Call, offset: int = 0) -> OutputState:
+    """Print a call's output from ``offset`` to its end (``dsh wait``: the call settled)."""
+    state = OutputState(position=offset, result_known=True)
+    await _print_follow(client, call, state, retry=False)
+    return state
+
+
+def call_is_tty(entry: object) -> bool:
+    """Whether a lane entry's call runs under a PTY (its bash arguments say ``tty: true``)."""
+    args = entry.get("args") if isinstance(entry, dict) else None
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return False
+    return isinstance(args, dict) and args.get("tty") is True
