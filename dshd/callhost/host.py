@@ -59,6 +59,9 @@ PROGRESS_INTERVAL = 0.02
 SYNC_INTERVAL = 1.0
 #: Seconds the host waits, after it decided to exit, for its replies to leave.
 FLUSH_SECONDS = 1.0
+#: Seconds a host whose daemon owns it (``on_daemon_loss = "terminate"``) waits for the daemon's
+#: first ``attach`` before it counts the daemon as gone.
+ATTACH_SECONDS = 30.0
 #: Seconds the output may take to reach end of file once the tree was killed (a holder that
 #: escaped the kill cannot keep the call open).
 DRAIN_SECONDS = 2.0
@@ -83,6 +86,7 @@ class Host:
         self.record: dict | None = None
         self.released = False
         self.log_error: str | None = None  # why the log could not be written, if it failed
+        self.loss_message: str | None = None  # why the daemon's loss ended the command
         self._swept = False  # the remaining tree was killed after the child's exit
         self._output_eof = False  # the PTY reached end of file while the child still ran
         self.uid = spec["user"]["uid"] if spec["user"] else os.geteuid()
@@ -112,6 +116,8 @@ class Host:
         self.reactor.want_read(self.output_fd, self._output)
         if self.spec["timeout"] is not None:
             self.deadlines["timeout"] = time.monotonic() + self.spec["timeout"]
+        if self.spec["on_daemon_loss"] == "terminate":
+            self.deadlines["attach"] = time.monotonic() + ATTACH_SECONDS
         return spawned.pid
 
     def _close_pass_fds(self) -> None:
@@ -249,6 +255,8 @@ class Host:
                   "reason": self.reason or "exited"}
         if self.log_error is not None:
             fields["message"] = self.log_error
+        elif self.loss_message is not None and self.reason == "killed":
+            fields["message"] = self.loss_message
         return fields
 
     def _finish(self, fields: dict) -> None:
@@ -306,6 +314,20 @@ class Host:
     def _on_linger(self) -> None:
         self._quit()
 
+    def _on_attach(self) -> None:
+        self._daemon_lost("no daemon attached within "
+                          f"{ATTACH_SECONDS:g} s of the start")
+
+    def _daemon_lost(self, why: str) -> None:
+        """The daemon that owns this call is gone (``on_daemon_loss = "terminate"``): end the
+        command as a stop would, so nothing runs on that nobody records (HOST.md §7)."""
+        self.deadlines.pop("attach", None)
+        if not self.child_alive or self.released or self.reason is not None:
+            return
+        self.loss_message = f"dshd went away while the command ran ({why}); the command was stopped"
+        os.write(2, f"dsh-host: {self.loss_message}\n".encode())
+        self._terminate("killed", self.spec["kill_grace"])
+
     def _terminate(self, reason: str, grace: float) -> None:
         self.reason = reason
         tree.signal_command(self.child_pid, signal.SIGTERM, self.spec["spare_wrapper"])
@@ -354,6 +376,9 @@ class Host:
             self.conns.remove(conn)
         if self.stdin is not None:
             self.stdin.drop(conn)
+        if (conn.attached and self.spec["on_daemon_loss"] == "terminate"
+                and not any(c.attached for c in self.conns)):
+            self._daemon_lost("its control connection closed")
 
     def _state(self) -> dict:
         out = {"state": "exited" if self.record is not None else "running", **self._progress()}
@@ -366,6 +391,7 @@ class Host:
             return {"ok": True, **self._state()}
         if op == "attach":
             conn.attached = True
+            self.deadlines.pop("attach", None)
             if self.record is not None:  # after the reply: the exit event, once
                 conn.after.append({"event": "exit", "record": self.record})
             return {"ok": True, "state": self._state()}

@@ -71,6 +71,9 @@ def make_spec(directory: Path, argv: list[str], **overrides) -> dict:
         "token_var": "DSH_RUN", "token": secrets.token_hex(16),
         "spill_max_bytes": 1 << 30, "segment_bytes": 1 << 28, "timeout": None,
         "kill_grace": 2.0, "eof_grace": 2.0, "linger": 60.0, "secret": secrets.token_hex(16),
+        # Most tests drive the host without a daemon: they must not lose the command when
+        # their connection closes (test_daemon_loss.py tests the daemon's default).
+        "on_daemon_loss": "keep",
     }
     spec.update(overrides)
     return spec
