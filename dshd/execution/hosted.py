@@ -165,6 +165,9 @@ async def start_host(spec: dict, pass_fds: list[int]) -> HostHandle:
         child.close()
     if ready is None or not ready.get("ok"):
         reason = (ready or {}).get("error") or _log_tail(call_dir / "host.log")
+        for number in RESOURCE_ERRNOS:  # the host's own fork or thread hit the limit
+            if os.strerror(number) in reason or errno.errorcode[number] in reason:
+                raise HostStartError(_start_sentence(OSError(number, os.strerror(number))))
         raise HostStartError(f"the call host could not start the call: {reason}")
     return await connect(ready, spec)
 
