@@ -270,7 +270,11 @@ async def run_hosted(
             secret=secrets.token_hex(16), spill_max_bytes=spill_max_bytes, timeout=timeout,
             kill_grace=kill_grace, eof_grace=eof_grace, linger=linger)
         try:
-            handle = await start_host(spec, fds)
+            # Shielded (start_host bounds itself): a cancellation that comes while the host
+            # starts must not leave it running unseen; the run below sees the cancellation at
+            # its first checkpoint and has the host kill the command.
+            with trio.CancelScope(shield=True):
+                handle = await start_host(spec, fds)
         except HostStartError as exc:
             _settle(capture, on_output)
             return ExecOutcome(exit_code=None, error=str(exc))
