@@ -192,13 +192,15 @@ def test_read_before_first_offset_names_it(workdir):
         call_id = run(w, sid, "seq 1 100000")
         result = wait(w, sid, call_id)
         expected = seq_bytes(1, 100000)
-        page = w.result("tool.read", {"sessionId": sid, "callId": call_id, "offset": 0,
-                                      "limit": 0})
-        first = page["firstOffset"]
-        assert 0 < first < len(expected) and page["endOffset"] == len(expected)
-        assert len(expected) - first <= 65536
+        error = w.error("tool.read", {"sessionId": sid, "callId": call_id, "offset": 0})
+        assert error["code"] == -32602 and error["data"]["field"] == "offset", error
+        first = error["data"]["firstOffset"]
+        assert 0 < first < len(expected) and len(expected) - first <= 65536
         error = w.error("tool.read", {"sessionId": sid, "callId": call_id, "offset": first - 1})
         assert error["code"] == -32602 and error["data"]["firstOffset"] == first, error
+        page = w.result("tool.read", {"sessionId": sid, "callId": call_id, "offset": first,
+                                      "limit": 0})
+        assert page["firstOffset"] == first and page["endOffset"] == len(expected)
         data, last = read_all(w, sid, call_id, first)
         assert data == expected[first:] and last["eof"] is True
         assert result["details"]["truncation"].get("droppedBytes") == first
