@@ -165,6 +165,9 @@ async def start_host(spec: dict, pass_fds: list[int]) -> HostHandle:
         child.close()
     if ready is None or not ready.get("ok"):
         reason = (ready or {}).get("error") or _log_tail(call_dir / "host.log")
+        for number in RESOURCE_ERRNOS:  # the host's own fork or thread hit the limit
+            if os.strerror(number) in reason or errno.errorcode[number] in reason:
+                raise HostStartError(_start_sentence(OSError(number, os.strerror(number))))
         raise HostStartError(f"the call host could not start the call: {reason}")
     return await connect(ready, spec)
 
@@ -267,7 +270,11 @@ async def run_hosted(
             secret=secrets.token_hex(16), spill_max_bytes=spill_max_bytes, timeout=timeout,
             kill_grace=kill_grace, eof_grace=eof_grace, linger=linger)
         try:
-            handle = await start_host(spec, fds)
+            # Shielded (start_host bounds itself): a cancellation that comes while the host
+            # starts must not leave it running unseen; the run below sees the cancellation at
+            # its first checkpoint and has the host kill the command.
+            with trio.CancelScope(shield=True):
+                handle = await start_host(spec, fds)
         except HostStartError as exc:
             _settle(capture, on_output)
             return ExecOutcome(exit_code=None, error=str(exc))
