@@ -8,9 +8,10 @@ host through its ``HostHandle`` (``dshd.execution.hosted``): ``tool.write`` (ans
 command's stdin took every byte), ``tool.closeStdin``, ``tool.resize``, ``tool.signal``.
 
 Authorisation is ``tool.cancel``'s: any connection of the session's user (``port.open_session``).
+Input to a call whose command has not started yet (its approval gate, its checkpoint, its
+host starting) waits until it runs, so ``tool.run`` then ``tool.write`` needs no retry loop.
 Refusals: an unknown call is ``-32006`` (``CallNotFound``); input to a settled call ``-32006``
-with ``data.code`` ``CALL_SETTLED``; to a call whose command has not started (its approval
-gate, its checkpoint) ``-32602`` ``NOT_STARTED``; a write or closeStdin to a pipe call started
+with ``data.code`` ``CALL_SETTLED`` (also one that settles without ever running); a write or closeStdin to a pipe call started
 without ``stdin: "pipe"`` ``-32602`` ``NO_STDIN``; a resize of a call without a terminal
 ``-32602`` ``NO_TTY``; a read offset outside ``[firstOffset, endOffset]`` ``-32602`` naming the
 bound in ``data`` (a follower before ``firstOffset`` gets a ``gap`` instead). At most
@@ -22,6 +23,8 @@ bound in ``data`` (a follower before ``firstOffset`` gets a ``gap`` instead). At
 from __future__ import annotations
 
 from typing import Any
+
+import trio
 
 from protocol import methods as m
 
@@ -39,6 +42,9 @@ __all__ = [
 
 #: Followers one connection may hold at once (the subscriptions' bound; PROTOCOL.md §5).
 MAX_FOLLOWERS_PER_CONNECTION = MAX_SUBSCRIPTIONS_PER_CONNECTION
+
+#: Seconds between two looks at a call whose command has not started, for input to it.
+START_POLL_SECONDS = 0.05
 
 NO_STDIN = ('the call was started without stdin: pass stdin: "pipe" or tty: true in the '
             'bash arguments to write to it')
@@ -115,17 +121,14 @@ async def tool_unfollow(conn: ConnectionPort, p: m.ToolUnfollowParams) -> m.Empt
 # ---------------------------------------------------------------------- input
 async def _running_host(conn: ConnectionPort, session_id: str, call_id: str) -> Any:
     """The host handle of a running call whose command started (module doc's refusals)."""
-    session = await port.open_session(conn, session_id)
-    if not session.has_call(call_id):
-        raise CallNotFound(f"call {call_id} not found in session {session_id}")
-    out = session.call_output(call_id)
-    if out.result is not None or (out.host is not None and out.host.record is not None):
-        raise CallSettled(session_id, call_id)
-    if out.host is None:
-        raise InvalidParams(
-            f"call {call_id} has not started its command yet (it waits for its approval or "
-            "its checkpoint); retry once it runs", field="callId", code="NOT_STARTED")
-    return out.host
+    _, source = await _source(conn, session_id, call_id)
+    while True:
+        out = source.output()
+        if out.result is not None or (out.host is not None and out.host.record is not None):
+            raise CallSettled(session_id, call_id)
+        if out.host is not None:
+            return out.host
+        await trio.sleep(START_POLL_SECONDS)  # its approval, its checkpoint, its host's start
 
 
 async def _ask(session_id: str, call_id: str, request: Any) -> Any:

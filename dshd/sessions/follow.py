@@ -110,6 +110,10 @@ class CallSource:
         self._lookup = lookup
         self._record: dict | None = None  # the exit record read from disk, once ended
 
+    def output(self) -> Any:
+        """The session's ``call_output`` now: ``(dir, host, result)``."""
+        return self._lookup()
+
     async def state(self) -> OutputState:
         out = self._lookup()
         record = out.host.record if out.host is not None else None

@@ -192,13 +192,15 @@ def test_read_before_first_offset_names_it(workdir):
         call_id = run(w, sid, "seq 1 100000")
         result = wait(w, sid, call_id)
         expected = seq_bytes(1, 100000)
-        page = w.result("tool.read", {"sessionId": sid, "callId": call_id, "offset": 0,
-                                      "limit": 0})
-        first = page["firstOffset"]
-        assert 0 < first < len(expected) and page["endOffset"] == len(expected)
-        assert len(expected) - first <= 65536
+        error = w.error("tool.read", {"sessionId": sid, "callId": call_id, "offset": 0})
+        assert error["code"] == -32602 and error["data"]["field"] == "offset", error
+        first = error["data"]["firstOffset"]
+        assert 0 < first < len(expected) and len(expected) - first <= 65536
         error = w.error("tool.read", {"sessionId": sid, "callId": call_id, "offset": first - 1})
         assert error["code"] == -32602 and error["data"]["firstOffset"] == first, error
+        page = w.result("tool.read", {"sessionId": sid, "callId": call_id, "offset": first,
+                                      "limit": 0})
+        assert page["firstOffset"] == first and page["endOffset"] == len(expected)
         data, last = read_all(w, sid, call_id, first)
         assert data == expected[first:] and last["eof"] is True
         assert result["details"]["truncation"].get("droppedBytes") == first
@@ -214,3 +216,17 @@ def test_read_of_a_running_call_without_output_is_an_empty_page(daemon, wire, wo
     assert page["data"] == "" and page["eof"] is False and page["endOffset"] == 0
     wire.result("tool.cancel", {"sessionId": sid, "callId": call_id})
     wait(wire, sid, call_id)
+
+
+def test_input_to_a_call_that_settles_without_running_is_call_settled(daemon, wire, workdir):
+    """A call refused at its approval gate (policy ``ask``, no answerer connected) never runs:
+    a write sent before or after it settled is ``-32006`` ``CALL_SETTLED``, never a hang."""
+    sid = session(wire, workdir, approvalPolicy="ask")
+    call_id = wire.result("tool.run", {"sessionId": sid, "name": "bash",
+                                       "arguments": {"command": "cat"}})["callId"]
+    error = wire.error("tool.write", {"sessionId": sid, "callId": call_id,
+                                      "data": base64.b64encode(b"x").decode()})
+    assert error["code"] == -32006 and error["data"]["code"] == "CALL_SETTLED", error
+    assert wait(wire, sid, call_id)["isError"] is True
+    page = wire.result("tool.read", {"sessionId": sid, "callId": call_id, "offset": 0})
+    assert page == {"offset": 0, "data": "", "firstOffset": 0, "endOffset": 0, "eof": True}
