@@ -175,6 +175,16 @@ def _reset_signals() -> None:
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
 
 
+def _spare_wrapper_the_keyboard() -> None:
+    """Under a PTY the sandbox wrapper (bwrap's outer process and its pid 1) is in the
+    terminal's foreground process group, so the keyboard's SIGINT, SIGQUIT and SIGTSTP would
+    reach it and tear the sandbox down before the command's ``trap`` ran. The wrapper starts
+    with them ignored; the daemon's argv gives the command their defaults back inside the
+    sandbox (``env --default-signal``), HOST.md §5."""
+    for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGTSTP):
+        signal.signal(sig, signal.SIG_IGN)
+
+
 def _child(spec: dict, env: dict, child_fds: tuple, err_write: int) -> None:
     """In the forked child: set up and exec; on failure report ``<stage> <errno>`` and exit."""
     stage = "setup"
@@ -182,6 +192,8 @@ def _child(spec: dict, env: dict, child_fds: tuple, err_write: int) -> None:
         _reset_signals()
         if child_fds[0] == "tty":
             os.login_tty(child_fds[1])
+            if spec["spare_wrapper"] is not None:
+                _spare_wrapper_the_keyboard()
         else:
             _, stdin_read, write_end = child_fds
             os.setsid()

@@ -38,6 +38,10 @@ from . import barrier
 from .output import checkpoint_output
 
 
+#: The keyboard's signals, ignored by a sandbox wrapper under a terminal (HOST.md §5).
+TTY_SIGNALS = "INT,QUIT,TSTP"
+
+
 def tool_base_env(config: Config, owner: int | None) -> dict[str, str]:
     """The documented minimal environment of a tool (EXEC.md §1; ``dshd.execution.env``)."""
     ident = identity.run_as_for(owner)
@@ -81,8 +85,12 @@ async def run(spec: CommandSpec, session: SessionSettings, cwd: str, config: Con
     inner_env = dict(session.env)
     inner_env["DSH_CALL_ID"] = spec.call_id
     inner_env["DSH_SESSION_ID"] = session.id
-    inner = ["env", "--", *(f"{k}={v}" for k, v in inner_env.items())]
     invocation = tools.TOOLS[spec.name].invoke(spec.arguments)
+    # Under a terminal, the host starts the sandbox wrapper with the keyboard's signals
+    # ignored (bwrap is in the terminal's foreground group: Ctrl-C would tear the sandbox
+    # down before the command's trap ran); env gives the command their defaults back.
+    restore = [f"--default-signal={TTY_SIGNALS}"] if invocation.tty is not None else []
+    inner = ["env", *restore, "--", *(f"{k}={v}" for k, v in inner_env.items())]
     script = invocation.script  # run_hosted closes it
     fds: list[int] = []  # the sandbox's pinned workspace and lease; run_hosted closes them
     try:

@@ -108,9 +108,7 @@ def test_top_renders_once(pane):
 
 @pytest.mark.parametrize("sandbox", [
     "danger-full-access",
-    pytest.param("", marks=pytest.mark.xfail(strict=True, reason=(
-        "the call host's bug: under bwrap the PTY's foreground process group holds bwrap "
-        "too, so the terminal's SIGINT kills bwrap (exit 130) before the trap runs"))),
+    "",  # bwrap: its processes are in the terminal's foreground group too (HOST.md §5)
 ])
 def test_ctrl_c_under_a_pty_interrupts_the_command(pane, sandbox):
     flag = f"--sandbox {sandbox} " if sandbox else ""
