@@ -7,7 +7,8 @@ process per call, started detached, the command's subreaper, owner of its PTY or
 stdin and its raw output log ``<call dir>/output.raw`` (segments), which writes ``exit.json``
 durably when the command ends. This module is everything the daemon does with one:
 
-* **Start** (:func:`start_host`): ``[sys.executable, "-I", "-S", <dshd/callhost/main.py>]`` is
+* **Start** (:func:`start_host`): ``[sys.executable, "-I", "-S", <dshd/callhost/main.py>]``
+  (exec'd through ``/proc/self/exe``: the daemon's own binary, whatever its path) is
   ``Popen``'d *in the trio thread* (a worker thread's exit would fire a ``PR_SET_PDEATHSIG``
   set up in it) with stdin and stdout on pipes, stderr on the call's ``host.log``,
   ``close_fds``, ``pass_fds`` = the script's memfd and the sandbox's fds, its own session,
@@ -62,6 +63,11 @@ __all__ = ["ExecOutcome", "HostHandle", "HostRequestError", "HostStartError", "H
 
 #: The host program, started by absolute path with ``python3 -I -S`` (HOST.md §2).
 HOST_MAIN = Path(__file__).resolve().parent.parent / "callhost" / "main.py"
+#: The interpreter the host runs on: the daemon's own binary, by its magic link. Its path
+#: (``sys.executable``, a venv's symlink chain) may pass through a directory the daemon's
+#: user cannot search — a Python installed under /root for a daemon that runs as another
+#: user — which the exec of a magic link never walks.
+HOST_INTERPRETER = "/proc/self/exe"
 #: The environment variable that carries a run's kill-sweep token (the host's sweep keys on it).
 RUN_TOKEN_VAR = "DSH_RUN"
 #: Seconds a host may take to answer its spec with the ready line.
@@ -134,7 +140,7 @@ async def start_host(spec: dict, pass_fds: list[int]) -> HostHandle:
         try:
             child = spawn([sys.executable, "-I", "-S", str(HOST_MAIN)], stdin=in_r, stdout=out_w,
                           stderr=log_fd, close_fds=True, pass_fds=tuple(pass_fds),
-                          start_new_session=True, cwd="/")
+                          start_new_session=True, cwd="/", executable=HOST_INTERPRETER)
         except OSError as exc:
             raise HostStartError(_start_sentence(exc)) from None
     except BaseException:
