@@ -1,8 +1,14 @@
 """The control protocol's connections: accept, peer check, hello, JSON lines (plan §C).
 
-Theory of operation: the listener is an abstract Unix stream socket (``dsh-host-<32 hex>``).
-Abstract sockets have no file permissions, so :func:`accept_peer` checks ``SO_PEERCRED`` of
-every connection (the peer's uid must be the host's euid); the first line must then be
+Theory of operation: the listener is a Unix stream socket *file* in the call's directory
+(:data:`SOCKET_NAME`, 0600), inside the daemon's state directory, which every confining
+sandbox masks (bwrap mounts a tmpfs over it, with or without a shared network namespace; the
+Landlock launcher's seccomp filter refuses ``AF_UNIX`` sockets), so no sandboxed command can
+reach it. (An abstract socket was reachable from a bwrap sandbox with ``network = true``: a
+command flooded every host's slots and broke other sessions' calls.) A directory path may be
+longer than a socket address allows (108 bytes), so both ends bind and connect through the
+directory's descriptor (:func:`socket_path`: ``/proc/self/fd/N/control.sock``).
+:func:`accept_peer` also checks ``SO_PEERCRED`` of every connection (the peer's uid must be the host's euid); the first line must then be
 ``{"hello": 1, "secret": <spec secret>}`` (compared in constant time), else the connection is
 closed. At most :data:`MAX_CONNECTIONS` are open: a new one past that evicts the oldest that
 has not said hello yet (or one silent for :data:`HELLO_SECONDS`), else it is refused -- so a
@@ -73,6 +79,37 @@ class RequestError(Exception):
         self.code = code
         self.sentence = sentence
 
+
+
+#: The control socket's file name in the call directory.
+SOCKET_NAME = "control.sock"
+
+
+def socket_path(dirfd: int) -> str:
+    """The control socket's address through an open descriptor of the call directory."""
+    return f"/proc/self/fd/{dirfd}/{SOCKET_NAME}"
+
+
+def listen_in(directory: str) -> socket.socket:
+    """Bind and listen on the control socket of ``directory`` (0600; a stale one replaced)."""
+    dirfd = os.open(directory, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        path = socket_path(dirfd)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC
+                                 | socket.SOCK_NONBLOCK)
+        old = os.umask(0o177)
+        try:
+            listener.bind(path)
+        finally:
+            os.umask(old)
+        listener.listen(MAX_CONNECTIONS)
+        return listener
+    finally:
+        os.close(dirfd)
 
 def same_secret(given: bytes, expected: bytes) -> bool:
     """Constant-time equality (``hmac.compare_digest`` without importing ``hashlib``, whose

@@ -12,7 +12,7 @@ else happens, so a dshd upgrade that replaces these files never changes a runnin
    daemon thread is its parent. It is in the session this process leads, but not its leader,
    so opening a PTY can never make the host's own controlling terminal;
 3. the host: SIGHUP/SIGINT ignored, ``PR_SET_CHILD_SUBREAPER`` (orphans of the command come
-   to it), the control socket (abstract, ``dsh-host-<32 hex>``), the first log segment,
+   to it), the control socket (``control.sock`` in the call directory), the first log segment,
    ``host.json`` (atomic), the command's spawn, then ONE JSON line on stdout --
    ``{"ok": true, "pid", "startTime", "control", "commandPid"}`` -- and stdin/stdout pointed
    at ``/dev/null``: the host keeps no daemon descriptor, only its stderr (``host.log``);
@@ -92,11 +92,8 @@ def _host(spec: dict) -> int:
     os.chdir("/")  # pin no mount
     try:
         _subreaper()
-        name = f"dsh-host-{os.urandom(16).hex()}"
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC
-                                 | socket.SOCK_NONBLOCK)
-        listener.bind("\0" + name)
-        listener.listen(control.MAX_CONNECTIONS)
+        name = control.SOCKET_NAME
+        listener = control.listen_in(spec["dir"])
         writer = log.LogWriter(spec["dir"], spec["segment_bytes"])
         pid = os.getpid()
         start_time = _start_time(pid)

@@ -16,7 +16,7 @@ durably when the command ends. This module is everything the daemon does with on
   (the intermediate exits at once and is reaped here, so the host proper is pid 1's child and
   holds no daemon descriptor) and writes ONE ready line ``{"ok": true, "pid", "startTime",
   "control", "commandPid"}`` (or ``{"ok": false, "error"}``: :class:`HostStartError`).
-* **Control** (:class:`HostHandle`): an abstract Unix stream socket, JSON lines. The first line
+* **Control** (:class:`HostHandle`): the Unix stream socket ``control.sock`` in the call directory (masked in every sandbox), JSON lines. The first line
   carries the spec's random secret (the host also checks ``SO_PEERCRED``); then ``attach``
   starts the host's pushed ``progress`` events (``endOffset``, ``firstOffset``, ``totalLines``)
   and the one ``exit`` event (the exit record, once durable). Requests carry an ``id``; one
@@ -183,7 +183,13 @@ async def connect(ready: dict, spec: dict) -> HostHandle:
     pid = int(ready.get("pid", 0))
     sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
     try:
-        await sock.connect("\0" + str(ready["control"]))
+        # The socket file is in the call directory (HOST.md §4), addressed through its
+        # descriptor: the directory's path may be longer than a socket address allows.
+        dirfd = os.open(spec["dir"], os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            await sock.connect(f"/proc/self/fd/{dirfd}/{ready['control']}")
+        finally:
+            os.close(dirfd)
     except (OSError, KeyError) as exc:
         sock.close()
         raise HostStartError(f"could not reach the call host (pid {pid}): {exc}") from None

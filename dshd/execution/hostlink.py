@@ -1,6 +1,6 @@
 """The control link to one call host: :class:`HostHandle` and the log reader (plan §C, §D).
 
-Theory of operation: a call host listens on an abstract Unix stream socket and speaks JSON
+Theory of operation: a call host listens on ``control.sock`` in its call directory and speaks JSON
 lines (``dshd.callhost.control``). :class:`HostHandle` is the daemon's end of one connection,
 already past its hello (``dshd.execution.hosted.connect``): requests carry an ``id`` and wait
 for their reply (at most :data:`REQUEST_TIMEOUT`); one :meth:`HostHandle.pump` task reads every
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 from pathlib import Path
 
 import trio
@@ -64,6 +65,10 @@ class HostHandle:
         self.closed = False
         self._stream = stream
         self._send_lock = trio.Lock()
+        #: One stdin request at a time on the connection: the host reads no further behind
+        #: a few unanswered writes (a command that does not read its stdin holds them), and
+        #: signal, terminate and release must always get through.
+        self._input_lock = trio.Lock()
         self._next_id = 0
         self._waiters: dict[int, list] = {}
         self._changed = trio.Event()
@@ -83,11 +88,14 @@ class HostHandle:
 
     async def write(self, data: bytes) -> int:
         """Write ``data`` (≤ 1 MiB) to the command's stdin; the count once all was written."""
-        reply = await self.request("write", data=base64.b64encode(data).decode("ascii"))
+        async with self._input_lock:  # answered once written: no timeout (back-pressure)
+            reply = await self.request("write", data=base64.b64encode(data).decode("ascii"),
+                                       timeout=math.inf)
         return int(reply.get("written", len(data)))
 
     async def close_stdin(self) -> None:
-        await self.request("close-stdin")
+        async with self._input_lock:
+            await self.request("close-stdin", timeout=math.inf)
 
     async def resize(self, cols: int, rows: int) -> None:
         await self.request("resize", cols=cols, rows=rows)
@@ -102,7 +110,8 @@ class HostHandle:
     async def release(self) -> None:
         await self.request("release")
 
-    async def request(self, op: str, **fields: object) -> dict:
+    async def request(self, op: str, *, timeout: float = REQUEST_TIMEOUT,
+                      **fields: object) -> dict:
         """Send ``{"id", "op", **fields}`` and return the reply (``HostRequestError`` for an
         error reply, or ``not-running`` when the connection ended first)."""
         if self.closed:
@@ -119,7 +128,7 @@ class HostHandle:
                     await self._stream.send_all(line)
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                     self._close()
-            with trio.move_on_after(REQUEST_TIMEOUT):
+            with trio.move_on_after(timeout):
                 await done.wait()
         finally:
             self._waiters.pop(rid, None)

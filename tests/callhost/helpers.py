@@ -37,7 +37,7 @@ class HostRun:
         return self.ready["pid"]
 
     def connect(self, secret: str | None = None) -> "Control":
-        return Control(self.ready["control"], secret or self.spec["secret"])
+        return Control(self.dir, secret or self.spec["secret"])
 
     def wait_record(self, timeout: float = LIVENESS) -> dict:
         path = self.dir / "exit.json"
@@ -106,17 +106,19 @@ def run_main(directory: Path, spec_bytes: bytes, pass_fds=()) -> tuple[dict, sub
 class Control:
     """A blocking control connection (hello done in the constructor)."""
 
-    def __init__(self, name: str, secret: str, hello: bool = True) -> None:
+    def __init__(self, directory: Path, secret: str, hello: bool = True) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        dirfd = os.open(directory, os.O_PATH | os.O_DIRECTORY)
         self.sock.settimeout(LIVENESS)
         deadline = time.monotonic() + LIVENESS
         while True:
             try:
-                self.sock.connect("\0" + name)
+                self.sock.connect(f"/proc/self/fd/{dirfd}/control.sock")
                 break
             except BlockingIOError:  # the listener's backlog is full: the host accepts soon
                 assert time.monotonic() < deadline, "the host accepts no connection"
                 time.sleep(0.01)
+        os.close(dirfd)
         self._buf = b""
         self._next_id = 1
         self.events: list[dict] = []

@@ -8,6 +8,7 @@ clients go on working."""
 from __future__ import annotations
 
 import base64
+import json
 import os
 
 import pytest
@@ -230,3 +231,33 @@ def test_input_to_a_call_that_settles_without_running_is_call_settled(daemon, wi
     assert wait(wire, sid, call_id)["isError"] is True
     page = wire.result("tool.read", {"sessionId": sid, "callId": call_id, "offset": 0})
     assert page == {"offset": 0, "data": "", "firstOffset": 0, "endOffset": 0, "eof": True}
+
+
+def test_writes_a_command_never_reads_do_not_block_signal_or_cancel(daemon, wire, workdir):
+    """Eight 1 MiB writes pipelined into a command that never reads its stdin: the host holds
+    them, yet tool.signal and tool.cancel from another connection are served (the daemon
+    sends one stdin request at a time, so its control connection never stalls), and the
+    pending writes are answered once the command is gone. Before: the signal got no answer,
+    the cancel did nothing, and a daemon stop left the command running."""
+    sid = session(wire, workdir)
+    call_id = run(wire, sid, "echo ready; exec sleep 100", stdin="pipe")
+    wait_output(wire, sid, call_id, b"ready")
+    chunk = base64.b64encode(b"x" * (1 << 20)).decode()
+    for i in range(8):  # pipelined: no answer awaited
+        wire.next_id += 1
+        wire.sock.sendall(json.dumps({"jsonrpc": "2.0", "id": 1000 + i, "method": "tool.write",
+                                      "params": {"sessionId": sid, "callId": call_id,
+                                                 "data": chunk}}).encode() + b"\n")
+    other = RawWire(daemon.socket, timeout=30)  # the liveness bound of every answer below
+    try:
+        assert other.result("tool.signal", {"sessionId": sid, "callId": call_id,
+                                            "signal": "TERM"}) == {}
+        result = wait(other, sid, call_id, timeout=30)
+        assert result["exitCode"] == 143, result
+    finally:
+        other.close()
+    answered = set()
+    while len(answered) < 8:  # every pending write gets an answer (written or settled)
+        msg = wire._read()
+        if isinstance(msg, dict) and 1000 <= int(msg.get("id") or 0) < 1008:
+            answered.add(msg["id"])

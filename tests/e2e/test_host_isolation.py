@@ -1,0 +1,55 @@
+"""A sandboxed command cannot reach any call host's control socket (HOST.md §4), even with
+``network = true``, where bwrap shares the network namespace: an abstract socket was visible
+and reachable there (a command that flooded every host's connection slots made other
+sessions' calls fail). The socket is a file in the masked state directory now."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .spawn_rpc import Daemon
+
+PROBE = r'''
+import os, socket
+names = set()
+for line in open("/proc/net/unix").read().splitlines()[1:]:
+    parts = line.split()
+    if len(parts) >= 8 and "control.sock" in parts[-1]:
+        names.add(parts[-1])
+    elif len(parts) >= 8 and parts[-1].startswith("@dsh-host-"):  # the old abstract names
+        names.add("\0" + parts[-1][1:])
+names.add(os.environ["TARGET"])
+reached = 0
+for name in sorted(names):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(2)
+    try:
+        s.connect(name)
+        reached += 1
+        print("REACHED", repr(name))
+    except OSError as exc:
+        pass
+    finally:
+        s.close()
+print("tried", len(names), "reached", reached)
+'''
+
+
+@pytest.mark.parametrize("network", [True, False])
+def test_no_sandboxed_command_reaches_a_call_host(network, workdir):
+    config = f"network = {'true' if network else 'false'}\n"
+    with Daemon(config) as d:
+        rpc = d.rpc()
+        sid = rpc.session(workdir)
+        # A neighbour call whose host the probe will look for.
+        neighbour_sid = rpc.session(workdir)
+        neighbour = rpc.start(neighbour_sid, "sleep 60")
+        target = d.state_dir / "sessions" / neighbour_sid / "calls" / neighbour / "control.sock"
+        (workdir / "probe.py").write_text(PROBE)
+        result = rpc.run(sid, f"TARGET={json.dumps(str(target))} python3 probe.py")
+        text = result["content"]
+        assert "tried" in text, result
+        assert "REACHED" not in text and text.rstrip().endswith("reached 0"), text
+        assert rpc.call("tool.cancel", {"sessionId": neighbour_sid, "callId": neighbour})
