@@ -54,7 +54,9 @@ import trio
 
 from dshd.execution.capture import OutputCapture, catch_up
 from dshd.execution.hostlink import (
-    MAX_LINE, HostHandle, HostRequestError, log_reader, read_line, record_on_disk, scan_log,
+    MAX_LINE, HostHandle, HostRequestError, abandon, host_log_tail, log_reader, read_line,
+    record_on_disk,
+    scan_log,
 )
 from dshd.execution.spawn import RESOURCE_ERRNOS, BashScript, RunAs, spawn, spawn_sentence
 
@@ -170,12 +172,16 @@ async def start_host(spec: dict, pass_fds: list[int]) -> HostHandle:
         await ready_out.aclose()
         child.close()
     if ready is None or not ready.get("ok"):
-        reason = (ready or {}).get("error") or _log_tail(call_dir / "host.log")
+        reason = (ready or {}).get("error") or host_log_tail(call_dir / "host.log")
         for number in RESOURCE_ERRNOS:  # the host's own fork or thread hit the limit
             if os.strerror(number) in reason or errno.errorcode[number] in reason:
                 raise HostStartError(_start_sentence(OSError(number, os.strerror(number))))
         raise HostStartError(f"the call host could not start the call: {reason}")
-    return await connect(ready, spec)
+    try:
+        return await connect(ready, spec)
+    except HostStartError:
+        abandon(spec, ready, RUN_TOKEN_VAR)  # it runs the command: a result saying "failed" must be true
+        raise
 
 
 async def connect(ready: dict, spec: dict) -> HostHandle:
@@ -221,14 +227,6 @@ async def _ready_line(stream: trio.lowlevel.FdStream) -> dict | None:
     except ValueError:
         return None
     return value if isinstance(value, dict) else None
-
-
-def _log_tail(path: Path) -> str:
-    try:
-        text = path.read_bytes()[-2000:].decode(errors="replace").strip()
-    except OSError:
-        text = ""
-    return text.splitlines()[-1] if text else f"it exited without a word (see {path})"
 
 
 def _start_sentence(exc: OSError) -> str:
@@ -297,8 +295,11 @@ async def run_hosted(
             os.close(extra.pop())
     if on_host is not None:
         on_host(handle)
-    return await _Run(handle, capture, on_output, argv, cwd, spare_wrapper).run(cancel,
-                                                                                 kill_grace)
+    outcome = await _Run(handle, capture, on_output, argv, cwd, spare_wrapper).run(cancel,
+                                                                                    kill_grace)
+    if handle.record is None:  # the host died: what it left must not run on unowned
+        abandon(spec, {"pid": handle.pid, "startTime": None}, RUN_TOKEN_VAR)
+    return outcome
 
 
 def _check_arguments(argv: list[str], **seconds: float | None) -> None:
@@ -431,7 +432,7 @@ class _Run:
         if record is None:
             return ExecOutcome(exit_code=None, error=(
                 f"the call host (pid {self.handle.pid}) died before the command's end was "
-                f"recorded: {_log_tail(self.handle.dir / 'host.log')}"))
+                f"recorded: {host_log_tail(self.handle.dir / 'host.log')}"))
         reason = record.get("reason")
         code = record.get("exitCode")
         code = code if isinstance(code, int) else None

@@ -17,9 +17,13 @@ from __future__ import annotations
 import base64
 import json
 import math
+import os
+import signal
 from pathlib import Path
 
 import trio
+
+from dshd.callhost import tree
 
 from dshd.execution.capture import Gap
 
@@ -286,3 +290,40 @@ def record_on_disk(directory: Path) -> dict | None:
     except (OSError, ValueError):
         return None
     return value if isinstance(value, dict) else None
+
+
+def abandon(spec: dict, ready: dict, token_var: str) -> None:
+    """SIGKILL a call's host and everything of its command (its tree, the run's token
+    carriers) when the daemon cannot own it: a host it could not reach, or one that died
+    without an exit record (its orphans, re-parented to pid 1, still carry the token)."""
+    pid, start_time = int(ready.get("pid") or 0), ready.get("startTime")
+    uid = spec["user"]["uid"] if spec.get("user") else os.geteuid()
+    marker = f"{token_var}={spec['token']}"
+    leader = ready.get("commandPid")
+    tree.kill_tree(pid, leader if isinstance(leader, int) else None, spec["spare_wrapper"],
+                   marker, uid)
+    st = tree.proc_stat(pid) if pid > 0 else None
+    if st is not None and st.start_time == start_time:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def host_log_tail(path: Path) -> str:
+    """The last line of a host's ``host.log`` (why it gave up), or what can be said without
+    one: a host on a full file system could not even write its log."""
+    try:
+        text = path.read_bytes()[-2000:].decode(errors="replace").strip()
+    except OSError:
+        text = ""
+    if text:
+        return text.splitlines()[-1]
+    try:
+        full = os.statvfs(path.parent).f_bavail == 0
+    except OSError:
+        full = False
+    if full:
+        return (f"the file system of {path.parent} is full (ENOSPC): the host could write "
+                "neither its output nor its exit record; free space, then run the call again")
+    return f"it exited without a word (see {path})"

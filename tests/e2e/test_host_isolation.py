@@ -53,3 +53,37 @@ def test_no_sandboxed_command_reaches_a_call_host(network, workdir):
         assert "tried" in text, result
         assert "REACHED" not in text and text.rstrip().endswith("reached 0"), text
         assert rpc.call("tool.cancel", {"sessionId": neighbour_sid, "callId": neighbour})
+
+
+def test_a_killed_host_leaves_nothing_of_its_command_running(workdir):
+    """kill -9 of a call's host: the call settles TOOL_FAILED at once, and its command's
+    processes -- a setsid child re-parented to pid 1 included -- are killed by the run's token
+    (before: the setsid child ran on, owned by nobody)."""
+    import os
+    import signal
+    import time
+
+    from .conftest import live_processes_matching
+
+    tag = f"dsh-hostkill-{os.getpid()}-{time.monotonic_ns()}"
+    with Daemon() as d:
+        rpc = d.rpc()
+        sid = rpc.session(workdir, sandbox="danger-full-access")
+        cid = rpc.start(sid, f"setsid sh -c 'sleep 501; :' {tag} & echo ready; "
+                             "while :; do sleep 0.2; done")
+        host_json = d.state_dir / "sessions" / sid / "calls" / cid / "host.json"
+        deadline = time.monotonic() + 60
+        while not (host_json.exists() and live_processes_matching(tag)):
+            assert time.monotonic() < deadline, "the call did not start"
+            time.sleep(0.05)
+        os.kill(json.loads(host_json.read_text())["pid"], signal.SIGKILL)
+        result = rpc.wait(sid, cid)
+        assert result["isError"] and result["errorCode"] == "TOOL_FAILED", result
+        assert "died" in result["message"], result
+        deadline = time.monotonic() + 10
+        while live_processes_matching(tag) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left = live_processes_matching(tag)
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+        assert left == [], f"the setsid child outlived its killed host: {left}"
