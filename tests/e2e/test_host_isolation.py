@@ -6,6 +6,7 @@ sessions' calls fail). The socket is a file in the masked state directory now.""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -18,9 +19,9 @@ for line in open("/proc/net/unix").read().splitlines()[1:]:
     parts = line.split()
     if len(parts) >= 8 and "control.sock" in parts[-1]:
         names.add(parts[-1])
-    elif len(parts) >= 8 and parts[-1].startswith("@dsh-host-"):  # the old abstract names
-        names.add("\0" + parts[-1][1:])
 names.add(os.environ["TARGET"])
+if os.environ["CONTROL"] != "control.sock":  # the neighbour's abstract name (the old design)
+    names.add("\0" + os.environ["CONTROL"])
 reached = 0
 for name in sorted(names):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -46,9 +47,15 @@ def test_no_sandboxed_command_reaches_a_call_host(network, workdir):
         # A neighbour call whose host the probe will look for.
         neighbour_sid = rpc.session(workdir)
         neighbour = rpc.start(neighbour_sid, "sleep 60")
-        target = d.state_dir / "sessions" / neighbour_sid / "calls" / neighbour / "control.sock"
+        call_dir = d.state_dir / "sessions" / neighbour_sid / "calls" / neighbour
+        deadline = time.monotonic() + 60
+        while not (call_dir / "host.json").exists():
+            assert time.monotonic() < deadline, "the neighbour's host did not start"
+            time.sleep(0.05)
+        control = json.loads((call_dir / "host.json").read_text())["control"]
         (workdir / "probe.py").write_text(PROBE)
-        result = rpc.run(sid, f"TARGET={json.dumps(str(target))} python3 probe.py")
+        result = rpc.run(sid, f"TARGET={json.dumps(str(call_dir / 'control.sock'))} "
+                              f"CONTROL={json.dumps(control)} python3 probe.py")
         text = result["content"]
         assert "tried" in text, result
         assert "REACHED" not in text and text.rstrip().endswith("reached 0"), text
