@@ -91,16 +91,23 @@ async def tool_read(conn: ConnectionPort, p: m.ToolReadParams) -> m.ToolReadResu
                             eof=state.ended and end == state.end_offset)
 
 
-async def tool_follow(conn: ConnectionPort, p: m.ToolFollowParams) -> AfterResponse:
+def _check_followers(conn: ConnectionPort) -> None:
     if len(conn.followers) >= MAX_FOLLOWERS_PER_CONNECTION:
         raise LimitExceeded(
             f"limit exceeded: this connection already holds {len(conn.followers)} followers "
             f"(at most {MAX_FOLLOWERS_PER_CONNECTION}); tool.unfollow one first, or use "
             "another connection")
+
+
+async def tool_follow(conn: ConnectionPort, p: m.ToolFollowParams) -> AfterResponse:
+    _check_followers(conn)
     _, source = await _source(conn, p.session_id, p.call_id)
     state = await source.state()
     if p.offset > state.end_offset:
         _bounds(state, p.offset)
+    # Again with no await before the follower is registered: pipelined follows of one
+    # connection all passed the first check while the others awaited (496 of 256 got in).
+    _check_followers(conn)
     follow_id = conn.mint_follow_id()
     follower = Follower(follow_id, source, p.offset, conn,
                         on_end=lambda f: conn.followers.pop(f.id, None))
