@@ -262,26 +262,23 @@ def test_followers_end_with_their_connection_and_with_the_daemon_stop(workdir):
 
 
 def test_pipelined_follows_cannot_pass_the_per_connection_bound(daemon, workdir):
-    """1,000 tool.follow requests written at once on one connection: at most 256 followers
-    get in, the rest are -32013 (before: 496 got in, each check passing while the others
-    awaited the session)."""
+    """1,000 tool.follow requests in one batch on one connection: at most 256 followers get
+    in, the rest are -32013 (before: all passed the bound's check while the others awaited
+    the session)."""
     w = RawWire(daemon.socket)
     try:
         sid = session(w, workdir)
         call_id = run(w, sid, "sleep 30")
-        lines = b"".join(json.dumps({"jsonrpc": "2.0", "id": 5000 + i, "method": "tool.follow",
-                                     "params": {"sessionId": sid, "callId": call_id}}).encode()
-                         + b"\n" for i in range(1000))
-        w.sock.sendall(lines)
-        ok = refused = 0
-        while ok + refused < 1000:
+        # One JSON-RPC batch: its members run concurrently (a batch is one request in flight).
+        batch = [{"jsonrpc": "2.0", "id": 5000 + i, "method": "tool.follow",
+                  "params": {"sessionId": sid, "callId": call_id}} for i in range(1000)]
+        w.sock.sendall(json.dumps(batch).encode() + b"\n")
+        while True:
             msg = w._read()
-            if isinstance(msg, dict) and 5000 <= int(msg.get("id") or 0) < 6000:
-                if "result" in msg:
-                    ok += 1
-                else:
-                    assert msg["error"]["code"] == -32013, msg
-                    refused += 1
+            if isinstance(msg, list):
+                break
+        ok = sum(1 for m in msg if "result" in m)
+        refused = sum(1 for m in msg if m.get("error", {}).get("code") == -32013)
         assert ok == 256 and refused == 744, (ok, refused)
         w.result("tool.cancel", {"sessionId": sid, "callId": call_id})
     finally:
