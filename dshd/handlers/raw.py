@@ -146,8 +146,9 @@ async def _ask(session_id: str, call_id: str, request: Any) -> Any:
         code = exc.code
         if code == "not-running":
             raise CallSettled(session_id, call_id) from None
-        if code == "no-stdin":
-            raise InvalidParams(NO_STDIN, field="callId", code="NO_STDIN") from None
+        if code == "no-stdin":  # the call had stdin (checked before asking): it was closed
+            raise InvalidParams(f"the call's stdin is closed ({exc.sentence}); it takes no "
+                                "more input", field="callId", code="NO_STDIN") from None
         raise InvalidParams(f"the call's host refused the request: {exc}",
                             field="callId") from None
 

@@ -261,3 +261,23 @@ def test_writes_a_command_never_reads_do_not_block_signal_or_cancel(daemon, wire
         msg = wire._read()
         if isinstance(msg, dict) and 1000 <= int(msg.get("id") or 0) < 1008:
             answered.add(msg["id"])
+
+
+def test_a_write_after_the_command_closed_its_stdin_says_so(daemon, wire, workdir):
+    """A pipe call whose command closed its stdin: a write is NO_STDIN with a sentence saying
+    the stdin is closed (before: "the call was started without stdin", which it was not).
+    Without a sandbox: under bwrap the wrapper's own processes hold the pipe's read end as
+    well, so a write there waits (back-pressure) until the call ends."""
+    sid = session(wire, workdir, sandbox="danger-full-access")
+    call_id = run(wire, sid, "exec 0<&-; echo ready; sleep 30", stdin="pipe")
+    wait_output(wire, sid, call_id, b"ready")
+    data = base64.b64encode(b"x" * 70000).decode()  # more than a pipe holds: EPIPE, not buffered
+    err = None
+    for _ in range(3):
+        answer = wire.call("tool.write", {"sessionId": sid, "callId": call_id, "data": data})
+        if "error" in answer:
+            err = answer["error"]
+            break
+    assert err is not None and err["data"]["code"] == "NO_STDIN", err
+    assert "stdin is closed" in err["message"] and "started without" not in err["message"], err
+    wire.result("tool.cancel", {"sessionId": sid, "callId": call_id})
