@@ -177,7 +177,9 @@ class Connection:
         #: The followers of this connection (``dshd.sessions.follow``), by followId.
         self.followers: dict[str, Any] = {}
         self._follow_bytes = 0  # reserved or queued by followers (see reserve_follow)
-        self._follow_room = trio.Event()  # set when follower bytes were sent or released
+        # Followers waiting for room: all of them wake when bytes were sent or released
+        # (one Event per waiter, replaced by each new waiter, lost every wake but the last).
+        self._follow_room = trio.lowlevel.ParkingLot()
         self._next_follow = 0
         self._stream_bytes = 0
         self._response_bytes = 0
@@ -227,8 +229,7 @@ class Connection:
         reads the bytes it will send (:meth:`send_follow`, or :meth:`release_follow`)."""
         limit = self.config.send_queue_stream_bytes
         while self._follow_bytes and self._follow_bytes + nbytes > limit:
-            self._follow_room = trio.Event()
-            await self._follow_room.wait()
+            await self._follow_room.park()
         self._follow_bytes += nbytes
 
     def send_follow(self, line: bytes, reserved: int) -> None:
@@ -242,7 +243,7 @@ class Connection:
     def release_follow(self, reserved: int) -> None:
         """Give back reserved room that no line took (a follower that ended or was cancelled)."""
         self._follow_bytes -= reserved
-        self._follow_room.set()
+        self._follow_room.unpark_all()
 
     def mint_follow_id(self) -> str:
         self._next_follow += 1
@@ -290,7 +291,7 @@ class Connection:
                 self._progress.set()
             elif sub is FOLLOW_LINE:
                 self._follow_bytes -= len(line)
-                self._follow_room.set()
+                self._follow_room.unpark_all()
             else:
                 self._stream_bytes -= len(line)
             if scope.cancelled_caught:

@@ -283,3 +283,37 @@ def test_pipelined_follows_cannot_pass_the_per_connection_bound(daemon, workdir)
         w.result("tool.cancel", {"sessionId": sid, "callId": call_id})
     finally:
         w.close()
+
+
+def test_many_followers_on_one_connection_all_finish(daemon, workdir):
+    """16 followers of one 2,000,000-byte call on one connection fill the follower budget
+    (16 x 256 KiB chunks > 4 MiB): every one must still get all its bytes and its eof (before:
+    each waiter replaced the one wake-up Event, so all but the last waiter slept forever and
+    the connection stalled at 34 of 64 notifications)."""
+    w = RawWire(daemon.socket, timeout=60)  # the liveness bound
+    try:
+        sid = session(w, workdir)
+        call_id = run(w, sid, "head -c 2000000 /dev/urandom > blob; cat blob")
+        wait(w, sid, call_id)
+        expected = (workdir / "blob").read_bytes()
+        batch = [{"jsonrpc": "2.0", "id": 7000 + i, "method": "tool.follow",
+                  "params": {"sessionId": sid, "callId": call_id}} for i in range(16)]
+        w.sock.sendall(json.dumps(batch).encode() + b"\n")  # all start at once
+        while True:
+            answer = w._read()
+            if isinstance(answer, list):
+                break
+        ids = [a["result"]["followId"] for a in answer]
+        got = {i: bytearray() for i in ids}
+        ended: set[str] = set()
+        while len(ended) < len(ids):
+            note = w.next_output()
+            fid = note["followId"]
+            if note.get("eof"):
+                ended.add(fid)
+            elif "data" in note:
+                assert note["offset"] == len(got[fid]), note
+                got[fid] += base64.b64decode(note["data"])
+        assert all(bytes(b) == expected for b in got.values())
+    finally:
+        w.close()
