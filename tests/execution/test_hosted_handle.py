@@ -83,7 +83,7 @@ async def test_stdin_pipe_is_written_and_closed() -> None:
 
 async def test_a_call_without_stdin_pipe_refuses_writes_with_no_stdin() -> None:
     async with trio.open_nursery() as nursery:
-        live = await start(nursery, "cat; echo eof=$?")
+        live = await start(nursery, "sleep 1; cat; echo eof=$?")  # alive at the write
         with pytest.raises(HostRequestError) as info:
             await live.handle.write(b"x")
         assert info.value.code == "no-stdin" and info.value.sentence
