@@ -59,9 +59,6 @@ PROGRESS_INTERVAL = 0.02
 SYNC_INTERVAL = 1.0
 #: Seconds the host waits, after it decided to exit, for its replies to leave.
 FLUSH_SECONDS = 1.0
-#: Seconds a host whose daemon owns it (``on_daemon_loss = "terminate"``) waits for the daemon's
-#: first ``attach`` before it counts the daemon as gone.
-ATTACH_SECONDS = 30.0
 #: Seconds the output may take to reach end of file once the tree was killed (a holder that
 #: escaped the kill cannot keep the call open).
 DRAIN_SECONDS = 2.0
@@ -117,7 +114,7 @@ class Host:
         if self.spec["timeout"] is not None:
             self.deadlines["timeout"] = time.monotonic() + self.spec["timeout"]
         if self.spec["on_daemon_loss"] == "terminate":
-            self.deadlines["attach"] = time.monotonic() + ATTACH_SECONDS
+            self.deadlines["attach"] = time.monotonic() + self.spec["attach_seconds"]
         return spawned.pid
 
     def _close_pass_fds(self) -> None:
@@ -316,7 +313,7 @@ class Host:
 
     def _on_attach(self) -> None:
         self._daemon_lost("no daemon attached within "
-                          f"{ATTACH_SECONDS:g} s of the start")
+                          f"{self.spec['attach_seconds']:g} s of the start")
 
     def _daemon_lost(self, why: str) -> None:
         """The daemon that owns this call is gone (``on_daemon_loss = "terminate"``): end the

@@ -123,6 +123,7 @@ def validate(spec) -> dict:
     out["spare_wrapper"] = spec.get("spare_wrapper")
     out["timeout"] = _seconds(spec, "timeout", None, allow_none=True)
     out["on_daemon_loss"] = spec.get("on_daemon_loss", "terminate")
+    out["attach_seconds"] = _seconds(spec, "attach_seconds", 30.0)
     _need(out["on_daemon_loss"] in ("terminate", "keep"),
           'spec field on_daemon_loss must be "terminate" or "keep"')
     for key, default in (("kill_grace", 2.0), ("eof_grace", 2.0), ("linger", 300.0)):
