@@ -178,7 +178,7 @@ def _dsh_true(d: BenchDaemon, root: Path, rounds: int) -> list[float]:
     for _ in range(rounds):
         t0 = time.perf_counter()
         subprocess.run(argv, env=env, cwd=str(d.work), check=True, stdout=subprocess.DEVNULL,
-                       stdin=subprocess.DEVNULL)
+                       stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
         times.append(time.perf_counter() - t0)
     return times
 
