@@ -280,7 +280,9 @@ class Connection:
                 await self._wakeup.wait()
                 continue
             line, sub = self._queue.popleft()
-            with trio.move_on_after(stalled) as scope:
+            # A follower's line waits as long as its reader pauses (lossless, bounded by the
+            # follower budget: PROTOCOL.md §3.2); everything else is held to the stall bound.
+            with trio.move_on_after(math.inf if sub is FOLLOW_LINE else stalled) as scope:
                 try:
                     await self.stream.send_all(line)
                 except _CLOSED:

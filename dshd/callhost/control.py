@@ -1,4 +1,4 @@
-"""The control protocol's connections: accept, peer check, hello, JSON lines (plan §C).
+"""The control protocol's connections: accept, peer check, hello, JSON lines (HOST.md §4).
 
 Theory of operation: the listener is a Unix stream socket *file* in the call's directory
 (:data:`SOCKET_NAME`, 0600), inside the daemon's state directory, which every confining
@@ -19,14 +19,15 @@ is not a JSON object with an int ``id``, a line over :data:`MAX_LINE`, a wrong h
 
 :class:`Connection` never blocks the host: the socket is non-blocking, replies and events go
 to a bounded output buffer flushed when the socket is writable, and a peer that lets more than
-:data:`MAX_OUTPUT` bytes pile up (a slow or dead daemon) is dropped -- the daemon re-attaches
-and reads the state. While a request's reply is deferred (a ``write`` waits until its bytes
+:data:`MAX_OUTPUT` bytes pile up (a slow or dead daemon) is dropped. The daemon does not
+re-attach yet (issue 13): a dropped daemon connection counts as a lost daemon, which ends the
+command (``on_daemon_loss``, HOST.md §7). While a request's reply is deferred (a ``write`` waits until its bytes
 reached the command), the connection reads on -- a ``terminate`` or ``status`` behind a
 write that the command does not read is still served -- until :data:`MAX_DEFERRED` replies
 are outstanding; then it reads no further line until one is answered. That bounds the
 pending input per connection (4 x 1 MiB).
 
-What the host answers (plan §C, with these precisions): a wrong or missing hello closes the
+What the host answers (HOST.md §4, with these precisions): a wrong or missing hello closes the
 connection without a reply; ``attach`` and ``status`` carry the state ``{"state":
 "running"|"exited", "endOffset", "firstOffset", "totalLines", "record"?}`` (``attach`` as
 ``"state": {...}``, ``status`` flat), and an ``attach`` after the end is followed by the
@@ -72,7 +73,7 @@ _OPS = ("attach", "write", "close-stdin", "resize", "signal", "terminate", "stat
 
 
 class RequestError(Exception):
-    """A request that cannot be served: ``code`` (plan §C) and a sentence."""
+    """A request that cannot be served: ``code`` (HOST.md §4) and a sentence."""
 
     def __init__(self, code: str, sentence: str) -> None:
         super().__init__(sentence)

@@ -10,7 +10,7 @@ with a handful of deadlines. Its life, in order:
    file; the master then stays open, unread, until the child is reaped, since closing it
    would hang the terminal up and SIGHUP the exiting command) and appends it to the log (:mod:`log`); the log is fsync'd at most once a second
    while output flows (a deadline catches the end of a burst). Attached connections get a
-   ``progress`` event -- the first of a burst at once, then at most one per 20 ms. ``timeout``
+   ``progress`` event -- the first of a burst at once, then at most one per 2 ms. ``timeout``
    (reason ``timeout``) and ``terminate`` (``cancelled``/``killed``) send TERM to the command's
    processes (:func:`tree.signal_command`: the wrapper's own are spared) and, after the grace,
    SIGKILL to the whole tree (:func:`tree.kill_tree`).
@@ -57,7 +57,7 @@ READ_CHUNK = 1_048_576
 PACE_BELOW = 256 * 1024
 READ_PAUSE = 0.002
 #: Minimum seconds between two progress events (the first of a burst goes at once).
-PROGRESS_INTERVAL = 0.02
+PROGRESS_INTERVAL = 0.002
 #: Minimum seconds between two fsyncs of the log while output flows.
 SYNC_INTERVAL = 1.0
 #: Seconds the host waits, after it decided to exit, for its replies to leave.
@@ -282,7 +282,7 @@ class Host:
         specs.write_json(self.spec["dir"], "exit.json", self.record, durable=True)
         self.deadlines.pop("sync", None)
         self.deadlines.pop("progress", None)
-        for conn in self.conns:
+        for conn in list(self.conns):  # a send may close (and remove) a connection
             if conn.attached:
                 conn.send(self._progress_event())
                 conn.send({"event": "exit", "record": self.record})

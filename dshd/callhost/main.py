@@ -1,4 +1,4 @@
-"""The call host's entry point: ``python3 -I -S /abs/path/dshd/callhost/main.py`` (plan §B).
+"""The call host's entry point: ``python3 -I -S /abs/path/dshd/callhost/main.py`` (HOST.md §2).
 
 Theory of operation: the runner starts this script with a pipe as stdin and stdout, the
 call's ``host.log`` as stderr, and its own session. The script puts its own directory on
@@ -28,7 +28,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ctypes  # noqa: E402 -- every import at start-up (see the module doc)
 import json  # noqa: E402
 import signal  # noqa: E402
-import socket  # noqa: E402
 
 import child  # noqa: E402,F401 -- loaded now, used by host
 import control  # noqa: E402,F401
@@ -120,6 +119,11 @@ def _host(spec: dict) -> int:
         os.write(2, f"dsh-host: crashed:\n{traceback.format_exc()}".encode())
         the_host.kill_everything()
         return 70
+    finally:
+        try:
+            os.unlink(os.path.join(spec["dir"], control.SOCKET_NAME))
+        except OSError:
+            pass
     return 0
 
 

@@ -1,4 +1,4 @@
-"""The host's spec (plan §B) and its small JSON files (plan §A).
+"""The host's spec (HOST.md §2) and its small JSON files (HOST.md §3).
 
 Theory of operation: the runner writes one JSON spec (version 1) to the host's stdin.
 :func:`validate` checks every field's type and range and returns the spec with defaults

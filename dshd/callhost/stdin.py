@@ -1,4 +1,4 @@
-"""The command's stdin: writes in order, each replied to once written (plan §C).
+"""The command's stdin: writes in order, each replied to once written (HOST.md §4).
 
 Theory of operation: the stdin end (the write end of the stdin pipe, or the PTY master in
 terminal mode) is non-blocking. ``write`` and ``close-stdin`` requests join one FIFO; the

@@ -5,7 +5,7 @@ the parent of every orphan the command leaves (a double-forked or ``setsid`` chi
 re-parented to the host, not to pid 1). So "the command's tree" is every process whose
 ``/proc`` parent chain leads to the host (:func:`descendants`). The command runs as the
 leader of its own session and process group (``setsid`` or ``login_tty``), whose id is the
-command's pid. Three operations, ported from the runner's ``procs.py``:
+command's pid. Three operations:
 
 * :func:`signal_command` -- a signal to *the command*: the group's live members
   (:func:`command_pids`) minus the sandbox wrapper's own processes. bwrap with a pid namespace
@@ -148,10 +148,27 @@ def signal_command(pgid: int, sig: int, spare_wrapper: str | None) -> int:
     return sent
 
 
+#: Scan-and-kill passes at most: a process that forked between a scan and its SIGKILL left a
+#: child the next pass finds (``while :; do sleep 100 & done``).
+KILL_PASSES = 8
+
+
 def kill_tree(root: int, leader: int | None, spare_wrapper: str | None,
               marker: str | None, uid: int) -> int:
     """SIGKILL to ``root``'s descendants (the wrapper's own last), then to ``uid``'s processes
-    carrying ``marker`` (``NAME=value`` in the environment); returns how many were hit."""
+    carrying ``marker`` (``NAME=value`` in the environment), pass after pass until one finds
+    nothing (at most :data:`KILL_PASSES`); returns how many were hit."""
+    total = 0
+    for _ in range(KILL_PASSES):
+        hit = _kill_pass(root, leader, spare_wrapper, marker, uid)
+        total += hit
+        if not hit:
+            break
+    return total
+
+
+def _kill_pass(root: int, leader: int | None, spare_wrapper: str | None,
+               marker: str | None, uid: int) -> int:
     tree = descendants(root)
     stats = _all_stats()
     wrapper = _wrapper_pids(leader, stats, spare_wrapper) if leader is not None else set()

@@ -439,17 +439,24 @@ async def catch_up(capture: OutputCapture, reader: Reader, end: int, first: int,
             capture.set_totals(end, total_lines, first)
 
 
+#: The most a jump reads of the log's tail (bytes): memory and work per read stay bounded
+#: whatever the output cleans to.
+JUMP_MAX = 16 * 1024 * 1024
+
 async def _jump(capture: OutputCapture, reader: Reader, end: int, first: int) -> None:
     """Read the log's tail, growing backwards, until the window can be rebuilt from it."""
     # Text that needs no cleaning overflows the window with max_bytes + a few raw bytes; more
     # is read only when cleaning removed some (doubling, so the reads total < 2x the last).
+    # At most JUMP_MAX bytes are read: a tail that cleans to less than the window through all
+    # of them (64 MiB of NULs) gives the window those bytes hold, never a read of the whole gap.
     span = capture.limits.max_bytes + 4096
     while True:
+        span = min(span, JUMP_MAX)
         start = max(end - span, first, capture.read_offset)
         data = await reader(start, end - start)
         if start == capture.read_offset:
             capture.feed(data)
             return
-        if capture.rebuild(data, start=start, lost=start == first):
+        if capture.rebuild(data, start=start, lost=start == first or span == JUMP_MAX):
             return
         span *= 2

@@ -12,8 +12,8 @@ durably when the command ends. This module is everything the daemon does with on
   ``Popen``'d *in the trio thread* (a worker thread's exit would fire a ``PR_SET_PDEATHSIG``
   set up in it) with stdin and stdout on pipes, stderr on the call's ``host.log``,
   ``close_fds``, ``pass_fds`` = the script's memfd and the sandbox's fds, its own session,
-  cwd ``/``. The daemon writes ONE JSON spec (plan §B) and closes stdin; the host double-forks
-  (the intermediate exits at once and is reaped here, so the host proper is pid 1's child and
+  cwd ``/``. The daemon writes ONE JSON spec (HOST.md §2) and closes stdin; the host double-forks
+  (the intermediate exits at once and is reaped here, so the host proper is the child of the nearest subreaper (pid 1 on most systems) and
   holds no daemon descriptor) and writes ONE ready line ``{"ok": true, "pid", "startTime",
   "control", "commandPid"}`` (or ``{"ok": false, "error"}``: :class:`HostStartError`).
 * **Control** (:class:`HostHandle`): the Unix stream socket ``control.sock`` in the call directory (masked in every sandbox), JSON lines. The first line
@@ -55,7 +55,7 @@ import trio
 from dshd.execution.capture import OutputCapture, catch_up
 from dshd.execution.hostlink import (
     MAX_LINE, HostHandle, HostRequestError, abandon, host_log_tail, log_reader, read_line,
-    record_on_disk,
+    record_on_disk, start_sentence,
     scan_log,
 )
 from dshd.execution.spawn import RESOURCE_ERRNOS, BashScript, RunAs, spawn, spawn_sentence
@@ -81,6 +81,9 @@ READ_INTERVAL = 0.02
 #: publisher spaces such a publish by its size at publish_rate_bytes (a 50 KB turnover waits
 #: ~200 ms, EXEC.md §2), so reading sooner would only be overwritten unseen.
 TURNOVER_INTERVAL = 0.2
+#: A read of less than this is cheap: the next one may come at once (write → mirror latency,
+#: EXEC.md §2: lines at 100/s waited for READ_INTERVAL each, p50 22 ms).
+SMALL_READ = 64 * 1024
 #: Seconds the shielded cleanup after an outside cancellation may take (terminate, wait for the
 #: record, a last read, release).
 CLEANUP_SECONDS = 10.0
@@ -112,7 +115,7 @@ def host_spec(argv: list[str], *, call_dir: Path, cwd: str, env: dict[str, str],
               pass_fds: list[int], spare_wrapper: str | None, token: str, secret: str,
               spill_max_bytes: int, timeout: float | None, kill_grace: float,
               eof_grace: float, linger: float) -> dict:
-    """The host's spec (plan §B, version 1)."""
+    """The host's spec (HOST.md §2, version 1)."""
     return {
         "version": 1, "dir": str(call_dir), "argv": argv, "cwd": cwd, "env": env,
         "user": (None if as_user is None else
@@ -136,15 +139,18 @@ async def start_host(spec: dict, pass_fds: list[int]) -> HostHandle:
     out_r, out_w = os.pipe()
     log_fd = None
     try:
-        log_fd = os.open(call_dir / "host.log",
-                         os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW,
-                         0o600)
+        try:
+            log_fd = os.open(call_dir / "host.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND
+                             | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:  # a full disk, no descriptors left
+            raise HostStartError(f"could not create {call_dir / 'host.log'} for the call "
+                                 f"host: {exc.strerror or exc}") from None
         try:
             child = spawn([sys.executable, "-I", "-S", str(HOST_MAIN)], stdin=in_r, stdout=out_w,
                           stderr=log_fd, close_fds=True, pass_fds=tuple(pass_fds),
                           start_new_session=True, cwd="/", executable=HOST_INTERPRETER)
         except OSError as exc:
-            raise HostStartError(_start_sentence(exc)) from None
+            raise HostStartError(start_sentence(exc)) from None
     except BaseException:
         for fd in (in_w, out_r):
             os.close(fd)
@@ -165,6 +171,8 @@ async def start_host(spec: dict, pass_fds: list[int]) -> HostHandle:
             ready = await _ready_line(ready_out)
             await child.wait()  # the intermediate exits at once after the double fork
         if timer.cancelled_caught:
+            # It may yet start the command: sweep the run's token so nothing runs unowned.
+            abandon(spec, {}, RUN_TOKEN_VAR)
             raise HostStartError(f"the call host did not report ready within "
                                  f"{START_TIMEOUT:g} s; see {call_dir / 'host.log'}")
     finally:
@@ -175,7 +183,7 @@ async def start_host(spec: dict, pass_fds: list[int]) -> HostHandle:
         reason = (ready or {}).get("error") or host_log_tail(call_dir / "host.log")
         for number in RESOURCE_ERRNOS:  # the host's own fork or thread hit the limit
             if os.strerror(number) in reason or errno.errorcode[number] in reason:
-                raise HostStartError(_start_sentence(OSError(number, os.strerror(number))))
+                raise HostStartError(start_sentence(OSError(number, os.strerror(number))))
         raise HostStartError(f"the call host could not start the call: {reason}")
     try:
         return await connect(ready, spec)
@@ -227,15 +235,6 @@ async def _ready_line(stream: trio.lowlevel.FdStream) -> dict | None:
     except ValueError:
         return None
     return value if isinstance(value, dict) else None
-
-
-def _start_sentence(exc: OSError) -> str:
-    if exc.errno in RESOURCE_ERRNOS:
-        return (f"Could not start the command: could not start a thread/process: resource limit "
-                f"({errno.errorcode[exc.errno]}: {exc.strerror}); too many processes or threads "
-                "run as this user (RLIMIT_NPROC, a cgroup's pids.max) or memory is short. Stop "
-                "some, then run it again.")
-    return f"Could not start the call host ({sys.executable}): {exc.strerror or exc}"
 
 
 # ----------------------------------------------------------------------------- running
@@ -378,7 +377,8 @@ class _Run:
             nursery.cancel_scope.cancel()
 
     async def _read(self) -> None:
-        """Bring the capture up to the host's reported end, at most once per READ_INTERVAL."""
+        """Bring the capture up to the host's reported end: at once after a small read, at most
+        once per READ_INTERVAL in a flood, per TURNOVER_INTERVAL after a turnover."""
         handle, capture = self.handle, self.capture
         while True:
             seen = handle.end_offset
@@ -387,8 +387,11 @@ class _Run:
                 await catch_up(capture, self.reader, seen, handle.first_offset,
                                handle.total_lines)
                 self.on_output()
-                turned = capture.read_offset - before >= capture.limits.max_bytes
-                await trio.sleep(TURNOVER_INTERVAL if turned else READ_INTERVAL)
+                consumed = capture.read_offset - before
+                if consumed >= capture.limits.max_bytes:
+                    await trio.sleep(TURNOVER_INTERVAL)
+                elif consumed >= SMALL_READ:  # a flood: coalesce; a few lines: read at once
+                    await trio.sleep(READ_INTERVAL)
             if handle.record is not None or handle.closed:
                 return
             await handle.wait_progress(seen)

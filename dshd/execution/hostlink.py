@@ -1,4 +1,4 @@
-"""The control link to one call host: :class:`HostHandle` and the log reader (plan §C, §D).
+"""The control link to one call host: :class:`HostHandle` and the log reader (HOST.md §4).
 
 Theory of operation: a call host listens on ``control.sock`` in its call directory and speaks JSON
 lines (``dshd.callhost.control``). :class:`HostHandle` is the daemon's end of one connection,
@@ -15,22 +15,25 @@ thread past 256 KiB).
 from __future__ import annotations
 
 import base64
+import errno
 import json
 import math
 import os
 import signal
+import sys
 from pathlib import Path
 
 import trio
 
 from dshd.callhost import tree
+from dshd.execution.spawn import RESOURCE_ERRNOS
 
 from dshd.execution.capture import Gap
 
 __all__ = ["HostHandle", "HostRequestError", "MAX_LINE", "REQUEST_TIMEOUT", "log_reader",
            "read_line", "record_on_disk", "scan_log"]
 
-#: Longest control line accepted from a host (plan §C).
+#: Longest control line accepted from a host (HOST.md §4).
 MAX_LINE = 4 * 1024 * 1024
 #: Seconds to wait for a reply to a control request before the host counts as stuck.
 REQUEST_TIMEOUT = 30.0
@@ -47,7 +50,7 @@ class HostRequestError(Exception):
 
 
 class HostHandle:
-    """The daemon's connection to one call's host (module doc; plan §D).
+    """The daemon's connection to one call's host (module doc; HOST.md §2).
 
     ``dir``: the call dir. ``tty`` / ``stdin_pipe``: how the command's input was set up.
     ``first_offset`` / ``end_offset`` / ``total_lines``: the log's extent as last reported.
@@ -128,9 +131,15 @@ class HostHandle:
         try:
             line = json.dumps({"id": rid, "op": op, **fields}).encode() + b"\n"
             async with self._send_lock:
-                try:
-                    await self._stream.send_all(line)
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                # Shielded (bounded): a send cut off by a cancellation (a client that went
+                # away mid-write) would leave half a line, which the host reads as garbage
+                # and closes the connection over -- and a lost connection ends the command.
+                with trio.CancelScope(shield=True), trio.move_on_after(REQUEST_TIMEOUT) as sent:
+                    try:
+                        await self._stream.send_all(line)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                        self._close()
+                if sent.cancelled_caught:
                     self._close()
             with trio.move_on_after(timeout):
                 await done.wait()
@@ -327,3 +336,12 @@ def host_log_tail(path: Path) -> str:
         return (f"the file system of {path.parent} is full (ENOSPC): the host could write "
                 "neither its output nor its exit record; free space, then run the call again")
     return f"it exited without a word (see {path})"
+
+
+def start_sentence(exc: OSError) -> str:
+    if exc.errno in RESOURCE_ERRNOS:
+        return (f"Could not start the command: could not start a thread/process: resource limit "
+                f"({errno.errorcode[exc.errno]}: {exc.strerror}); too many processes or threads "
+                "run as this user (RLIMIT_NPROC, a cgroup's pids.max) or memory is short. Stop "
+                "some, then run it again.")
+    return f"Could not start the call host ({sys.executable}): {exc.strerror or exc}"
