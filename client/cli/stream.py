@@ -7,9 +7,9 @@ that report through ONE bounded channel of events and never touch each other's s
 
 - ``_output``: follows from ``offset`` and prints; a ``Gap`` (the per-call disk cap dropped
   bytes) is one line on stderr; the ``End`` (every byte sent, the call ended) is ``OutputDone``.
-  A follow the daemon refuses before the call started (``--ask`` waits for an approval) is
-  tried again until the result is known; refused for good, the result's window is printed
-  instead, with a line saying so. A closed stdout is ``Detach("pipe")``;
+  dshd makes input and follows of a call that has not started wait for its start; a
+  ``NOT_STARTED`` refusal (a dshd that refuses instead) is tried again until the result is
+  known; refused for good, the result's window is printed instead, with a line saying so. A closed stdout is ``Detach("pipe")``;
 - ``_wait_result``: ``tool.wait`` (``Result``);
 - input (``KEYS_RULE``): with ``Io.forward`` stdin is read in chunks of at most
   ``INPUT_CHUNK`` and each is one ``tool.write`` (its answer comes once the command's stdin
