@@ -10,7 +10,8 @@ with a handful of deadlines. Its life, in order:
    file; the master then stays open, unread, until the child is reaped, since closing it
    would hang the terminal up and SIGHUP the exiting command) and appends it to the log (:mod:`log`); the log is fsync'd at most once a second
    while output flows (a deadline catches the end of a burst). Attached connections get a
-   ``progress`` event -- the first of a burst at once, then at most one per 2 ms. ``timeout``
+   ``progress`` event -- the first of a burst at once, then at most one per 2 ms, or per 20 ms
+   while more than 64 KiB arrive between two. ``timeout``
    (reason ``timeout``) and ``terminate`` (``cancelled``/``killed``) send TERM to the command's
    processes (:func:`tree.signal_command`: the wrapper's own are spared) and, after the grace,
    SIGKILL to the whole tree (:func:`tree.kill_tree`).
@@ -58,6 +59,9 @@ PACE_BELOW = 256 * 1024
 READ_PAUSE = 0.002
 #: Minimum seconds between two progress events (the first of a burst goes at once).
 PROGRESS_INTERVAL = 0.002
+#: Past FLOOD_BYTES since the last event, at most one event per FLOOD_INTERVAL seconds.
+FLOOD_BYTES = 64 * 1024
+FLOOD_INTERVAL = 0.02
 #: Minimum seconds between two fsyncs of the log while output flows.
 SYNC_INTERVAL = 1.0
 #: Seconds the host waits, after it decided to exit, for its replies to leave.
@@ -93,6 +97,7 @@ class Host:
         now = time.monotonic()
         self.deadlines: dict[str, float] = {}
         self._last_progress = self._last_sync = now - 10.0
+        self._progress_bytes = 0  # the log's end at the last progress event
         self._quit_at: float | None = None
 
     # -- start ---------------------------------------------------------------------------
@@ -220,10 +225,14 @@ class Host:
             self._on_sync()
         else:
             self.deadlines.setdefault("sync", self._last_sync + SYNC_INTERVAL)
-        if now - self._last_progress >= PROGRESS_INTERVAL:
+        # A few lines: report within PROGRESS_INTERVAL (latency); a flood: at most one report
+        # per FLOOD_INTERVAL (each one costs the daemon a wake, whatever it carries).
+        flooding = self.log.total_bytes - self._progress_bytes >= FLOOD_BYTES
+        interval = FLOOD_INTERVAL if flooding else PROGRESS_INTERVAL
+        if now - self._last_progress >= interval:
             self._on_progress()
         else:
-            self.deadlines.setdefault("progress", self._last_progress + PROGRESS_INTERVAL)
+            self.deadlines.setdefault("progress", self._last_progress + interval)
 
     def _close_output(self) -> None:
         if self.output_fd is None:
@@ -306,6 +315,7 @@ class Host:
     def _on_progress(self) -> None:
         self.deadlines.pop("progress", None)  # when called early, from _append
         self._last_progress = time.monotonic()
+        self._progress_bytes = self.log.total_bytes
         event = self._progress_event()
         for conn in list(self.conns):
             if conn.attached:
