@@ -42,7 +42,7 @@ import trio
 from client.api import connect
 
 from .dshd_proc import ROOT, BenchDaemon
-from .streaming import _check_window, _watchers
+from .streaming import _check_window, throughput_rig
 
 GiB = 1 << 30
 #: The last commit before the call host: ``start``'s default baseline.
@@ -87,9 +87,7 @@ async def bench_throughput(which: str, size: int, rounds: int) -> dict:
     with BenchDaemon() as d:
         spill = d.dir / "baseline.spill"
         async with AsyncExitStack() as stack:
-            driver = await stack.enter_async_context(connect(d.socket, "bench-driver"))
-            sid = await driver.create_session(str(d.work), "host-tp", sandbox="danger-full-access")
-            watchers = await _watchers(d.socket, sid, 3, stack, "tp")
+            driver, sid, watchers = await throughput_rig(d, "host-tp", stack)
             async with trio.open_nursery() as nursery:
                 for w in watchers:
                     nursery.start_soon(w.run)

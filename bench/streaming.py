@@ -114,6 +114,15 @@ async def _watchers(socket: Path, session_id: str, n: int, stack: AsyncExitStack
     return out
 
 
+async def throughput_rig(d: BenchDaemon, title: str, stack: AsyncExitStack
+                         ) -> tuple[Client, str, list[Watcher]]:
+    """A driver connection, a ``danger-full-access`` session and 3 subscribed watchers, for a
+    throughput run (connections owned by ``stack``)."""
+    driver = await stack.enter_async_context(connect(d.socket, "bench-driver"))
+    sid = await driver.create_session(str(d.work), title, sandbox="danger-full-access")
+    return driver, sid, await _watchers(d.socket, sid, 3, stack, "tp")
+
+
 def _check_window(watchers: list[Watcher], call_id: str, result: dict) -> None:
     for w in watchers:
         if w.last_text.get(call_id) != result["content"]:
@@ -129,9 +138,7 @@ async def bench_throughput(size: int, rounds: int, profile: Path | None) -> dict
     with BenchDaemon(profile=profile) as d:
         spill = d.dir / "baseline.spill"
         async with AsyncExitStack() as stack:
-            driver = await stack.enter_async_context(connect(d.socket, "bench-driver"))
-            sid = await driver.create_session(str(d.work), "throughput", sandbox="danger-full-access")
-            watchers = await _watchers(d.socket, sid, 3, stack, "tp")
+            driver, sid, watchers = await throughput_rig(d, "throughput", stack)
             async with trio.open_nursery() as nursery:
                 for w in watchers:
                     nursery.start_soon(w.run)

@@ -42,9 +42,9 @@ from client.cli.output import (
     tools_of,
 )
 from client.cli.stream import (
-    KEYS_RULE, Call, Io, call_is_tty, detach_exit, detach_note, follow_call, result_status,
+    KEYS_RULE, Call, Io, call_is_tty, follow_call, left_early, result_status,
 )
-from client.cli.terminal import note, silence_stdout
+from client.cli.terminal import note
 from client.raw import tail_offset
 from client.subscription import Subscription
 from protocol.rpc import RpcError
@@ -100,11 +100,9 @@ async def attach_call(client: Client, call: Call, entry: Any, tail: int | None,
         except RpcError:
             pass  # settled meanwhile: nothing to resize
     followed = await follow_call(client, call, offset, io)
-    if followed.detached is not None or followed.result is None:
-        detach_note(call, followed, io)
-        if followed.detached is not None and followed.detached.why == "pipe":
-            silence_stdout()
-        return detach_exit(followed.detached)
+    early = left_early(call, followed, io)
+    if early is not None:
+        return early
     status = result_status(followed)
     note(ended_line(call.call_id, followed.result), "dim")
     return status

@@ -34,10 +34,10 @@ from client.cli.common import Options, execute, pass_options
 from client.cli.keys import DEFAULT_DETACH_KEYS, detach_keys_option
 from client.cli.localterm import isatty, stdin_usable, terminal_size
 from client.cli.stream import (
-    KEYS_RULE, Call, Events, Followed, Io, Waits, detach_exit, detach_note, follow_call,
+    KEYS_RULE, Call, Events, Followed, Io, Waits, follow_call, left_early,
     result_status,
 )
-from client.cli.terminal import note, silence_stdout
+from client.cli.terminal import note
 from client.exits import EXIT_NEVER_RAN, run_status, single
 from client.paths import ID_CHARS, is_valid_id
 from client.subscription import Subscription
@@ -159,11 +159,9 @@ async def _approvals(sub: Subscription, call: Call, events: Events) -> None:
 
 def _conclude(call: Call, followed: Followed, io: Io) -> int:
     """Print the end (or why we left before it) and return the exit status."""
-    if followed.detached is not None or followed.result is None:
-        detach_note(call, followed, io)
-        if followed.detached is not None and followed.detached.why == "pipe":
-            silence_stdout()
-        return detach_exit(followed.detached)
+    early = left_early(call, followed, io)
+    if early is not None:
+        return early
     status = result_status(followed)
     if followed.result.error_code == "APPROVAL_UNAVAILABLE":
         note(f"dsh: keep an answerer attached (`dsh attach --approve --follow {call.session_id}`"

@@ -41,7 +41,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from client.api import Client
 from client.cli.keys import DetachScanner, describe_keys
 from client.cli.localterm import raw_terminal, read_input, terminal_size, write_line
-from client.cli.terminal import emit_bytes, note
+from client.cli.terminal import emit_bytes, note, silence_stdout
 from client.exits import detached_status, exit_status
 from client.raw import Broken, Chunk, End, Gap
 from client.spill import command_ran
@@ -406,6 +406,17 @@ def detach_note(call: Call, followed: Followed, io: Io) -> None:
         return
     why = f" ({describe_keys(io.detach_keys)})" if how is not None and how.why == "keys" else ""
     note(f"detached{why}; the command keeps running. Re-attach: {reattach_hint(call)}")
+
+
+def left_early(call: Call, followed: Followed, io: Io) -> int | None:
+    """When we left the call running (detached, or no result): say so, and the status; else
+    None (the call ended and its result is in ``followed``)."""
+    if followed.detached is None and followed.result is not None:
+        return None
+    detach_note(call, followed, io)
+    if followed.detached is not None and followed.detached.why == "pipe":
+        silence_stdout()
+    return detach_exit(followed.detached)
 
 
 def detach_exit(detached: Detach | None) -> int:
