@@ -172,7 +172,28 @@ def _reset_signals() -> None:
             signal.signal(sig, signal.SIG_DFL)
         except (OSError, ValueError):
             pass  # not settable (a real-time signal the libc reserves)
+    _reset_libc_reserved()
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
+#: Signals glibc reserves for itself (NPTL's SIGCANCEL, SIGSETXID): its sigaction refuses them,
+#: so an ignored one inherited by the host would reach the command ignored too.
+_LIBC_RESERVED = (32, 33)
+_SYS_RT_SIGACTION = {"x86_64": 13, "aarch64": 134}
+
+
+def _reset_libc_reserved() -> None:
+    """SIG_DFL for the libc-reserved signals through the raw ``rt_sigaction`` system call
+    (best effort; only in the forked child, which is single-threaded)."""
+    number = _SYS_RT_SIGACTION.get(os.uname().machine)
+    if number is None:
+        return
+    import ctypes  # here only: the child is about to exec
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    act = ctypes.create_string_buffer(32)  # handler 0 (SIG_DFL), flags 0, restorer 0, mask 0
+    for sig in _LIBC_RESERVED:
+        libc.syscall(number, sig, act, None, 8)
 
 
 def _spare_wrapper_the_keyboard() -> None:
