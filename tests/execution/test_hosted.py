@@ -21,7 +21,7 @@ import json
 import tempfile
 
 from dshd.execution.capture import OutputCapture, ShellOutputLimits
-from dshd.execution.hosted import ExecOutcome, HostHandle, HostRequestError, run_hosted
+from dshd.execution.hosted import ExecOutcome, run_hosted
 from dshd.execution.spawn import bash_argv
 
 from .helpers import alive, wait_dead
@@ -210,22 +210,31 @@ async def test_timeout_kills_the_command_and_its_children(tmp_path: Path) -> Non
     assert not alive(leader)
 
 
-async def test_cancel_event_kills_the_command_and_its_children(tmp_path: Path) -> None:
+async def _run_then_cancel(command: str, tmp_path: Path, pattern: str, *, before=None,
+                           **kwargs):
+    """Run ``command``; once its output matches ``pattern`` (and ``before(match)`` returned),
+    set the cancel event. ``(outcome, match)``."""
     cancel = trio.Event()
-    capture = OutputCapture(ShellOutputLimits(), None)
-    recorder = Recorder(capture)
+    recorder = Recorder(OutputCapture(ShellOutputLimits(), None))
     result: list[ExecOutcome] = []
 
     async def go() -> None:
-        outcome, _, _ = await run("sleep 100 & echo pid=$!; sleep 100", tmp_path,
-                                  cancel=cancel, recorder=recorder)
+        outcome, _, _ = await run(command, tmp_path, cancel=cancel, recorder=recorder, **kwargs)
         result.append(outcome)
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(go)
-        match = await recorder.wait_for(r"pid=(\d+)")
+        match = await recorder.wait_for(pattern)
+        if before is not None:
+            await before(match)
         cancel.set()
     [outcome] = result
+    return outcome, match
+
+
+async def test_cancel_event_kills_the_command_and_its_children(tmp_path: Path) -> None:
+    outcome, match = await _run_then_cancel("sleep 100 & echo pid=$!; sleep 100", tmp_path,
+                                            r"pid=(\d+)")
     assert outcome.cancelled and not outcome.timed_out
     assert outcome.exit_code == 128 + signal.SIGTERM
     assert await wait_dead(int(match.group(1)))
@@ -341,22 +350,11 @@ async def test_a_failing_on_output_still_kills_the_group(tmp_path: Path) -> None
 
 
 async def test_cancel_during_eof_grace_kills_the_holder_at_once(tmp_path: Path) -> None:
-    cancel = trio.Event()
-    capture = OutputCapture(ShellOutputLimits(), None)
-    recorder = Recorder(capture)
-    result: list[ExecOutcome] = []
-
-    async def go() -> None:
-        outcome, _, _ = await run("sleep 100 & echo pid=$!; echo leader=$$", tmp_path,
-                                  cancel=cancel, recorder=recorder,
-                                  eof_grace=1000)  # only the cancel can end the wait
-        result.append(outcome)
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(go)
-        match = await recorder.wait_for(r"pid=(\d+)\nleader=(\d+)\n")
+    async def leader_exited(match) -> None:
         assert await wait_dead(int(match.group(2)))  # exited (a zombie until reaped)
-        cancel.set()
-    [outcome] = result
+
+    outcome, match = await _run_then_cancel(
+        "sleep 100 & echo pid=$!; echo leader=$$", tmp_path, r"pid=(\d+)\nleader=(\d+)\n",
+        before=leader_exited, eof_grace=1000)  # only the cancel can end the wait
     assert outcome == ExecOutcome(exit_code=0)  # the command itself had finished
     assert await wait_dead(int(match.group(1)))
