@@ -322,3 +322,27 @@ def test_an_old_call_dir_without_a_marker_gets_one(restartable, work):
     marker.unlink()
     d.start()
     wait_for(marker.exists, "the marker written by the start's open")
+
+
+def test_the_raw_verbs_and_cancel_reach_an_adopted_call(restartable, work):
+    """``tool.write``, ``tool.signal``, ``tool.resize`` and ``tool.cancel`` after the restart
+    go to the adopted call's host (``Call.host`` is the new handle)."""
+    d = restartable()
+    rpc = d.rpc()
+    sid = rpc.session(work)
+    script = ("trap 'echo got-usr1' USR1; echo ready; read line; echo got:$line; "
+              "while :; do sleep 0.1; done")
+    cid = rpc.start(sid, script, tty=True)
+    wait_for(lambda: output_reaches(rpc, sid, cid, "ready\r"), "ready")
+    rpc.close()
+    restart(d, "sigterm")
+    rpc = d.rpc()
+    rpc.result("tool.resize", {"sessionId": sid, "callId": cid, "cols": 100, "rows": 30})
+    data = base64.b64encode(b"hello\r").decode()
+    rpc.result("tool.write", {"sessionId": sid, "callId": cid, "data": data})
+    wait_for(lambda: output_reaches(rpc, sid, cid, "got:hello\r"), "the written line came back")
+    rpc.result("tool.signal", {"sessionId": sid, "callId": cid, "signal": "USR1"})
+    wait_for(lambda: output_reaches(rpc, sid, cid, "got-usr1\r"), "the signal's trap ran")
+    rpc.result("tool.cancel", {"sessionId": sid, "callId": cid})
+    result = rpc.wait(sid, cid)
+    assert result["errorCode"] == "TOOL_CANCELLED", result
