@@ -199,7 +199,10 @@ def test_a_host_that_ended_while_the_daemon_was_down_settles_from_exit_json(rest
     assert result["content"] == "1\n2\n3\n"
 
 
-def test_a_host_killed_while_the_daemon_was_down_is_outcome_unknown(restartable, work):
+@pytest.mark.parametrize("sidecar", ["kept", "lost"])
+def test_a_host_killed_while_the_daemon_was_down_is_outcome_unknown(restartable, work, sidecar):
+    """The host died too (kill -9 while no daemon ran): ``TOOL_OUTCOME_UNKNOWN`` with the last
+    window -- the pending-output sidecar's, or without one the tail of the call's own log."""
     d = restartable()
     rpc = d.rpc()
     sid = rpc.session(work)
@@ -212,6 +215,8 @@ def test_a_host_killed_while_the_daemon_was_down_is_outcome_unknown(restartable,
     wait_for(lambda: not host_alive(record), "the host is gone")
     # Its command may run on a moment (Landlock, none): end it as an operator would.
     tree.kill_tree(-1, None, None, f"{record['tokenVar']}={record['token']}", os.geteuid())
+    if sidecar == "lost":
+        (d.state_dir / "sessions" / sid / "pending" / f"{cid}.ops.jsonl").unlink(missing_ok=True)
     d.start()
     rpc = d.rpc()
     result = rpc.wait(sid, cid)
