@@ -351,3 +351,19 @@ def test_the_raw_verbs_and_cancel_reach_an_adopted_call(restartable, work):
     rpc.result("tool.cancel", {"sessionId": sid, "callId": cid})
     result = rpc.wait(sid, cid)
     assert result["errorCode"] == "TOOL_CANCELLED", result
+
+
+def test_adopted_calls_count_in_the_call_limits(restartable, work):
+    d = restartable("max_calls_per_session = 1\n")
+    rpc = d.rpc()
+    sid = rpc.session(work)
+    cid = start_loop(rpc, sid, work, n=200, code=0, pause=0.2)
+    wait_for(lambda: output_reaches(rpc, sid, cid, "1"), "the loop printed 1")
+    rpc.close()
+    restart(d, "kill9")
+    rpc = d.rpc()
+    refused = rpc.call("tool.run", {"sessionId": sid, "name": "bash", "approved": True,
+                                    "arguments": {"command": "true"}})
+    assert refused.get("error", {}).get("code") == -32013, refused
+    assert rpc.result("tool.cancel", {"sessionId": sid, "callId": cid})
+    assert rpc.wait(sid, cid)["errorCode"] == "TOOL_CANCELLED"
