@@ -112,6 +112,13 @@ class ApprovalDesk:
         self.pending: dict[str, _Pending] = {}
         #: Outcomes of decided approvals (from the log and from this run): -32011 answers.
         self.decided: dict[str, str] = {}
+        #: The daemon stops with ``on_stop = "detach"``: a pending approval stays undecided in
+        #: the log (no ``cancelled`` decision), to be asked again after the start (HOST.md §7).
+        self.detached = False
+
+    def detach(self) -> None:
+        """The daemon stops and detaches (see ``detached``); set by ``CallTable.stop``."""
+        self.detached = True
 
     # ------------------------------------------------------------------ answerers
     def answerer_joined(self, subscription_id: str) -> None:
@@ -119,7 +126,7 @@ class ApprovalDesk:
 
     def answerer_left(self, subscription_id: str) -> None:
         self.answerers.discard(subscription_id)
-        if not self.answerers:
+        if not self.answerers and not self.detached:
             for p in list(self.pending.values()):
                 self._decide(p, "unavailable", "policy", "unavailable-left")
 
@@ -182,6 +189,17 @@ class ApprovalDesk:
             return
         raise refused(p.why or p.outcome)
 
+    async def reask(self, call: GateCall, approval_id: str) -> None:
+        """Ask ``approval_id`` again for a call whose approval was pending when the daemon
+        stopped (HOST.md §7). STUB (room adopt; room asks replaces it): the approval is
+        decided ``unavailable`` by ``policy`` at once and the call settles
+        ``APPROVAL_UNAVAILABLE`` without running."""
+        p = _Pending(approval_id, call.call_id)
+        self._decide(p, "unavailable", "policy", "unavailable")
+        if not self._record(p):
+            raise refused("audit")
+        raise refused("unavailable")
+
     async def _ask(self, p: _Pending, request: ApprovalRequest) -> None:
         """Show the request and wait for its decision; a cancel (of the call's scope) while
         waiting is recorded as ``cancelled`` and goes on."""
@@ -192,7 +210,7 @@ class ApprovalDesk:
         finally:
             self.pending.pop(p.approval_id, None)
             self.port.hide_approval(p.approval_id)
-            if p.outcome is None:  # cancelled while it waited
+            if p.outcome is None and not self.detached:  # cancelled while it waited
                 self._decide(p, "cancelled", "caller", "cancelled")
                 self._record(p)
 
