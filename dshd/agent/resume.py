@@ -24,7 +24,8 @@ saved loop state. One walk (:func:`open_turns`) finds, per open turn, its open s
   model step, as if no restart happened: its history is the log's (``dshd.agent.history``),
   with the real results where they landed.
 
-Pure except :func:`resume_turn`, which starts the turn's task through the session's port.
+Pure except :func:`resume_turn`, which starts the turn's task through the session's port
+(and returns once it is started).
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ def resumable_turns(events: Iterable[Any], resumed_call_ids: Set[str]) -> set[st
     return set()
 
 
-def resume_turn(port: SessionPort, events: Iterable[Any], turn_id: str) -> bool:
+async def resume_turn(port: SessionPort, events: Iterable[Any], turn_id: str) -> bool:
     """Take up the open turn ``turn_id`` (module doc); False (logged) when the events hold no
     such turn with an answered open step, or the session runs a turn already / is closing."""
     turn = open_turns(events).get(turn_id)

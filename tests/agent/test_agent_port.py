@@ -276,10 +276,10 @@ async def test_a_detaching_stop_leaves_a_waiting_turn_open_and_resume_goes_on(tm
         after = FakePort(nursery, script)
         after.log = list(port.log)
         after.propose_call(call, "bash")
-        assert resume_turn(after, after.log, turn_id) is True
+        assert await resume_turn(after, after.log, turn_id) is True
         await _until(lambda: after.turn_lane.turn is not None)
         assert after.turn_lane.turn["state"] == "waiting-tools"
-        assert resume_turn(after, after.log, turn_id) is False  # one turn at a time
+        assert await resume_turn(after, after.log, turn_id) is False  # one turn at a time
         after.finish(call)
         await _until(lambda: after.end() is not None)
     assert after.end() == {"turnId": turn_id, "reason": "completed"}
