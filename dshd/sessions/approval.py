@@ -38,7 +38,10 @@ nobody can be attached yet (the daemon opens such sessions before it accepts con
 so the "no answerer" rule waits ``reask_grace_seconds`` for one to attach: within the grace
 an answerer that comes and goes does not end the wait; at its end, no answerer → unavailable;
 from then on the rules above hold. An ``allowed-once`` returns once, and the caller's
-pipeline runs the command once (the barrier makes the grant durable first).
+pipeline runs the command once (the barrier makes the grant durable first). A daemon stop
+that *detaches* (``on_stop = "detach"``) calls :meth:`ApprovalDesk.detach` first: a request
+cancelled from then on is hidden but not decided, so its ``approval/asked`` stays open in the
+log for the next start to ask again.
 
 Cancellation is the call's: the gate waits in the call's cancel scope (``dshd.sessions.calls``),
 and a cancel while it waits is recorded as ``cancelled`` by ``caller`` before the cancellation
@@ -132,6 +135,8 @@ class ApprovalDesk:
         self.pending: dict[str, _Pending] = {}
         #: Outcomes of decided approvals (from the log and from this run): -32011 answers.
         self.decided: dict[str, str] = {}
+        #: A detaching daemon stop: pending requests end undecided (module doc: re-ask).
+        self.detaching = False
 
     # ------------------------------------------------------------------ answerers
     def answerer_joined(self, subscription_id: str) -> None:
@@ -139,11 +144,16 @@ class ApprovalDesk:
 
     def answerer_left(self, subscription_id: str) -> None:
         self.answerers.discard(subscription_id)
-        if not self.answerers:
+        if not self.answerers and not self.detaching:
             now = trio.current_time()
             for p in list(self.pending.values()):
                 if p.grace_until <= now:  # a re-ask in its grace waits for the next one
                     self._decide(p, "unavailable", "policy", "unavailable-left")
+
+    def detach(self) -> None:
+        """The daemon stops and detaches: from now on a cancelled request records nothing
+        (it is asked again after the start); the answerers' leaving decides nothing."""
+        self.detaching = True
 
     # ------------------------------------------------------------------ deciding
     def _decide(self, p: _Pending, outcome: str, by: str, why: str | None = None) -> None:
@@ -243,7 +253,7 @@ class ApprovalDesk:
         finally:
             self.pending.pop(p.approval_id, None)
             self.port.hide_approval(p.approval_id)
-            if p.outcome is None:  # cancelled while it waited
+            if p.outcome is None and not self.detaching:  # cancelled while it waited
                 self._decide(p, "cancelled", "caller", "cancelled")
                 self._record(p)
 

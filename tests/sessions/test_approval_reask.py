@@ -130,3 +130,21 @@ async def test_a_reask_whose_decision_cannot_be_recorded_rejects(autojump_clock)
         desk.answerer_joined("sub-1")
         desk.decide(AID, "allow")
     assert result == ["APPROVAL_REJECTED"]
+
+
+async def test_a_detaching_stop_leaves_the_approval_undecided(autojump_clock):
+    """``detach`` then the call's cancel (the daemon stops): no ``approval/decided``, the
+    request is hidden, and an answerer leaving afterwards decides nothing either."""
+    port = FakePort()
+    desk = ApprovalDesk(port, "s-1")
+    desk.answerer_joined("sub-1")
+    with trio.CancelScope() as scope:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(desk.gate, FakeCall())
+            await port.changed.wait()
+            desk.detach()
+            desk.answerer_left("sub-1")
+            scope.cancel()
+    assert scope.cancelled_caught
+    assert [t for t, _ in port.events] == ["approval/asked"]
+    assert not port.shown and not desk.pending
