@@ -135,8 +135,9 @@ class ApprovalDesk:
         self.pending: dict[str, _Pending] = {}
         #: Outcomes of decided approvals (from the log and from this run): -32011 answers.
         self.decided: dict[str, str] = {}
-        #: A detaching daemon stop: pending requests end undecided (module doc: re-ask).
-        self.detaching = False
+        #: The daemon stops with ``on_stop = "detach"``: a pending approval stays undecided in
+        #: the log (no ``cancelled`` decision), to be asked again after the start (HOST.md §7).
+        self.detached = False
 
     # ------------------------------------------------------------------ answerers
     def answerer_joined(self, subscription_id: str) -> None:
@@ -144,16 +145,16 @@ class ApprovalDesk:
 
     def answerer_left(self, subscription_id: str) -> None:
         self.answerers.discard(subscription_id)
-        if not self.answerers and not self.detaching:
+        if not self.answerers and not self.detached:
             now = trio.current_time()
             for p in list(self.pending.values()):
                 if p.grace_until <= now:  # a re-ask in its grace waits for the next one
                     self._decide(p, "unavailable", "policy", "unavailable-left")
 
     def detach(self) -> None:
-        """The daemon stops and detaches: from now on a cancelled request records nothing
-        (it is asked again after the start); the answerers' leaving decides nothing."""
-        self.detaching = True
+        """The daemon stops and detaches (``CallTable.stop``): from now on a cancelled request
+        records nothing (it is asked again after the start); answerers leaving decide nothing."""
+        self.detached = True
 
     # ------------------------------------------------------------------ deciding
     def _decide(self, p: _Pending, outcome: str, by: str, why: str | None = None) -> None:
@@ -253,7 +254,7 @@ class ApprovalDesk:
         finally:
             self.pending.pop(p.approval_id, None)
             self.port.hide_approval(p.approval_id)
-            if p.outcome is None and not self.detaching:  # cancelled while it waited
+            if p.outcome is None and not self.detached:  # cancelled while it waited
                 self._decide(p, "cancelled", "caller", "cancelled")
                 self._record(p)
 
