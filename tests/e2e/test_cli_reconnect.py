@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import DaemonProcess
+from tests.e2e.tmux import Pane, have_tmux
 
 CONFIG = 'sandbox_provider = "bwrap"\n'
 LOST = "dsh: lost dshd; reconnecting (up to "
@@ -118,6 +119,17 @@ def waited(d: DaemonProcess, sid: str, cid: str, cwd: Path) -> dict:
     return json.loads(r.stdout)
 
 
+def until_connections(d: DaemonProcess, count: int, cwd: Path, timeout: float = 60) -> None:
+    """Wait until dshd serves ``count`` connections (``dsh status``'s own among them)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status = json.loads(d.dsh("--json", "status", cwd=str(cwd)).stdout)
+        if status["connections"] >= count:
+            return
+        assert time.monotonic() < deadline, status
+        time.sleep(0.1)
+
+
 # ---------------------------------------------------------------------- the daemon stays away
 def test_run_exits_75_when_dshd_does_not_come_back(dshd, work, tmp_path):
     run = Dsh(dshd, tmp_path, "run", "run", "--reconnect-timeout", "3", "--", "sh", "-c",
@@ -174,3 +186,113 @@ def test_run_exits_75_when_the_host_died_with_dshd(dshd, work, tmp_path):
     assert printed == [str(i) for i in range(1, len(printed) + 1)], run.out
     replayed = dshd.dsh("wait", sid, cid, cwd=str(work), timeout=60)
     assert replayed.returncode == 75 and replayed.stdout == run.out, (replayed.stdout, run.out)
+
+
+# ---------------------------------------------------------------------- the call survives
+def numbers(n: int) -> list[str]:
+    return [str(i) for i in range(1, n + 1)]
+
+
+def test_run_rides_through_a_graceful_restart_and_a_crash(dshd, work, tmp_path):
+    """The issue's must-show: SIGTERM + start at ~5 s, kill -9 + start at ~15 s under one
+    ``dsh run`` of a 30 s loop: 1..30 printed once each, in order; exit 7; ``tool.wait`` from
+    a new client gives exit 7; the file the command appends to has 30 lines."""
+    run = Dsh(dshd, tmp_path, "run", "run", "--", "sh", "-c", loop(30), cwd=work)
+    sid, cid = run.ids()
+    run.until_out("5\n")
+    restart(dshd, "term")
+    run.until_err("dsh: dshd is back")
+    run.until_out("15\n")
+    restart(dshd, "kill")
+    assert run.wait() == 7, run.err
+    assert lines_of(run.out) == numbers(30), run.out
+    err = run.err
+    assert err.count(LOST + "30 s)") == 2 and err.count("dsh: dshd is back") == 2, err
+    assert "TOOL_OUTCOME_UNKNOWN" not in err, err
+    result = waited(dshd, sid, cid, work)
+    assert result["exitCode"] == 7 and result.get("errorCode") is None, result
+    assert result["details"]["sandbox"]["provider"] == "bwrap", result
+    assert lines_of((work / "marks").read_text()) == numbers(30)
+
+
+@pytest.mark.parametrize("how", ["term", "kill"])
+def test_attach_rides_through_a_restart(dshd, work, tmp_path, how):
+    run = Dsh(dshd, tmp_path, "run", "run", "--", "sh", "-c", loop(8), cwd=work)
+    sid, cid = run.ids()
+    run.until_out("1\n")
+    run.proc.send_signal(signal.SIGTERM)  # dsh detaches; the call runs on
+    assert run.wait() == 143
+    attach = Dsh(dshd, tmp_path, "attach", "attach", sid, "--call", cid, cwd=work)
+    attach.until_out("2\n")
+    restart(dshd, how)
+    assert attach.wait() == 7, attach.err
+    assert lines_of(attach.out) == numbers(8), attach.out
+    assert attach.err.count(LOST) == 1 and "dsh: dshd is back" in attach.err, attach.err
+    assert lines_of((work / "marks").read_text()) == numbers(8)
+
+
+@pytest.mark.parametrize("how", ["term", "kill"])
+def test_wait_rides_through_a_restart(dshd, work, tmp_path, how):
+    run = Dsh(dshd, tmp_path, "run", "run", "--", "sh", "-c", loop(6), cwd=work)
+    sid, cid = run.ids()
+    run.until_out("1\n")
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.wait() == 143
+    wait = Dsh(dshd, tmp_path, "wait", "wait", sid, cid, cwd=work)
+    until_connections(dshd, 2, work)  # dsh wait's and our own: its tool.wait is in flight
+    restart(dshd, how)
+    assert wait.wait() == 7, wait.err
+    assert lines_of(wait.out) == numbers(6), wait.out
+    assert wait.err.count(LOST) == 1 and "dsh: reconnected to dshd" in wait.err, wait.err
+
+
+def test_run_forwards_stdin_across_a_restart(dshd, work, tmp_path):
+    """Piped stdin goes on reaching the command after the restart (a new connection's
+    ``tool.write``s), and its end closes the command's stdin."""
+    feeder_r, feeder_w = os.pipe()
+    out, err = tmp_path / "in.out", tmp_path / "in.err"
+    with out.open("wb") as fo, err.open("wb") as fe:
+        proc = subprocess.Popen([sys.executable, "-m", "client.cli", "run", "--", "sh", "-c",
+                                 "while read line; do echo got $line; done; echo eof; exit 3"],
+                                env=dshd.env, cwd=work, stdin=feeder_r, stdout=fo, stderr=fe)
+    os.close(feeder_r)
+    try:
+        os.write(feeder_w, b"one\n")
+        deadline = time.monotonic() + 60
+        while "got one" not in out.read_text():
+            assert time.monotonic() < deadline and proc.poll() is None, err.read_text()
+            time.sleep(0.05)
+        restart(dshd, "term")
+        while "dsh: dshd is back" not in err.read_text():
+            assert time.monotonic() < deadline and proc.poll() is None, err.read_text()
+            time.sleep(0.05)
+        os.write(feeder_w, b"two\n")
+    finally:
+        os.close(feeder_w)
+    assert proc.wait(60) == 3, err.read_text()
+    assert out.read_text() == "got one\ngot two\neof\n", (out.read_text(), err.read_text())
+
+
+# ---------------------------------------------------------------------- a tty call
+@pytest.mark.skipif(not have_tmux(), reason="tmux is not installed")
+def test_a_tty_call_gets_keys_and_size_again_after_a_restart(dshd, work, tmp_path):
+    """``dsh run -t`` in a real terminal: after the restart the keys reach the command again
+    and a resize made while dshd was away reaches its terminal; the terminal stays raw."""
+    pane = Pane(tmp_path, str(dshd.socket), work)
+    try:
+        mark = pane.run("dsh run -t -- sh -c 'while read line; do echo \"size: $(stty size) "
+                        "$line\"; done; exit 4'")
+        pane.until(r"session \S+ call \S+")
+        pane.line("a")
+        pane.until(r"size: 40 120 a")
+        dshd.stop()
+        pane.until(r"dsh: lost dshd; reconnecting")
+        pane.resize(100, 30)
+        dshd.start()
+        pane.until(r"dsh: dshd is back")
+        pane.line("b")
+        pane.until(r"size: 30 100 b")
+        pane.type("C-d")  # the PTY's end of input: raw mode still sends it to the command
+        assert pane.done(mark) == 4
+    finally:
+        pane.close()
