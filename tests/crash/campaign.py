@@ -257,7 +257,7 @@ class Campaign:
                 self.summary.leftover_tools_killed += kill_marked(self.token)
             await self.final_check()
         finally:
-            self.daemon.kill9()
+            self.daemon.close(signal.SIGKILL)
             self.summary.leftover_tools_killed += kill_marked(self.token)
             self.summary.seconds = time.monotonic() - started
             self.summary.sessions = len(self.sessions)
