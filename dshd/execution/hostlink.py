@@ -10,6 +10,11 @@ handle's state (``end_offset``, ``first_offset``, ``total_lines``, ``record``), 
 requests fail with ``not-running``. A cancelled pump leaves the handle open for another pump.
 :func:`log_reader` reads the call's log for the capture (``dshd.callhost.log.read``, in a worker
 thread past 256 KiB).
+
+Hosts outlive daemons (HOST.md §7): :func:`host_record` reads a call dir's ``host.json`` and
+:func:`host_alive` checks that its pid still runs with the same ``startTime`` (a reused pid is
+another process: never adopted, never signalled). :func:`end_host` ends a host and its command
+without a daemon -- what a test fixture or ``python -m dshd hosts --cancel`` uses.
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ from dshd.execution.spawn import RESOURCE_ERRNOS
 
 from dshd.execution.capture import Gap
 
-__all__ = ["HostHandle", "HostRequestError", "MAX_LINE", "REQUEST_TIMEOUT", "log_reader",
+__all__ = ["HostHandle", "HostRequestError", "MAX_LINE", "REQUEST_TIMEOUT", "end_host",
+           "host_alive", "host_record", "log_reader",
            "read_line", "record_on_disk", "scan_log"]
 
 #: Longest control line accepted from a host (HOST.md §4).
@@ -345,3 +351,97 @@ def start_sentence(exc: OSError) -> str:
                 "run as this user (RLIMIT_NPROC, a cgroup's pids.max) or memory is short. Stop "
                 "some, then run it again.")
     return f"Could not start the call host ({sys.executable}): {exc.strerror or exc}"
+
+
+# ----------------------------------------------------------------------------- adoption
+#: Seconds :func:`end_host` gives a host to stop its command (TERM, the call's kill grace,
+#: KILL) and exit before it SIGKILLs what is left.
+END_HOST_SECONDS = 10.0
+
+
+def host_record(directory: Path) -> dict | None:
+    """``host.json`` of a call dir (HOST.md §3), or None when missing or unreadable."""
+    try:
+        value = json.loads((Path(directory) / "host.json").read_bytes())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def host_alive(record: dict | None) -> bool:
+    """The host ``record`` describes still runs: its pid is alive with the same ``startTime``
+    (``/proc/PID/stat`` field 22). A reused pid (another process now) is not alive."""
+    if not record:
+        return False
+    pid, start_time = record.get("pid"), record.get("startTime")
+    if not isinstance(pid, int) or pid <= 0 or not isinstance(start_time, int):
+        return False
+    st = tree.proc_stat(pid)
+    return st is not None and st.start_time == start_time
+
+
+def _ask_to_end(directory: Path, record: dict, grace: float) -> bool:
+    """Tell a live host, over its control socket, to terminate its command (reason
+    ``cancelled``) and exit once its record is durable; False when it could not be told."""
+    import socket
+
+    dirfd = os.open(directory, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(5.0)
+            sock.connect(f"/proc/self/fd/{dirfd}/{record.get('control', 'control.sock')}")
+            lines = [{"hello": 1, "secret": record.get("secret", "")},
+                     {"id": 1, "op": "terminate", "grace": grace, "reason": "cancelled"},
+                     {"id": 2, "op": "release"}]
+            sock.sendall(b"".join(json.dumps(line).encode() + b"\n" for line in lines))
+            got = b""
+            while got.count(b"\n") < 3:
+                data = sock.recv(65536)
+                if not data:
+                    break
+                got += data
+            return b'"hello"' in got
+    except OSError:
+        return False
+    finally:
+        os.close(dirfd)
+
+
+def end_host(call_dir: Path, *, seconds: float = END_HOST_SECONDS) -> bool:
+    """End the call host of ``call_dir`` and its command for good, without a daemon (test
+    fixtures, ``python -m dshd hosts --cancel``): a live host (:func:`host_alive`) is asked
+    to terminate its command (TERM, its kill grace, KILL; reason ``cancelled``, so its
+    ``exit.json`` says so) and to exit; one that has not exited within ``seconds`` is
+    SIGKILLed with its tree, as :func:`abandon` does. The run's token carriers are swept in
+    every case. True when a live host was found. Synchronous, bounded."""
+    import time
+
+    directory = Path(call_dir)
+    record = host_record(directory)
+    if record is None:
+        return False
+    alive = host_alive(record)
+    pid = int(record["pid"]) if alive else -1  # -1 is nobody's parent: no tree to walk
+    if alive:
+        grace = record.get("killGrace")
+        grace = float(grace) if isinstance(grace, (int, float)) else 2.0
+        grace = min(grace, max(seconds / 2, 0.0))
+        _ask_to_end(directory, record, grace)
+        deadline = time.monotonic() + seconds
+        while host_alive(record) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    token, var = record.get("token"), record.get("tokenVar")
+    marker = f"{var}={token}" if isinstance(token, str) and isinstance(var, str) else None
+    leader = record.get("commandPid")
+    uid = record.get("uid") if isinstance(record.get("uid"), int) else os.geteuid()
+    spare = record.get("spareWrapper") if isinstance(record.get("spareWrapper"), str) else None
+    if alive and host_alive(record):
+        tree.kill_tree(pid, leader if isinstance(leader, int) else None, spare, marker, uid)
+        if host_alive(record):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    elif marker is not None:
+        tree.kill_tree(-1, None, None, marker, uid)
+    return alive

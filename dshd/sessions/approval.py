@@ -182,6 +182,17 @@ class ApprovalDesk:
             return
         raise refused(p.why or p.outcome)
 
+    async def reask(self, call: GateCall, approval_id: str) -> None:
+        """Ask ``approval_id`` again for a call whose approval was pending when the daemon
+        stopped (HOST.md §7). STUB (room adopt; room asks replaces it): the approval is
+        decided ``unavailable`` by ``policy`` at once and the call settles
+        ``APPROVAL_UNAVAILABLE`` without running."""
+        p = _Pending(approval_id, call.call_id)
+        self._decide(p, "unavailable", "policy", "unavailable")
+        if not self._record(p):
+            raise refused("audit")
+        raise refused("unavailable")
+
     async def _ask(self, p: _Pending, request: ApprovalRequest) -> None:
         """Show the request and wait for its decision; a cancel (of the call's scope) while
         waiting is recorded as ``cancelled`` and goes on."""
