@@ -5,7 +5,8 @@ Theory of operation: since a daemon stop leaves running calls in their call host
 daemon (``make clean CANCEL=1``). This command scans ``sessions/*/calls/*/host.json`` (no
 log is read to find them; at most :data:`MAX_HOSTS` are listed) and counts a host as alive
 only when ``/proc/PID/stat`` has the same start time (field 22) as ``host.json``'s
-``startTime``: a pid that was reused by another process is not a host and is never signalled.
+``startTime`` (``hostlink.host_alive``): a pid that was reused by another process is not a
+host and is never signalled.
 For each live host it prints the session, the call, the pid, the age (from the start time and
 the boot time), the state (``running``, or ``ended`` once ``exit.json`` is written and the
 host only waits to be released) and the command (the call's ``tool/call`` arguments, read
@@ -32,7 +33,7 @@ from pathlib import Path
 
 from protocol.printable import printable
 
-from .callhost.tree import proc_stat
+from .execution.hostlink import end_host, host_alive, host_record
 from .paths import is_valid_id, state_dir as resolve_state_dir
 from .storage.errors import StorageError
 from .storage.fsck import daemon_holds
@@ -42,8 +43,6 @@ __all__ = ["HostInfo", "live_hosts", "main"]
 
 #: Most hosts listed (and cancelled) in one run; a state dir holds at most max_calls running.
 MAX_HOSTS = 65_536
-#: Largest host.json read (it is a few hundred bytes).
-MAX_HOST_JSON = 65_536
 #: Longest command shown in the human listing (the JSON has it whole).
 SHOWN_COMMAND = 120
 
@@ -60,29 +59,6 @@ class HostInfo:
     state: str  # "running" | "ended"
     command: str | None
     dir: str
-
-
-def _host_record(call_dir: Path) -> dict | None:
-    try:
-        with open(call_dir / "host.json", "rb") as f:
-            value = json.loads(f.read(MAX_HOST_JSON))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(value, dict):
-        return None
-    pid, start = value.get("pid"), value.get("startTime")
-    if not (isinstance(pid, int) and pid > 0 and isinstance(start, int)):
-        return None
-    return value
-
-
-def host_alive(call_dir: Path) -> dict | None:
-    """``host.json`` of ``call_dir`` when its pid is alive with the same start time, else None."""
-    record = _host_record(call_dir)
-    if record is None:
-        return None
-    st = proc_stat(record["pid"])
-    return record if st is not None and st.start_time == record["startTime"] else None
 
 
 def _boot_time() -> float:
@@ -124,8 +100,8 @@ def live_hosts(root: Path, limit: int = MAX_HOSTS) -> list[HostInfo]:
     found: list[HostInfo] = []
     commands: dict[str, dict[str, str]] = {}
     for session_dir, call_dir in _call_dirs(root):
-        record = host_alive(call_dir)
-        if record is None:
+        record = host_record(call_dir)
+        if not host_alive(record):
             continue
         sid = session_dir.name
         if sid not in commands:
@@ -162,8 +138,6 @@ def _line(host: HostInfo) -> str:
 
 
 def _cancel(hosts: list[HostInfo]) -> int:
-    from .execution.hostlink import end_host
-
     failed = [h for h in hosts if not end_host(Path(h.dir))]
     for h in failed:
         print(f"dsh: the call host of {h.sessionId}/{h.callId} (pid {h.pid}) did not end",
