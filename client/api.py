@@ -51,7 +51,7 @@ from client.transport import (
 )
 
 __all__ = ["Client", "connect", "DaemonNotRunning", "DaemonUnresponsive", "ConnectFailed",
-           "CallLost", "BadAnswer", "PROTOCOL_VERSION", "dsh_version", "connect_timeout"]
+           "CallLost", "DaemonGone", "BadAnswer", "PROTOCOL_VERSION", "dsh_version", "connect_timeout"]
 
 PROTOCOL_VERSION = m.PROTOCOL_VERSION
 #: How long ``connect`` waits for the socket and the ``initialize`` answer (seconds).
@@ -88,6 +88,15 @@ class CallLost(ConnectionLost):
         super().__init__(str(lost))
         self.hint = (f"after restarting dshd, `dsh wait {session_id} {call_id}` shows what "
                      "became of the call")
+
+
+class DaemonGone(ConnectionLost):
+    """dshd went away and did not come back within the reconnect timeout (``client.link``)."""
+
+    def __init__(self, timeout: float, why: str) -> None:
+        self.timeout = timeout
+        super().__init__(f"dshd did not come back within {timeout:g} s "
+                         f"(--reconnect-timeout; last attempt: {why})")
 
 
 def connect_timeout() -> float:

@@ -22,8 +22,11 @@ from msgspec import UNSET
 from rich.table import Table
 
 from client.api import Client
-from client.cli.common import Options, execute, json_flag, pass_options
-from client.cli.stream import Call, Followed, replay, result_status
+from client.cli.common import (
+    Options, execute, execute_linked, json_flag, pass_options, reconnect_option,
+)
+from client.cli.stream import Call, Followed, OutputState, replay, result_status
+from client.link import Link, ride
 from client.cli.terminal import cell, emit, fmt_time, is_tty, note, print_json, short, stdout
 from client.exits import decided_status, exit_status
 from protocol.printable import printable
@@ -146,9 +149,11 @@ def status(opts: Options, as_json: bool) -> None:
 @click.argument("call_id", metavar="CALL")
 @click.option("--timeout", type=click.FloatRange(min=0), metavar="S",
               help="Give up waiting after S seconds (the call keeps running).")
+@reconnect_option
 @json_flag
 @pass_options
-def wait(opts: Options, session_id: str, call_id: str, timeout: float | None, as_json: bool) -> None:
+def wait(opts: Options, session_id: str, call_id: str, timeout: float | None,
+         reconnect_timeout: float, as_json: bool) -> None:
     """Wait for a call's result; print its complete output and exit with its exit code.
 
     \b
@@ -163,16 +168,26 @@ def wait(opts: Options, session_id: str, call_id: str, timeout: float | None, as
       1    any other errorCode with exit code 0, or an error answer (e.g. --timeout
            passed: the call keeps running)
       2    a usage error, or dshd is not running (or does not answer)
+
+    When dshd restarts meanwhile, dsh connects again (up to --reconnect-timeout;
+    past it: 75) and goes on waiting, or printing from the byte it got to.
     """
 
-    async def body(client: Client) -> int:
-        result = await client.wait(session_id, call_id, timeout)
+    async def body(link: Link) -> int:
+        result = await ride(link, lambda c: c.wait(session_id, call_id, timeout), note)
         if as_json or opts.json:
             print_json(result)
             return exit_status(result)[0]
         followed = Followed(result)
         if command_ran(result):
-            followed.output = await replay(client, Call(session_id, call_id))
+            state = OutputState(result_known=True)  # how far it printed: on from there
+            await ride(link, lambda c: _replayed(c, Call(session_id, call_id), state), note)
+            followed.output = state
         return result_status(followed)
 
-    sys.exit(execute(opts, body))
+    sys.exit(execute_linked(opts, body, reconnect_timeout=reconnect_timeout))
+
+
+async def _replayed(client: Client, call: Call, state: OutputState) -> int:
+    await replay(client, call, state)
+    return 0

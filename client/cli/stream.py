@@ -30,8 +30,10 @@ end in ``\\r\\n``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
@@ -43,12 +45,13 @@ from client.cli.keys import DetachScanner, describe_keys
 from client.cli.localterm import raw_terminal, read_input, terminal_size, write_line
 from client.cli.terminal import emit_bytes, note, silence_stdout
 from client.exits import detached_status, exit_status
+from client.link import Link
 from client.raw import Broken, Chunk, End, Gap
 from client.spill import command_ran
 from protocol.lane import ToolResult
 from protocol.rpc import RpcError
 
-__all__ = ["Call", "Io", "Followed", "follow_call", "replay", "call_is_tty", "detach_note",
+__all__ = ["Call", "Io", "Followed", "OutputState", "follow_call", "replay", "call_is_tty", "detach_note",
            "result_status", "reattach_hint", "detach_exit", "KEYS_RULE", "INPUT_CHUNK",
            "OUTPUT_STALL_S", "RETRY_S"]
 
@@ -130,7 +133,8 @@ class Result:
 
 Event = Detach | Cancelling | Waits | OutputDone | Result
 Events = MemoryObjectSendStream[Event]
-Extra = Callable[[Events], Awaitable[None]]
+#: A task of the caller's that runs beside the others on each connection (``dsh run --ask``).
+Extra = Callable[[Client, Events], Awaitable[None]]
 
 
 @dataclass
@@ -144,6 +148,8 @@ class OutputState:
     result_known: bool = False
     raw_mode: bool = False
     error: str | None = None
+    input_done: bool = False  # stdin reached its end and tool.closeStdin was answered
+    input_in_flight: int = 0  # bytes of a tool.write not answered yet
 
 
 @dataclass
@@ -166,61 +172,111 @@ def say(state: OutputState, text: str) -> None:
 
 
 # ---------------------------------------------------------------------- the engine
-async def follow_call(client: Client, call: Call, offset: int, io: Io,
+async def follow_call(link: Link, call: Call, offset: int, io: Io,
                       extra: tuple[Extra, ...] = ()) -> Followed:
-    """Follow ``call`` from ``offset`` until its result and output's end, or a detach."""
+    """Follow ``call`` from ``offset`` until its result and output's end, or a detach; across
+    a lost connection (a daemon restart) on a new one, from the byte printed through."""
     state = OutputState(position=offset, progress_at=anyio.current_time())
-    send, receive = anyio.create_memory_object_stream[Event](EVENT_BOUND)
+    followed = Followed(None, output=state)
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(_signals, signals, client, call, io, state, send.clone())
-            for task in extra:
-                tasks.start_soon(task, send.clone())
-            tasks.start_soon(_output, client, call, state, send.clone())
-            tasks.start_soon(_wait_result, client, call, send.clone())
-            if io.raw:
-                with raw_terminal(0):
-                    state.raw_mode = True
+        with raw_terminal(0) if io.raw else nullcontext():
+            state.raw_mode = io.raw
+            try:
+                while True:
                     try:
-                        tasks.start_soon(_keys, client, call, io, state, send.clone())
-                        tasks.start_soon(_resize, client, call, send.clone())
-                        followed = await _decide(receive, state)
-                    finally:
-                        state.raw_mode = False
-                        tasks.cancel_scope.cancel()
-            else:
-                if io.forward:
-                    tasks.start_soon(_forward_stdin, client, call, state, send.clone())
-                followed = await _decide(receive, state)
-            tasks.cancel_scope.cancel()
-    return followed
+                        await _attempt(link.client, call, io, extra, signals, followed)
+                        return followed
+                    except BaseException as exc:  # noqa: BLE001 - re-raised unless dshd left
+                        if not link.lost(exc):
+                            raise
+                    if not await _reconnect(link, call, signals, followed):
+                        return followed  # detached while dshd was away
+            finally:
+                state.raw_mode = False
 
 
-async def _signals(signals, client: Client, call: Call, io: Io, state: OutputState,
+async def _attempt(client: Client, call: Call, io: Io, extra: tuple[Extra, ...], signals,
+                   followed: Followed) -> None:
+    """One connection's share of following: the tasks of the module doc, until ``_decide``
+    is done (a task that fails, e.g. on the connection's end, ends it with its error)."""
+    state = followed.output
+    send, receive = anyio.create_memory_object_stream[Event](EVENT_BOUND)
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(_signals, signals, client, call, io, followed, send.clone())
+        for task in extra:
+            tasks.start_soon(task, client, send.clone())
+        tasks.start_soon(_output, client, call, state, send.clone())
+        tasks.start_soon(_wait_result, client, call, send.clone())
+        if io.raw:
+            tasks.start_soon(_keys, client, call, io, state, send.clone())
+            tasks.start_soon(_resize, client, call, send.clone())
+        elif io.forward and not state.input_done:
+            tasks.start_soon(_forward_stdin, client, call, state, send.clone())
+        await _decide(receive, followed)
+        tasks.cancel_scope.cancel()
+
+
+async def _reconnect(link: Link, call: Call, signals, followed: Followed) -> bool:
+    """A new connection (``Link.reconnect``); False when a signal detached meanwhile. After
+    it: the input lost in flight is said, a tty call gets this terminal's size again."""
+    state = followed.output
+
+    async def detach_on_signal(scope: anyio.CancelScope) -> None:
+        async for signum in signals:
+            why = "interrupt" if signum == signal.SIGINT else "signal"
+            followed.detached = Detach(why, 0 if why == "interrupt" else signum)
+            scope.cancel()
+            return
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(detach_on_signal, tasks.cancel_scope)
+        client = await link.reconnect(lambda text: say(state, text),
+                                      back=f"dsh: dshd is back; following call {call.call_id} "
+                                           f"from byte {state.position}")
+        tasks.cancel_scope.cancel()
+    if followed.detached is not None:
+        return False
+    state.progress_at = anyio.current_time()
+    if state.input_in_flight:
+        say(state, f"dsh: {state.input_in_flight} bytes of input were in flight when dshd went "
+                   "away; they may or may not have reached the command (not sent again)")
+        state.input_in_flight = 0
+    if state.raw_mode:
+        cols, rows = terminal_size()
+        with contextlib.suppress(RpcError):
+            await client.resize(call.session_id, call.call_id, cols, rows)
+    return True
+
+
+async def _signals(signals, client: Client, call: Call, io: Io, followed: Followed,
                    events: Events) -> None:
+    state = followed.output
     async with events:
-        cancelling = False
+        cancelling = followed.cancelling
         async for signum in signals:
             if signum != signal.SIGINT:
                 await events.send(Detach("signal", signum))
                 return
             if io.tty:
-                await _quiet(client.send_signal(call.session_id, call.call_id, "INT"), state)
+                await _quiet(client, client.send_signal(call.session_id, call.call_id, "INT"),
+                             state)
                 continue
             if io.cancel_on_interrupt and not cancelling:
                 cancelling = True
                 say(state, "dsh: cancelling the command (Ctrl-C again to detach)")
                 await events.send(Cancelling())
-                await _quiet(client.cancel(call.session_id, call.call_id), state)
+                await _quiet(client, client.cancel(call.session_id, call.call_id), state)
                 continue
             await events.send(Detach("interrupt"))
             return
 
 
-async def _quiet(request: Awaitable[object], state: OutputState) -> None:
+async def _quiet(client: Client, request: Awaitable[object], state: OutputState) -> None:
     try:
         await request
     except RpcError as exc:
+        if client.connection.closed:
+            raise  # the connection ended: the answer says nothing about the call
         say(state, f"dsh: {exc.message}")
 
 
@@ -230,6 +286,8 @@ async def _open_follow(client: Client, call: Call, state: OutputState):
         try:
             return await client.follow_output(call.session_id, call.call_id, state.position)
         except RpcError as exc:
+            if client.connection.closed:
+                raise  # dshd went away: its last answer says nothing about the call
             if exc.code == METHOD_NOT_FOUND or state.result_known:
                 state.error = exc.message
                 return None
@@ -303,10 +361,15 @@ def not_started(exc: RpcError) -> bool:
 async def _write(client: Client, call: Call, data: bytes, state: OutputState) -> bool:
     """One ``tool.write`` (tried again while the call has not started); False: stop input."""
     while True:
+        state.input_in_flight = len(data)
         try:
             await client.write_input(call.session_id, call.call_id, data)
+            state.input_in_flight = 0
             return True
         except RpcError as exc:
+            if client.connection.closed:
+                raise  # dshd went away (``_reconnect`` says what was in flight)
+            state.input_in_flight = 0
             if not not_started(exc) or state.result_known:
                 if exc.code != NOT_RUNNING and not state.result_known:
                     say(state, f"dsh: input not forwarded: {exc.message}")
@@ -322,12 +385,16 @@ async def _forward_stdin(client: Client, call: Call, state: OutputState,
             if not data:
                 break
             if not await _write(client, call, data, state):
+                state.input_done = True  # refused for good: not again on a new connection
                 return
         while True:
             try:
                 await client.close_input(call.session_id, call.call_id)
+                state.input_done = True
                 return
             except RpcError as exc:
+                if client.connection.closed:
+                    raise
                 if not not_started(exc) or state.result_known:
                     if exc.code != NOT_RUNNING and not state.result_known:
                         say(state, f"dsh: could not close the command's stdin: {exc.message}")
@@ -362,8 +429,10 @@ async def _resize(client: Client, call: Call, events: Events) -> None:
                     return  # settled: nothing left to resize
 
 
-async def _decide(events: MemoryObjectReceiveStream[Event], state: OutputState) -> Followed:
-    followed = Followed(None, output=state)
+async def _decide(events: MemoryObjectReceiveStream[Event], followed: Followed) -> None:
+    """Read the events of one connection's tasks into ``followed`` until a detach, or until
+    both the result and the output's end are in (module doc)."""
+    state = followed.output
     done = False
     while followed.result is None or not done:
         if followed.result is not None and \
@@ -378,7 +447,7 @@ async def _decide(events: MemoryObjectReceiveStream[Event], state: OutputState) 
             continue
         if isinstance(event, Detach):
             followed.detached = event
-            return followed
+            return
         if isinstance(event, Cancelling):
             followed.cancelling = True
         elif isinstance(event, Waits):
@@ -389,7 +458,6 @@ async def _decide(events: MemoryObjectReceiveStream[Event], state: OutputState) 
             followed.result = event.result
             state.result_known = True
             state.progress_at = anyio.current_time()
-    return followed
 
 
 # ---------------------------------------------------------------------- the end
@@ -465,9 +533,10 @@ def result_status(followed: Followed) -> int:
     return status
 
 
-async def replay(client: Client, call: Call, offset: int = 0) -> OutputState:
-    """Print a call's output from ``offset`` to its end (``dsh wait``: the call settled)."""
-    state = OutputState(position=offset, result_known=True)
+async def replay(client: Client, call: Call, state: OutputState | None = None) -> OutputState:
+    """Print a settled call's output from ``state.position`` (default: byte 0) to its end
+    (``dsh wait``); ``state`` says how far it got when the connection was lost meanwhile."""
+    state = state or OutputState(result_known=True)
     await _print_follow(client, call, state, retry=False)
     return state
 
