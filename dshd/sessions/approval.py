@@ -112,6 +112,13 @@ class ApprovalDesk:
         self.pending: dict[str, _Pending] = {}
         #: Outcomes of decided approvals (from the log and from this run): -32011 answers.
         self.decided: dict[str, str] = {}
+        #: The daemon stops with ``on_stop = "detach"``: a pending approval stays undecided in
+        #: the log (no ``cancelled`` decision), to be asked again after the start (HOST.md §7).
+        self.detached = False
+
+    def detach(self) -> None:
+        """The daemon stops and detaches (see ``detached``); set by ``CallTable.stop``."""
+        self.detached = True
 
     # ------------------------------------------------------------------ answerers
     def answerer_joined(self, subscription_id: str) -> None:
@@ -203,7 +210,7 @@ class ApprovalDesk:
         finally:
             self.pending.pop(p.approval_id, None)
             self.port.hide_approval(p.approval_id)
-            if p.outcome is None:  # cancelled while it waited
+            if p.outcome is None and not self.detached:  # cancelled while it waited
                 self._decide(p, "cancelled", "caller", "cancelled")
                 self._record(p)
 

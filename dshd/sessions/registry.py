@@ -4,7 +4,11 @@ Theory of operation: the registry owns a nursery; each open session is a task in
 (``Session.run``). A session is opened for write lazily, on the first request that names it,
 and then stays open for the daemon's lifetime (bounded by ``max_sessions``). The registry
 counts the running calls over all open sessions for ``max_calls`` (``running_calls``).
-Sessions that are not open are listed from their logs read-only, so a damaged log is listed as
+At daemon start, before the server accepts, :meth:`SessionRegistry.resume_unsettled`
+opens every session that has a call directory without its ``settled`` marker (found by
+listing ``sessions/*/calls/*/``, no log read): its calls that outlived the daemon come back
+(``dshd.sessions.resume``; HOST.md §7). Every open computes the session's resume plan before
+repair, so nothing the plan keeps is closed. Sessions that are not open are listed from their logs read-only, so a damaged log is listed as
 damaged without breaking the list. Opening is serialised per session id so two concurrent requests never race
 to open the same log.
 
@@ -30,6 +34,7 @@ is built at daemon start, and handed to every session; unset, it does nothing.
 
 from __future__ import annotations
 
+import functools
 import os
 import secrets
 import string
@@ -46,7 +51,10 @@ from ..storage.errors import LockHeld, StateDirMoved, StorageError
 from ..storage.format import Header
 from ..storage.reader import find_log, list_session_dirs, read_log
 from ..storage.writer import SessionLog
+from ..execution.capture import ShellOutputLimits
+from .calls import SETTLED_MARKER, StopPolicy
 from .faults import TestFault
+from .resume import ResumePlan, plan_resume, tail_windows
 from .session import Session
 
 log = structlog.get_logger("dshd.registry")
@@ -144,20 +152,21 @@ class SessionRegistry:
             del self.open[session.id]
         self._last_used.pop(session.id, None)
 
-    async def aclose(self, deadline: float | None = None) -> None:
-        """Graceful stop: every session stops its work (its stop policy: today its calls are
-        cancelled and settle), flushes and closes its log, by ``deadline`` (a trio time; None:
-        each session's own ``WIND_DOWN_SECONDS``). Returns when every session has finished."""
+    async def aclose(self, deadline: float | None = None, policy: StopPolicy = "cancel") -> None:
+        """Graceful stop: every session stops its work (``policy``: its calls are cancelled
+        and settle, or -- a daemon stop with ``on_stop = "detach"`` -- detached, HOST.md §7),
+        flushes and closes its log, by ``deadline`` (a trio time; None: each session's own
+        ``WIND_DOWN_SECONDS``). Returns when every session has finished."""
         sessions = list(self.open.values())
         for session in sessions:
-            session.close(deadline)
+            session.close(deadline, policy)
         for session in sessions:
             await session.finished.wait()
 
     async def _start(self, log_: SessionLog) -> Session:
         session = Session(log_, self.sessions_dir / log_.header.id, self.config, self.sandbox,
                           running_calls=self.running_calls,
-                          fault=self._fault)
+                          fault=self._fault, plan=log_.resume_plan)
         assert self._nursery is not None
         await self._nursery.start(self._own, session)
         self.open[session.id] = session
@@ -307,11 +316,43 @@ class SessionRegistry:
                     claims=self._claims,
                     repair=True,
                     output_limits=(self.config.output_max_bytes, self.config.output_max_lines),
+                    resume=functools.partial(self._plan, self.sessions_dir / session_id),
                 )
             except FileNotFoundError:
                 # A directory without a log: a crash between mkdir and the first publish.
                 raise SessionNotFound(_not_found(session_id)) from None
             return await self._start(log_)
+
+    async def _plan(self, session_dir: Path, events: list) -> ResumePlan:
+        """The resume plan of a session being opened (``dshd.sessions.resume``), with the log
+        tails of the calls repair will close ``TOOL_OUTCOME_UNKNOWN``."""
+        plan = await trio.to_thread.run_sync(plan_resume, events, session_dir)
+        limits = ShellOutputLimits(max_bytes=self.config.output_max_bytes,
+                                   max_lines=self.config.output_max_lines)
+        plan.windows = await tail_windows(session_dir, plan.unknown, limits)
+        return plan
+
+    async def resume_unsettled(self) -> int:
+        """At daemon start, before it accepts: open every session that has a call dir without
+        its ``settled`` marker (HOST.md §7), so its calls are re-adopted, settled or re-asked
+        at once. At most ``max_sessions``; one that fails to open is logged and skipped.
+        Returns how many were opened."""
+        ids = await trio.to_thread.run_sync(unsettled_sessions, self.sessions_dir)
+        opened = 0
+        for session_id in ids[: self.config.max_sessions]:
+            try:
+                await self.get(session_id)
+            except Exception as exc:  # one damaged session must not keep the daemon down
+                log.error("session.resume_failed", session=session_id, error=str(exc))
+                continue
+            opened += 1
+        if len(ids) > self.config.max_sessions:
+            log.warning("session.resume_skipped", skipped=len(ids) - self.config.max_sessions,
+                        hint="more sessions have unsettled calls than max_sessions; they open "
+                             "when a request names them")
+        if ids:
+            log.info("session.resumed", sessions=opened)
+        return opened
 
     async def list(self) -> list[dict]:
         """SessionInfo for every session; damaged ones carry ``damaged``."""
@@ -376,4 +417,24 @@ class SessionRegistry:
         }
 
 
-__all__ = ["SessionRegistry", "SessionNotFound", "SessionLimit", "LockHeld"]
+def unsettled_sessions(sessions_dir: Path) -> list[str]:
+    """Session ids with a call dir (``<id>/calls/<callId>/``) that has no ``settled`` marker,
+    sorted; no log is read (a worker thread at daemon start)."""
+    found = set()
+    try:
+        session_ids = os.listdir(sessions_dir)
+    except OSError:
+        return []
+    for session_id in session_ids:
+        calls = sessions_dir / session_id / "calls"
+        try:
+            names = os.listdir(calls)
+        except OSError:
+            continue
+        if is_valid_id(session_id) and any(
+                not os.path.exists(calls / name / SETTLED_MARKER) for name in names):
+            found.add(session_id)
+    return sorted(found)
+
+
+__all__ = ["SessionRegistry", "unsettled_sessions", "SessionNotFound", "SessionLimit", "LockHeld"]
