@@ -34,26 +34,30 @@ import contextlib
 import json
 import signal
 from contextlib import nullcontext
-from dataclasses import dataclass, field
-from typing import Awaitable, Callable
+from typing import Awaitable
 
 import anyio
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from anyio.streams.memory import MemoryObjectReceiveStream
 
 from client.api import Client
-from client.cli.keys import DetachScanner, describe_keys
-from client.cli.localterm import raw_terminal, read_input, terminal_size, write_line
-from client.cli.terminal import emit_bytes, note, silence_stdout
-from client.exits import detached_status, exit_status
+from client.cli.callstate import (
+    Call, Cancelling, Detach, Event, Events, Extra, Followed, Io, OutputDone, OutputState,
+    Result, Waits, say,
+)
+from client.cli.conclude import (
+    detach_exit, detach_note, end_notes, left_early, reattach_hint, result_status,
+)
+from client.cli.keys import DetachScanner
+from client.cli.localterm import raw_terminal, read_input, terminal_size
+from client.cli.terminal import emit_bytes
 from client.link import Link
 from client.raw import Broken, Chunk, End, Gap
-from client.spill import command_ran
-from protocol.lane import ToolResult
 from protocol.rpc import RpcError
 
-__all__ = ["Call", "Io", "Followed", "OutputState", "follow_call", "replay", "call_is_tty", "detach_note",
-           "result_status", "reattach_hint", "detach_exit", "KEYS_RULE", "INPUT_CHUNK",
-           "OUTPUT_STALL_S", "RETRY_S"]
+__all__ = ["Call", "Io", "Followed", "OutputState", "Events", "Waits", "follow_call", "replay",
+           "call_is_tty", "detach_note", "left_early", "end_notes", "result_status",
+           "reattach_hint", "detach_exit", "KEYS_RULE", "INPUT_CHUNK", "OUTPUT_STALL_S",
+           "RETRY_S"]
 
 #: The most stdin bytes one ``tool.write`` carries (the daemon's bound, HOST.md §6).
 INPUT_CHUNK = 1 << 20
@@ -86,89 +90,6 @@ Keys and input:
     A window resize resizes the command's terminal.
   SIGTERM or SIGHUP to dsh detaches (the terminal is restored)."""
 
-
-@dataclass(frozen=True)
-class Call:
-    session_id: str
-    call_id: str
-
-
-@dataclass(frozen=True)
-class Io:
-    """How dsh talks to the call (``KEYS_RULE``)."""
-
-    tty: bool = False  # the call runs under a PTY
-    raw: bool = False  # the local stdin is a terminal, put in raw mode
-    forward: bool = False  # stdin (not a terminal) is copied to the command's stdin
-    detach_keys: bytes = b""
-    cancel_on_interrupt: bool = False
-
-
-# ---------------------------------------------------------------------- events
-@dataclass(frozen=True)
-class Detach:
-    why: str  # "interrupt" | "pipe" | "keys" | "signal"
-    signum: int = 0
-
-
-@dataclass(frozen=True)
-class Cancelling:
-    pass
-
-
-@dataclass(frozen=True)
-class Waits:
-    approval_id: str | None
-
-
-@dataclass(frozen=True)
-class OutputDone:
-    error: str | None = None  # the follow was refused: why
-
-
-@dataclass(frozen=True)
-class Result:
-    result: ToolResult
-
-
-Event = Detach | Cancelling | Waits | OutputDone | Result
-Events = MemoryObjectSendStream[Event]
-#: A task of the caller's that runs beside the others on each connection (``dsh run --ask``).
-Extra = Callable[[Client, Events], Awaitable[None]]
-
-
-@dataclass
-class OutputState:
-    """What ``_output`` printed (read by ``_decide`` and ``conclude``)."""
-
-    position: int = 0
-    dropped: int = 0  # bytes the disk cap dropped before they were printed
-    gaps: int = 0
-    progress_at: float = 0.0
-    result_known: bool = False
-    raw_mode: bool = False
-    error: str | None = None
-    input_done: bool = False  # stdin reached its end and tool.closeStdin was answered
-    input_in_flight: int = 0  # bytes of a tool.write not answered yet
-
-
-@dataclass
-class Followed:
-    """How following ended: the result (None when detached first) and what we knew."""
-
-    result: ToolResult | None
-    detached: Detach | None = None
-    waiting: str | None = None
-    cancelling: bool = False
-    output: OutputState = field(default_factory=OutputState)
-
-
-def say(state: OutputState, text: str) -> None:
-    """One line on stderr (``\\r\\n`` while the terminal is raw)."""
-    if state.raw_mode:
-        write_line(text)
-    else:
-        note(text)
 
 
 # ---------------------------------------------------------------------- the engine
@@ -458,79 +379,6 @@ async def _decide(events: MemoryObjectReceiveStream[Event], followed: Followed) 
             followed.result = event.result
             state.result_known = True
             state.progress_at = anyio.current_time()
-
-
-# ---------------------------------------------------------------------- the end
-def reattach_hint(call: Call) -> str:
-    return f"dsh attach {call.session_id} --call {call.call_id}"
-
-
-def detach_note(call: Call, followed: Followed, io: Io) -> None:
-    """The one line saying we left the call running, and how to come back."""
-    how = followed.detached
-    if followed.waiting:
-        note(f"detached; the call still waits for approval {followed.waiting} (`dsh approve "
-             f"{call.session_id} {followed.waiting}`). Re-attach: {reattach_hint(call)}")
-        return
-    why = f" ({describe_keys(io.detach_keys)})" if how is not None and how.why == "keys" else ""
-    note(f"detached{why}; the command keeps running. Re-attach: {reattach_hint(call)}")
-
-
-def left_early(call: Call, followed: Followed, io: Io) -> int | None:
-    """When we left the call running (detached, or no result): say so, and the status; else
-    None (the call ended and its result is in ``followed``)."""
-    if followed.detached is None and followed.result is not None:
-        return None
-    detach_note(call, followed, io)
-    if followed.detached is not None and followed.detached.why == "pipe":
-        silence_stdout()
-    return detach_exit(followed.detached)
-
-
-def detach_exit(detached: Detach | None) -> int:
-    """The status of a ``dsh run`` that left its call running (``KEYS_RULE``)."""
-    if detached is None or detached.why == "interrupt":
-        return detached_status(False)
-    if detached.why == "pipe":
-        return detached_status(True)
-    if detached.why == "keys":
-        return 0
-    return 128 + detached.signum
-
-
-def end_notes(followed: Followed, result: ToolResult) -> None:
-    """After the output: what of it was not shown, and why. The result's ``totalBytes`` (the
-    bytes the command wrote) is the check: a raw log that ended short is said, and one that is
-    missing altogether (nothing printed) is replaced by the call's window."""
-    state = followed.output
-    truncation = result.details.truncation
-    total = truncation.total_bytes if truncation is not None else 0
-    short = command_ran(result) and state.position < total
-    no_log = command_ran(result) and state.position == 0 and state.dropped == 0 \
-        and (short or state.error is not None)
-    if no_log and result.content:
-        emit_bytes(result.content.encode("utf-8", "replace"))  # the window, at least
-        note(f"dsh: the raw output is not available ({state.error or 'its log is missing'});"
-             " the call's window (its last lines, cleaned) was shown instead")
-    elif short:
-        note(f"dsh: {total - state.position} of {total} bytes of output were not shown: the "
-             f"raw output ended at byte {state.position}"
-             + (f" ({state.error})" if state.error else ""))
-    elif state.error is not None and command_ran(result):
-        note(f"dsh: the output may be incomplete: {state.error}")
-    if state.gaps > 1 or (state.dropped and state.gaps == 0):
-        note(f"dsh: {state.dropped} bytes of the output in all were dropped by the per-call "
-             "disk cap (spill_max_bytes)")
-
-
-def result_status(followed: Followed) -> int:
-    """Print the closing lines of a settled call; its exit status (``client.exits``)."""
-    assert followed.result is not None
-    end_notes(followed, followed.result)
-    status, message = exit_status(followed.result)
-    if message:
-        note(message)
-    return status
 
 
 async def replay(client: Client, call: Call, state: OutputState | None = None) -> OutputState:
