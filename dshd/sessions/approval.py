@@ -126,7 +126,7 @@ class ApprovalDesk:
 
     def answerer_left(self, subscription_id: str) -> None:
         self.answerers.discard(subscription_id)
-        if not self.answerers:
+        if not self.answerers and not self.detached:
             for p in list(self.pending.values()):
                 self._decide(p, "unavailable", "policy", "unavailable-left")
 

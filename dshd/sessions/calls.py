@@ -228,6 +228,28 @@ class CallTable:
     def mark_settled(self, call_id: str) -> None:
         resumed.mark_settled(self.call_dir(call_id))  # best effort (module doc)
 
+    def call_dir(self, call_id: str) -> Path:
+        """The call's directory (HOST.md §3): its log, ``host.json``, ``exit.json``."""
+        return self.dir / "calls" / call_id
+
+    def propose(self, call_id: str, name: str) -> None:
+        """Make ``call_id`` known and waitable before its ``tool/call`` (a model's call)."""
+        self.call_ids.add(call_id)
+        self.call_names[call_id] = name
+        self._settled.setdefault(call_id, trio.Event())
+
+    def settle_unstarted(self, call_id: str, name: str, code: str, text: str) -> dict:
+        """Settle a call refused before its ``tool/call`` (a model's): its ``tool/result`` is
+        appended, it enters ``recent``, and ``wait`` answers it at once (once durable)."""
+        result = plain(self.failed_result(call_id, code, text))
+        ev = self.log.append("tool/result", result)
+        self.propose(call_id, name)
+        self.results[call_id] = result
+        self._result_seqs[call_id] = ev.seq  # wait makes it durable before answering
+        self._settled[call_id].set()
+        self.lane.enter_recent(self.recent_entry(call_id, result))
+        return result
+
     # ----------------------------------------------------------------- the pipeline
     async def _run(self, call: Call,
                    pipeline: Callable[[Call], Awaitable[ToolResult | None]] | None = None

@@ -36,7 +36,7 @@ from protocol.lane import ToolResult
 
 from ..agent.resume import resume_turn
 from ..execution.hosted import HostHandle, adopt_hosted, finished_outcome
-from ..execution.hostlink import host_record
+from ..execution.hostlink import host_record, record_on_disk
 from ..storage.sidecar import PendingOutput
 from . import call_results
 from .call import Call
@@ -129,6 +129,8 @@ async def run_adopted(table: CallTable, call: Call, record: dict | None,
             table.sandbox.name, table.stopping, note=call_results.FINISHED_WHILE_DOWN)
     assert record is not None
     call.keeps = record.get("onDaemonLoss") == "keep"
+    # A lingering host whose command ended while no daemon ran: its result says so.
+    note = call_results.FINISHED_WHILE_DOWN if record_on_disk(call_dir) is not None else None
     call.pending = PendingOutput(table.dir, call.call_id)
 
     def hosted(handle: HostHandle) -> None:
@@ -144,4 +146,4 @@ async def run_adopted(table: CallTable, call: Call, record: dict | None,
     if outcome.detached:
         return None
     return call_results.outcome_result(call.call_id, call.arguments, call.capture, outcome,
-                                       completeness, table.sandbox.name, table.stopping)
+                                       completeness, table.sandbox.name, table.stopping, note)

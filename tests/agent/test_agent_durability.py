@@ -72,7 +72,7 @@ async def test_kill9_during_a_model_proposed_call_then_resume(fake_model, crash_
             end = await wait_turn_end(c, sid, t2)
             events = await events_of(c, sid)
     finally:
-        daemon.stop()
+        daemon.close()
         if sid is not None:
             kill_session_processes(sid)
 
@@ -152,7 +152,7 @@ async def test_a_graceful_stop_interrupts_the_turn(fake_model, crash_root, workd
         async with connect(daemon.socket) as c:
             events = await events_of(c, sid)
     finally:
-        daemon.stop()
+        daemon.close()
         if sid is not None:
             kill_session_processes(sid)
     evs = turn_events(events, t1)

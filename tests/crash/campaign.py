@@ -38,7 +38,7 @@ The kill lands at a uniformly random moment of the round (sometimes while the da
 opens and repairs the sessions). Tools are no longer killed after a kill: they run on and are
 re-adopted. Only at the very end, every process whose command line or environment carries
 the campaign's token is SIGKILLed, and every call host under the state dir is ended
-(``dshd.testing.end_hosts``). Use it from a test with a few iterations, or as a script:
+(``DshdProcess.close``). Use it from a test with a few iterations, or as a script:
 ``python tests/crash/campaign.py --iterations 300`` (exit status 1 when a violation was found).
 """
 
@@ -63,7 +63,7 @@ from protocol.mirror import MirrorBroken
 from client.transport import DshClientError
 from dshd.storage import SessionLog, read_log
 from dshd.storage.errors import StorageError
-from dshd.testing import DshdProcess, end_hosts
+from dshd.testing import DshdProcess
 from protocol.rpc import TIMEOUT as WAIT_TIMEOUT, RpcError
 
 OUTCOME_UNKNOWN = "TOOL_OUTCOME_UNKNOWN"
@@ -303,8 +303,7 @@ class Campaign:
                 self.daemon.kill9()
             await self.final_check()
         finally:
-            self.daemon.kill9()
-            end_hosts(self.daemon.state_dir)
+            self.daemon.close(signal.SIGKILL)  # and every call host under its state dir
             self.summary.leftover_tools_killed += kill_marked(self.token)
             self.summary.seconds = time.monotonic() - started
             self.summary.sessions = len(self.sessions)

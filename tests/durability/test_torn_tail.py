@@ -99,4 +99,4 @@ async def test_torn_plain_log_line(root, workdir):
         read = read_log(path.parent, sid)
         assert not read.torn and as_dicts(read.events) == final
     finally:
-        daemon.kill9()
+        daemon.close(signal.SIGKILL)

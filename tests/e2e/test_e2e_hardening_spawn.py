@@ -219,7 +219,7 @@ def test_pass_env_refuses_dshs_own_variables(workdir):
         with pytest.raises(RuntimeError, match=r"DSH_.*pass_env\[0\]"):
             d.start()
     finally:
-        d.stop()
+        d.close()
 
 
 def _as_big(user, socket_path: Path, requests: list, scratch: Path) -> list:
