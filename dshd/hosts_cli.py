@@ -77,10 +77,17 @@ def _commands(session_dir: Path, session_id: str) -> dict[str, str]:
         return {}
     out = {}
     for ev in events:
-        if ev.type == "tool/call" and isinstance(ev.data.get("arguments"), dict):
-            command = ev.data["arguments"].get("command")
-            if isinstance(command, str):
-                out[str(ev.data.get("callId"))] = command
+        if ev.type != "tool/call":
+            continue
+        arguments = ev.data.get("arguments")  # the arguments' JSON text (STORAGE.md §3)
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except ValueError:
+                continue
+        command = arguments.get("command") if isinstance(arguments, dict) else None
+        if isinstance(command, str):
+            out[str(ev.data.get("callId"))] = command
     return out
 
 
