@@ -5,7 +5,8 @@ their exit codes; replacing HEAD by the older build again keeps every session re
 Theory: the older build is the tree of commit :data:`DETACH_SINCE` (env ``DSH_DETACH_SINCE``
 overrides), exported with ``git archive`` into a scratch directory (the same files a ``git
 worktree add`` checks out, without registering a worktree in the repository a crashed test
-would leave behind) and run with ``PYTHONPATH`` set to it, so that ``python -m dshd`` and the
+would leave behind) and run from it with ``PYTHONPATH`` set to it (``python -m`` puts the working directory
+first), so that ``python -m dshd`` and the
 call host it starts (``python3 -I -S <tree>/dshd/callhost/main.py``) are the older code. Both
 builds share one socket and one state directory, as a package upgrade does. The test skips
 only when this checkout is not a git repository (no history to build from); a commit that is
@@ -15,6 +16,7 @@ missing is a failure that says so.
 from __future__ import annotations
 
 import base64
+import json
 import os
 import shutil
 import subprocess
@@ -31,7 +33,7 @@ from dshd.testing import DshdProcess
 REPO = Path(__file__).resolve().parents[2]
 #: The older build: the first commit whose dshd detaches on stop and re-adopts on start.
 #: Room adopt's commit this test was written against; the lead replaces it with main's.
-DETACH_SINCE = os.environ.get("DSH_DETACH_SINCE") or "d98f806"
+DETACH_SINCE = os.environ.get("DSH_DETACH_SINCE") or "b62f2ed"
 #: (exit code, seconds) of the calls started under the older build.
 CALLS = {"seven": (7, 8), "zero": (0, 5), "three": (3, 2)}
 
@@ -66,8 +68,8 @@ def _older_tree(dest: Path) -> Path:
                              capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
     where = subprocess.run([sys.executable, "-c", "import dshd; print(dshd.__file__)"],
-                           env=dict(os.environ, PYTHONPATH=str(dest)), capture_output=True,
-                           text=True, check=True).stdout.strip()
+                           env=dict(os.environ, PYTHONPATH=str(dest)), cwd=dest,
+                           capture_output=True, text=True, check=True).stdout.strip()
     assert where == str(dest / "dshd" / "__init__.py"), where  # the older code is what runs
     return dest
 
@@ -132,6 +134,11 @@ async def test_calls_started_under_the_older_build_settle_under_head_and_back(bu
     old = make("old")
     old.start()
     sid = await _start_calls(old, workspace)
+    for cid in CALLS:  # each call's host is the older build's callhost/main.py
+        pid = json.loads((old.state_dir / "sessions" / sid / "calls" / cid / "host.json")
+                         .read_text())["pid"]
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        assert str(old.tree / "dshd" / "callhost" / "main.py").encode() in cmdline, cmdline
     assert old.stop() == 0, old.log_tail()  # on_stop = "detach": the hosts run on
 
     head = make("head")
