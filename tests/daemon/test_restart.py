@@ -199,7 +199,10 @@ def test_a_host_that_ended_while_the_daemon_was_down_settles_from_exit_json(rest
     assert result["content"] == "1\n2\n3\n"
 
 
-def test_a_host_killed_while_the_daemon_was_down_is_outcome_unknown(restartable, work):
+@pytest.mark.parametrize("sidecar", ["kept", "lost"])
+def test_a_host_killed_while_the_daemon_was_down_is_outcome_unknown(restartable, work, sidecar):
+    """The host died too (kill -9 while no daemon ran): ``TOOL_OUTCOME_UNKNOWN`` with the last
+    window -- the pending-output sidecar's, or without one the tail of the call's own log."""
     d = restartable()
     rpc = d.rpc()
     sid = rpc.session(work)
@@ -212,6 +215,8 @@ def test_a_host_killed_while_the_daemon_was_down_is_outcome_unknown(restartable,
     wait_for(lambda: not host_alive(record), "the host is gone")
     # Its command may run on a moment (Landlock, none): end it as an operator would.
     tree.kill_tree(-1, None, None, f"{record['tokenVar']}={record['token']}", os.geteuid())
+    if sidecar == "lost":
+        (d.state_dir / "sessions" / sid / "pending" / f"{cid}.ops.jsonl").unlink(missing_ok=True)
     d.start()
     rpc = d.rpc()
     result = rpc.wait(sid, cid)
@@ -322,3 +327,27 @@ def test_an_old_call_dir_without_a_marker_gets_one(restartable, work):
     marker.unlink()
     d.start()
     wait_for(marker.exists, "the marker written by the start's open")
+
+
+def test_the_raw_verbs_and_cancel_reach_an_adopted_call(restartable, work):
+    """``tool.write``, ``tool.signal``, ``tool.resize`` and ``tool.cancel`` after the restart
+    go to the adopted call's host (``Call.host`` is the new handle)."""
+    d = restartable()
+    rpc = d.rpc()
+    sid = rpc.session(work)
+    script = ("trap 'echo got-usr1' USR1; echo ready; read line; echo got:$line; "
+              "while :; do sleep 0.1; done")
+    cid = rpc.start(sid, script, tty=True)
+    wait_for(lambda: output_reaches(rpc, sid, cid, "ready\r"), "ready")
+    rpc.close()
+    restart(d, "sigterm")
+    rpc = d.rpc()
+    rpc.result("tool.resize", {"sessionId": sid, "callId": cid, "cols": 100, "rows": 30})
+    data = base64.b64encode(b"hello\r").decode()
+    rpc.result("tool.write", {"sessionId": sid, "callId": cid, "data": data})
+    wait_for(lambda: output_reaches(rpc, sid, cid, "got:hello\r"), "the written line came back")
+    rpc.result("tool.signal", {"sessionId": sid, "callId": cid, "signal": "USR1"})
+    wait_for(lambda: output_reaches(rpc, sid, cid, "got-usr1\r"), "the signal's trap ran")
+    rpc.result("tool.cancel", {"sessionId": sid, "callId": cid})
+    result = rpc.wait(sid, cid)
+    assert result["errorCode"] == "TOOL_CANCELLED", result

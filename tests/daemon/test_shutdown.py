@@ -166,7 +166,11 @@ async def test_a_detaching_stop_leaves_running_and_asking_calls(daemon, daemon_c
 
     async with trio.open_nursery() as stopping:
         stopping.start_soon(stop)
-        await trio.sleep(0.5)
+        # The slow session has applied the stop (its barrier call is cancelled) before its
+        # disk answers: checkpoints only, no virtual time (a held fsync's thread stops it).
+        sessions = list(daemon.daemon.registry.open.values())
+        while not all(s._calls.stopping for s in sessions):
+            await trio.lowlevel.checkpoint()
         fsync_gate.release()
     await daemon.stop()
     assert alive_after_stop == [True], "the detached call's host must run on"
