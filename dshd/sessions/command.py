@@ -136,9 +136,10 @@ async def run(spec: CommandSpec, session: SessionSettings, cwd: str, config: Con
 
 def make_call_dir(call_dir: Path) -> None:
     """Create the call's directory (and ``calls/``) with mode 0700, at the call's admission
-    (the marker of an unsettled call, HOST.md §7). An existing one must be empty (left by an
-    admission whose ``tool/call`` never became durable) and is made anew; one with files (a
-    call id reused) is refused: ``FileExistsError``, since the host's log must be new."""
+    (the marker of an unsettled call, HOST.md §7). An existing one must be empty, or hold only
+    the ``settled`` marker (left by an admission whose ``tool/call`` never became durable, and
+    marked by the next open), and is made anew; one with other files (a call id reused) is
+    refused: ``OSError``, since the host's log must be new."""
     calls = call_dir.parent
     try:
         os.mkdir(calls, 0o700)
@@ -147,6 +148,8 @@ def make_call_dir(call_dir: Path) -> None:
     try:
         os.mkdir(call_dir, 0o700)
     except FileExistsError:
+        if os.listdir(call_dir) == ["settled"]:  # resumed.SETTLED_MARKER (ops room, issue 13)
+            os.unlink(call_dir / "settled")
         os.rmdir(call_dir)  # OSError (ENOTEMPTY) when it holds anything
         os.mkdir(call_dir, 0o700)
     os.chmod(call_dir, 0o700)
