@@ -103,7 +103,10 @@ class CallHost(Protocol):
 class AgentSlot(Protocol):
     """What a session knows of its agent loop (``dshd.agent.TurnDriver``, made on demand)."""
 
-    def stop(self) -> None: ...
+    def stop(self, policy: str = "cancel") -> None:
+        """End the running turn (``interrupted``), or with ``"detach"`` leave a turn that
+        waits for its tool calls open in the log, to resume after the start."""
+        ...
 
     def busy(self) -> bool: ...
 

@@ -464,7 +464,8 @@ class CallTable:
         call = resumed.rebuild(self, call_id, "gate", "waiting-approval")
 
         async def gate(call_: Call) -> None:
-            await self.approvals.reask(call_, approval_id)
+            await self.approvals.reask(call_, approval_id,
+                                       grace=self.config.reask_grace_seconds)
 
         self.host.spawn(self._run, call, lambda c: self._pipeline(c, gate))
 

@@ -21,7 +21,8 @@ Theory of operation:
   value goes into the same buffered batch) and the caller gets the storage error: a failed
   durable change changes nothing.
 * **Stop.** :meth:`close` (the registry: idle, evicted, daemon stop with the caller's
-  deadline and policy) ends the running turn (``interrupted``), refuses new work
+  deadline and policy) ends the running turn (``interrupted``; with ``"detach"`` a turn that
+  waits for its tool calls stays open instead, to resume after the start), refuses new work
   (``errors.SessionClosing``) and applies the stop policy to the running calls: ``"cancel"``
   (each settles ``TOOL_CANCELLED`` / ``APPROVAL_CANCELLED`` / ``ABORTED_BEFORE_DISPATCH``) or,
   for a daemon stop with ``on_stop = "detach"``, ``"detach"`` (running commands and pending
@@ -303,7 +304,9 @@ class Session:
                     task_status.started()
                     await self._closed.wait()
                     if self.agent is not None:
-                        self.agent.stop()  # the running turn ends ``interrupted``
+                        # the running turn ends ``interrupted`` (or, detached while it
+                        # waits for tool calls, stays open to resume after the start)
+                        self.agent.stop(self._stop_policy)
                     self._calls.stop(self._stop_policy)
                     # The calls end gracefully (TERM, kill_grace, KILL) while the deadline
                     # allows; what still runs near it is cancelled (its command killed at
