@@ -77,15 +77,15 @@ def _older_tree(dest: Path) -> Path:
 @pytest.fixture
 def builds():
     root = Path(tempfile.mkdtemp(prefix="dshup-"))
-    old = _older_tree(root / "old")
     made: list[BuildProcess] = []
-
-    def make(which: str) -> BuildProcess:
-        d = BuildProcess(root, old if which == "old" else None)
-        made.append(d)
-        return d
-
     try:
+        old = _older_tree(root / "old")
+
+        def make(which: str) -> BuildProcess:
+            d = BuildProcess(root, old if which == "old" else None)
+            made.append(d)
+            return d
+
         yield make, root
     finally:
         for d in made:
