@@ -32,8 +32,8 @@ OBJECTS = ["main", "parse", "table", "hash", "crc", "list", "fmt", "stats"]
 def daemon():
     root = Path(tempfile.mkdtemp(prefix="dshcp-"))
     d = DshdProcess(root)
-    d.start()
     try:
+        d.start()
         yield d
     finally:
         d.close()  # the daemon, then every call host under its state dir
