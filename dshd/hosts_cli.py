@@ -18,7 +18,7 @@ directory: that daemon owns the calls (``dsh cancel SESSION CALL`` records their
 external kill would settle them as a dead host). Output: one tab-separated line per host on
 stdout, or one JSON array with ``--json``; a summary on stderr. Exit status: 0, 1 when the
 state directory does not exist, ``--cancel`` is refused or a host would not end, 2 for a
-usage error.
+usage error, 141 when stdout is a closed pipe (``--cancel`` still ends the hosts).
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ __all__ = ["HostInfo", "live_hosts", "main"]
 
 #: Most hosts listed (and cancelled) in one run; a state dir holds at most max_calls running.
 MAX_HOSTS = 65_536
+#: Exit status when stdout was closed (a broken pipe), as the other commands.
+EXIT_BROKEN_PIPE = 141
 #: Longest command shown in the human listing (the JSON has it whole).
 SHOWN_COMMAND = 120
 
@@ -162,11 +164,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dsh: no state directory {root}", file=sys.stderr)
         return 1
     hosts = live_hosts(root)
-    if args.json:
-        print(json.dumps([asdict(h) for h in hosts], ensure_ascii=False))
-    else:
-        for host in hosts:
-            print(_line(host))
+    try:
+        if args.json:
+            print(json.dumps([asdict(h) for h in hosts], ensure_ascii=False), flush=True)
+        else:
+            for host in hosts:
+                print(_line(host))
+            sys.stdout.flush()
+    except BrokenPipeError:  # `dshd hosts | head`: stdout closed; what follows still runs
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        if not args.cancel:
+            return EXIT_BROKEN_PIPE
     if not args.cancel:
         print(f"dsh: {len(hosts)} call host{'' if len(hosts) == 1 else 's'} alive under {root}",
               file=sys.stderr)

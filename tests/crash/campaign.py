@@ -27,8 +27,8 @@ is kept in a ledger; the checks compare the ledger, the marker files and the log
   host (HOST.md §7): the next daemon re-adopts it or settles it from its exit record. So a
   call without a ``tool/result`` after a restart is legal while the daemon has it running
   (``tool.wait`` with a short timeout says so), and every such call must settle before the
-  final check. Besides the short calls, every other round starts a **long call** (``sleep``
-  12–20 s, then a random exit code); in half the rounds (the odd ones) the kill waits until
+  final check. Besides the short calls, every other round (and any round with fewer than two
+  running) starts a **long call** (``sleep`` 12–20 s, then a random exit code); in half the rounds (the odd ones) the kill waits until
   at least one long call has been running for ``long_age`` (10) s -- by its marker's mtime,
   the moment its command started -- and is still running. After the restarts at least
   ``long_real_share`` (99%) of those calls must settle with their real exit code, none may
@@ -37,8 +37,8 @@ is kept in a ledger; the checks compare the ledger, the marker files and the log
 The kill lands at a uniformly random moment of the round (sometimes while the daemon still
 opens and repairs the sessions). Tools are no longer killed after a kill: they run on and are
 re-adopted. Only at the very end, every process whose command line or environment carries
-the campaign's token is SIGKILLed, and every call host under the state dir is ended
-(``DshdProcess.close``). Use it from a test with a few iterations, or as a script:
+the campaign's token is SIGKILLed, and every live call host under the state dir is ended
+(:func:`end_live_hosts`). Use it from a test with a few iterations, or as a script:
 ``python tests/crash/campaign.py --iterations 300`` (exit status 1 when a violation was found).
 """
 
@@ -63,6 +63,7 @@ from protocol.mirror import MirrorBroken
 from client.transport import DshClientError
 from dshd.storage import SessionLog, read_log
 from dshd.storage.errors import StorageError
+from dshd.execution.hostlink import end_host, host_alive, host_record
 from dshd.testing import DshdProcess
 from protocol.rpc import TIMEOUT as WAIT_TIMEOUT, RpcError
 
@@ -122,6 +123,18 @@ def kill_marked(token: str, timeout: float = 5.0) -> int:
     return len(found)
 
 
+def end_live_hosts(state_dir: Path) -> int:
+    """End every *live* call host under ``state_dir`` (``hostlink.end_host``); how many.
+    (``DshdProcess.close`` also sweeps the token carriers of every dead host, one ``/proc``
+    scan per call dir: minutes for a campaign's thousands of calls; ``kill_marked`` sweeps
+    the campaign's token once instead.)"""
+    ended = 0
+    for call_dir in sorted(Path(state_dir).glob("sessions/*/calls/*")):
+        if host_alive(host_record(call_dir)):
+            ended += end_host(call_dir)
+    return ended
+
+
 # ----------------------------------------------------------------------------- ledger
 @dataclass
 class SessionRecord:
@@ -151,6 +164,10 @@ class LongCall:
     sid: str
     code: int
     seconds: int
+    #: time.time() when its tool.run was answered (its tool/call durable).
+    sent_at: float = 0.0
+    #: Its tool/result was seen (by its waiter or by a verification after a restart).
+    settled: bool = False
 
 
 @dataclass
@@ -303,7 +320,8 @@ class Campaign:
                 self.daemon.kill9()
             await self.final_check()
         finally:
-            self.daemon.close(signal.SIGKILL)  # and every call host under its state dir
+            self.daemon.kill9()
+            end_live_hosts(self.daemon.state_dir)
             self.summary.leftover_tools_killed += kill_marked(self.token)
             self.summary.seconds = time.monotonic() - started
             self.summary.sessions = len(self.sessions)
@@ -331,19 +349,20 @@ class Campaign:
             nursery.cancel_scope.cancel()
         await self.after_kill(it)
 
-    def long_running(self) -> bool:
-        """Some durable long call is not settled and has time left (or has not started)."""
-        now = time.time()
+    def long_running(self) -> int:
+        """How many durable long calls are not settled and have time left (or are about to start:
+        durable for less than 5 s without its marker; one that never started settles
+        ``TOOL_OUTCOME_UNKNOWN``, and a verification marks it settled)."""
+        now, running = time.time(), 0
         for cid, call in self.long.items():
             rec = self.sessions.get(call.sid)
-            if rec is None or cid in rec.acked:
+            if rec is None or cid in rec.acked or call.settled:
                 continue
             try:
-                if now < (self.markers / cid).stat().st_mtime + call.seconds - 2.0:
-                    return True
+                running += now < (self.markers / cid).stat().st_mtime + call.seconds - 2.0
             except FileNotFoundError:
-                return True
-        return False
+                running += now - call.sent_at < 5.0
+        return running
 
     def old_long_calls(self) -> set[str]:
         """Long calls whose command has run >= long_age s (marker mtime) and still runs (it
@@ -351,7 +370,7 @@ class Campaign:
         now, found = time.time(), set()
         for cid, call in self.long.items():
             rec = self.sessions.get(call.sid)
-            if rec is None or cid in rec.acked:
+            if rec is None or cid in rec.acked or call.settled:
                 continue
             try:
                 started = (self.markers / cid).stat().st_mtime
@@ -362,13 +381,14 @@ class Campaign:
         return found
 
     async def wait_for_old_long_calls(self) -> set[str]:
-        """Wait (bounded by half the round's budget) until a long call is old enough."""
-        with trio.move_on_after(self.iteration_timeout / 2):
+        """Wait (bounded: the round's budget less 20 s) until a long call is old enough."""
+        bound = max(self.iteration_timeout - 20.0, self.long_age + 10.0)
+        with trio.move_on_after(bound):
             while not (hit := self.old_long_calls()):
                 await trio.sleep(0.05)
             return hit
-        self.violation(f"no long call reached {self.long_age} s within "
-                       f"{self.iteration_timeout / 2} s (none started?)")
+        self.violation(f"no long call reached {self.long_age} s within {bound} s "
+                       "(none started?)")
         return set()
 
     async def after_kill(self, it: int) -> None:
@@ -524,6 +544,8 @@ class Campaign:
                 self.violation(f"{sid}: {cid} settled unexpectedly: {res.get('errorCode')} "
                                f"{res.get('content', '')[:200]}")
         for cid, rs in results.items():
+            if cid in self.long:
+                self.long[cid].settled = True
             self.summary.results_checked += 1 if cid not in rec.counted else 0
             code = rs[0].get("errorCode")
             if cid not in rec.counted:
@@ -588,7 +610,7 @@ class Campaign:
                 nursery.start_soon(self.guard, self.stream, rec)
                 for w in range(self.workers_per_session):
                     nursery.start_soon(self.guard, self.worker, rec, it, w)
-            if it % 2 == 0 or not self.long_running():
+            if it % 2 == 0 or self.long_running() < 2:
                 nursery.start_soon(self.guard, self.long_worker, self.rng.choice(live), it)
 
     async def guard(self, fn, *args) -> None:
@@ -628,10 +650,12 @@ class Campaign:
             rec.sent[cid] = command
             self.summary.calls_sent += 1
             await c.run_tool(rec.sid, command, call_id=cid, approved=True)
+            call.sent_at = time.time()
             self.long[cid] = call  # durable now: its tool/call is in the log
             self.summary.long_calls += 1
             result = await c.wait(rec.sid, cid)
             rec.acked[cid] = result
+            call.settled = True
             self.summary.calls_acked += 1
 
     async def stream(self, rec: SessionRecord) -> None:

@@ -107,3 +107,13 @@ def test_cancel_ends_every_host_and_refuses_while_a_daemon_holds_the_state_dir(s
         helpers.wait_gone(run.pid)
         assert helpers.token_carriers(run.spec["token"]) == []  # the command's tree too
     assert json.loads(_hosts(root, "--json").stdout) == []
+
+
+def test_a_closed_stdout_is_exit_141_without_a_traceback(state):
+    root, start = state
+    start("live", ["sleep", "300"])
+    proc = subprocess.Popen([sys.executable, "-m", "dshd", "hosts", "--state-dir", str(root)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # `dshd hosts | head -0`: nobody reads
+    err = proc.stderr.read().decode()
+    assert proc.wait(60) == 141 and "Traceback" not in err, err
