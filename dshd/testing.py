@@ -113,6 +113,11 @@ class DshdProcess:
         except OSError:
             return "(no log)"
 
+    def kill_hosts(self) -> int:
+        """SIGKILL every live call host under the state directory with its command tree, as
+        a machine crash would (no ``exit.json``): the calls' outcome is really unknown."""
+        return kill_hosts(self.state_dir)
+
     def close(self, sig: int = signal.SIGTERM) -> int:
         """Stop the daemon (:meth:`stop`), then end every call host under the state directory
         (module doc); returns how many live hosts were ended."""
@@ -130,3 +135,22 @@ def end_hosts(state_dir: Path) -> int:
         if (call_dir / "host.json").exists():
             ended += end_host(call_dir)
     return ended
+
+
+def kill_hosts(state_dir: Path) -> int:
+    """SIGKILL every live call host under ``state_dir`` and its command's tree (the run's
+    token carriers too); how many hosts there were."""
+    from dshd.callhost import tree
+    from dshd.execution.hostlink import host_alive, host_record
+
+    killed = 0
+    for call_dir in sorted(Path(state_dir).glob("sessions/*/calls/*")):
+        record = host_record(call_dir)
+        if not host_alive(record):
+            continue
+        assert record is not None
+        os.kill(record["pid"], signal.SIGKILL)
+        marker = f"{record.get('tokenVar')}={record.get('token')}"
+        tree.kill_tree(record["pid"], None, None, marker, int(record.get("uid", os.geteuid())))
+        killed += 1
+    return killed

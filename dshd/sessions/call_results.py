@@ -21,8 +21,8 @@ from ..execution.hosted import ExecOutcome
 from ..results import sentence
 
 #: The note of a result settled from its host's exit record after a restart (HOST.md §7).
-FINISHED_WHILE_DOWN = ("dshd was not running when the command ended; its output and exit code "
-                       "were recorded by its call host")
+FINISHED_WHILE_DOWN = ("dshd was not running when the command ended (or lost its record of the "
+                       "end); its output and exit code were recorded by its call host")
 
 
 def zero_truncation(config: Config) -> Truncation:

@@ -351,3 +351,49 @@ def test_the_raw_verbs_and_cancel_reach_an_adopted_call(restartable, work):
     rpc.result("tool.cancel", {"sessionId": sid, "callId": cid})
     result = rpc.wait(sid, cid)
     assert result["errorCode"] == "TOOL_CANCELLED", result
+
+
+def test_adopted_calls_count_in_the_call_limits(restartable, work):
+    d = restartable("max_calls_per_session = 1\n")
+    rpc = d.rpc()
+    sid = rpc.session(work)
+    cid = start_loop(rpc, sid, work, n=200, code=0, pause=0.2)
+    wait_for(lambda: output_reaches(rpc, sid, cid, "1"), "the loop printed 1")
+    rpc.close()
+    restart(d, "kill9")
+    rpc = d.rpc()
+    refused = rpc.call("tool.run", {"sessionId": sid, "name": "bash", "approved": True,
+                                    "arguments": {"command": "true"}})
+    assert refused.get("error", {}).get("code") == -32013, refused
+    assert rpc.result("tool.cancel", {"sessionId": sid, "callId": cid})
+    assert rpc.wait(sid, cid)["errorCode"] == "TOOL_CANCELLED"
+
+
+def test_a_follow_after_the_restart_streams_an_adopted_call_to_its_end(restartable, work):
+    """``tool.follow`` from a new client after the restart: every byte from offset 0, once,
+    in order, then ``eof`` with the real exit code."""
+    d = restartable()
+    rpc = d.rpc()
+    sid = rpc.session(work)
+    cid = start_loop(rpc, sid, work, n=10, code=6, pause=0.3)
+    wait_for(lambda: output_reaches(rpc, sid, cid, "2"), "the loop printed 2")
+    rpc.close()
+    restart(d, "kill9")
+    rpc = d.rpc()
+    follow_id = rpc.result("tool.follow", {"sessionId": sid, "callId": cid})["followId"]
+    data, offset, end = b"", 0, None
+    deadline = time.monotonic() + LIVENESS
+    while end is None:
+        assert time.monotonic() < deadline, "the follow did not end"
+        msg = json.loads(rpc.file.readline())
+        params = msg.get("params") or {}
+        if msg.get("method") != "output" or params.get("followId") != follow_id:
+            continue
+        if "data" in params:
+            assert params["offset"] == offset, (params["offset"], offset)
+            chunk = base64.b64decode(params["data"])
+            data, offset = data + chunk, offset + len(chunk)
+        if params.get("eof"):
+            end = params
+    assert data.decode() == "".join(f"{i}\n" for i in range(1, 11))
+    assert end.get("exitCode") == 6, end
