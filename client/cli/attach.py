@@ -33,7 +33,7 @@ import anyio
 import click
 
 from client.api import CallLost, Client
-from client.cli.approve import answer_session
+from client.cli.approve import answer_across_restarts
 from client.cli.common import (
     RECONNECT_RULE, Options, execute_linked, pass_options, reconnect_option,
 )
@@ -187,7 +187,7 @@ def attach(opts: Options, session_id: str, call_id: str | None, tail: int | None
                                "or --tail")
     if approve:
         sys.exit(execute_linked(
-            opts, lambda link: ride(link, lambda c: answer_session(c, session_id, follow), note),
+            opts, lambda link: answer_across_restarts(link, session_id, follow),
             reconnect_timeout=reconnect_timeout, approvals=True))
     sys.exit(execute_linked(
         opts, lambda link: attach_session(link, session_id, call_id, follow, tail, detach_keys),

@@ -25,7 +25,7 @@ from client.api import Client
 from client.cli.common import (
     Options, execute, execute_linked, json_flag, pass_options, reconnect_option,
 )
-from client.cli.stream import Call, Followed, OutputState, replay, result_status
+from client.cli.stream import Call, Followed, OutputState, replay, result_status, wait_result
 from client.link import Link, ride
 from client.cli.terminal import cell, emit, fmt_time, is_tty, note, print_json, short, stdout
 from client.exits import decided_status, exit_status
@@ -174,14 +174,15 @@ def wait(opts: Options, session_id: str, call_id: str, timeout: float | None,
     """
 
     async def body(link: Link) -> int:
-        result = await ride(link, lambda c: c.wait(session_id, call_id, timeout), note)
+        call = Call(session_id, call_id)
+        result = await ride(link, lambda c: wait_result(c, call, timeout), note)
         if as_json or opts.json:
             print_json(result)
             return exit_status(result)[0]
         followed = Followed(result)
         if command_ran(result):
             state = OutputState(result_known=True)  # how far it printed: on from there
-            await ride(link, lambda c: _replayed(c, Call(session_id, call_id), state), note)
+            await ride(link, lambda c: _replayed(c, call, state), note)
             followed.output = state
         return result_status(followed)
 

@@ -52,10 +52,11 @@ from client.cli.localterm import raw_terminal, read_input, terminal_size
 from client.cli.terminal import emit_bytes
 from client.link import Link
 from client.raw import Broken, Chunk, End, Gap
-from protocol.rpc import RpcError
+from protocol.lane import ToolResult
+from protocol.rpc import STORAGE_FAILURE, RpcError
 
 __all__ = ["Call", "Io", "Followed", "OutputState", "Events", "Waits", "follow_call", "replay",
-           "call_is_tty", "detach_note", "left_early", "end_notes", "result_status",
+           "wait_result", "call_is_tty", "detach_note", "left_early", "end_notes", "result_status",
            "reattach_hint", "detach_exit", "KEYS_RULE", "INPUT_CHUNK", "OUTPUT_STALL_S",
            "RETRY_S"]
 
@@ -69,6 +70,9 @@ OUTPUT_STALL_S = 10.0
 RETRY_S = 0.25
 #: How often in a row a follow the daemon could not read is tried again without progress.
 BROKEN_RETRIES = 3
+#: ``tool.wait`` answered STORAGE_FAILURE: asked again this often, this far apart (``wait_result``).
+WAIT_RETRIES = 3
+WAIT_RETRY_S = 1.0
 EVENT_BOUND = 16
 #: -32006: the call settled (HOST.md §6).
 NOT_RUNNING = -32006
@@ -271,7 +275,22 @@ def _gap(state: OutputState, gap: Gap) -> None:
 
 async def _wait_result(client: Client, call: Call, events: Events) -> None:
     async with events:
-        await events.send(Result(await client.wait(call.session_id, call.call_id)))
+        await events.send(Result(await wait_result(client, call)))
+
+
+async def wait_result(client: Client, call: Call, timeout: float | None = None) -> ToolResult:
+    """``tool.wait``; a ``STORAGE_FAILURE`` answer ("the session stopped before the result
+    was recorded; ask again": a daemon stopping, or a session that crashed and reopens from
+    its log) is asked again up to ``WAIT_RETRIES`` times -- a stopping daemon closes the
+    connection meanwhile, which the caller's link takes for a restart."""
+    for attempt in range(WAIT_RETRIES + 1):
+        try:
+            return await client.wait(call.session_id, call.call_id, timeout)
+        except RpcError as exc:
+            if exc.code != STORAGE_FAILURE or attempt == WAIT_RETRIES:
+                raise
+        await anyio.sleep(WAIT_RETRY_S)
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 def not_started(exc: RpcError) -> bool:

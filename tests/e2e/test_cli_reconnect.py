@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+import zstandard
 
 from tests.e2e.conftest import DaemonProcess
 from tests.e2e.tmux import Pane, have_tmux
@@ -54,12 +55,13 @@ def work(tmp_path):
 class Dsh:
     """A ``dsh`` subprocess whose stdout and stderr go to files (read them any time)."""
 
-    def __init__(self, d: DaemonProcess, tmp: Path, name: str, *args: str, cwd: Path) -> None:
+    def __init__(self, d: DaemonProcess, tmp: Path, name: str, *args: str, cwd: Path,
+                 stdin: int = subprocess.DEVNULL) -> None:
         self.out_path, self.err_path = tmp / f"{name}.out", tmp / f"{name}.err"
         with self.out_path.open("wb") as out, self.err_path.open("wb") as err:
             self.proc = subprocess.Popen([sys.executable, "-m", "client.cli", *args],
                                          env=d.env, cwd=cwd, stdout=out, stderr=err,
-                                         stdin=subprocess.DEVNULL)
+                                         stdin=stdin)
 
     @property
     def out(self) -> str:
@@ -117,6 +119,28 @@ def waited(d: DaemonProcess, sid: str, cid: str, cwd: Path) -> dict:
     """``tool.wait`` from a new client (``dsh wait --json``)."""
     r = d.dsh("--json", "wait", sid, cid, cwd=str(cwd), timeout=120)
     return json.loads(r.stdout)
+
+
+def until_on_disk(d: DaemonProcess, sid: str, text: str, timeout: float = 60) -> None:
+    """Wait until the session's log file holds ``text`` (written out, as a crash finds it)."""
+    path = d.state_dir / "sessions" / sid / "session.v1.jsonl.zst"
+    deadline = time.monotonic() + timeout
+    while text not in on_disk(path):
+        assert time.monotonic() < deadline, f"{text} never reached {path}"
+        time.sleep(0.1)
+
+
+def on_disk(path: Path) -> str:
+    """What of a zstd log can be read now (a frame still being written ends the text)."""
+    out = bytearray()
+    with path.open("rb") as f:
+        reader = zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True)
+        try:
+            while chunk := reader.read(65536):
+                out += chunk
+        except zstandard.ZstdError:
+            pass
+    return out.decode(errors="replace")
 
 
 def until_connections(d: DaemonProcess, count: int, cwd: Path, timeout: float = 60) -> None:
@@ -211,7 +235,8 @@ def test_run_rides_through_a_graceful_restart_and_a_crash(dshd, work, tmp_path):
     assert "TOOL_OUTCOME_UNKNOWN" not in err, err
     result = waited(dshd, sid, cid, work)
     assert result["exitCode"] == 7 and result.get("errorCode") is None, result
-    assert result["details"]["sandbox"]["provider"] == "bwrap", result
+    status = json.loads(dshd.dsh("--json", "status", cwd=str(work)).stdout)
+    assert status["sandbox"]["provider"] == "bwrap", status  # the call ran confined by bwrap
     assert lines_of((work / "marks").read_text()) == numbers(30)
 
 
@@ -296,3 +321,44 @@ def test_a_tty_call_gets_keys_and_size_again_after_a_restart(dshd, work, tmp_pat
         assert pane.done(mark) == 4
     finally:
         pane.close()
+
+
+# ---------------------------------------------------------------------- an approval pending
+@pytest.mark.parametrize("how,answer", [("term", "y"), ("kill", "y"), ("term", "n")])
+def test_an_approval_pending_across_a_restart_is_answered_after_it(dshd, work, tmp_path, how,
+                                                                   answer):
+    """``dsh attach --approve`` and ``dsh run --ask`` both ride through the restart: the
+    answerer shows the request again (same approvalId), y runs the command once, n never."""
+    first = dshd.dsh("run", "--", "true", cwd=str(work))
+    sid = first.stderr.split()[1]
+    answerer = Dsh(dshd, tmp_path, "answerer", "attach", "--approve", "--follow", sid,
+                   cwd=work, stdin=subprocess.PIPE)
+    until_connections(dshd, 2, work)  # the answerer is attached before the call is asked
+    run = Dsh(dshd, tmp_path, "run", "run", "--ask", "--session", sid, "--", "sh", "-c",
+              "echo ran >> marker; echo done", cwd=work)
+    run.until_err("waits for approval ")
+    approval_id = run.err.split("waits for approval ", 1)[1].split(":", 1)[0]
+    answerer.until_err(f"approval {approval_id}: call")
+    until_on_disk(dshd, sid, f'"approvalId":"{approval_id}"')  # a crash keeps the request
+    restart(dshd, how)
+    run.until_err("dsh: dshd is back")
+    answerer.until_err("dsh: reconnected to dshd")
+    deadline = time.monotonic() + 60
+    while answerer.err.count(f"approval {approval_id}: call") < 2:  # shown again, same id
+        assert time.monotonic() < deadline and answerer.proc.poll() is None, answerer.err
+        time.sleep(0.05)
+    answerer.proc.stdin.write(f"{answer}\n".encode())
+    answerer.proc.stdin.flush()
+    try:
+        status = run.wait()
+    finally:
+        answerer.proc.stdin.close()
+        answerer.proc.terminate()
+        answerer.wait()
+    marker = work / "marker"
+    if answer == "y":
+        assert status == 0 and run.out == "done\n", run.err
+        assert marker.read_text() == "ran\n"
+    else:
+        assert status == 125 and "APPROVAL_REJECTED" in run.err, run.err
+        assert not marker.exists()
