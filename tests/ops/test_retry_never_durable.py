@@ -22,8 +22,8 @@ async def test_a_call_id_that_never_became_durable_runs_when_sent_again(tmp_path
     workspace = tmp_path / "ws"
     workspace.mkdir()
     daemon = DshdProcess(root)
-    daemon.start()
     try:
+        daemon.start()
         async with connect(daemon.socket, "retry-test") as c:
             sid = (await c.call("session.create", {"cwd": str(workspace)}))["sessionId"]
         daemon.kill9()
