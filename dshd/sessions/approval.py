@@ -10,6 +10,7 @@ situation                                   outcome          by
 caller pre-approved (``approved: true``)    allowed-once     caller
 session policy ``never``                    rejected         policy
 no answerer attached at ask time            unavailable      policy
+the ask cannot be made durable              rejected         policy
 an answerer decides allow / reject          allowed-once /   answerer
                                             rejected
 the last answerer leaves while pending      unavailable      policy
@@ -25,9 +26,11 @@ the call is cancelled while pending         cancelled        caller
 
 Only ``allowed-once`` returns; every other outcome raises ``CallFailed`` with its code and a
 sentence (``dshd.results``, via ``WHY``), so the call settles without running (fail closed). An
-audit append that fails rejects the call: there is no unrecorded grant. A pending request is in
-the lane view's ``approvals`` (so an answerer that attaches later sees it in its base batch)
-until decided. Answerers are connections that said ``capabilities.approvals`` and hold a
+audit append that fails rejects the call: there is no unrecorded grant. A request is shown only
+once its ``approval/asked`` is durable (one that cannot be made durable rejects the call, as a
+failed append does), so every request a person sees survives a crash and is asked again after
+the start (below). A pending request is in the lane view's ``approvals`` (so an answerer that
+attaches later sees it in its base batch) until decided. Answerers are connections that said ``capabilities.approvals`` and hold a
 subscription to the session; :meth:`answerer_joined` / :meth:`answerer_left` keep the count.
 
 **Re-ask** (HOST.md §7): a call whose ``approval/asked`` has no ``approval/decided`` when the
@@ -63,6 +66,7 @@ from protocol.lane import ApprovalRequest
 
 from .. import errors
 from ..results import CallFailed, sentence
+from ..storage.errors import StorageError
 
 #: why -> (errorCode, variant of ``dshd.results.SENTENCES``) of an outcome that does not run.
 WHY = {
@@ -90,6 +94,10 @@ class ApprovalPort(Protocol):
 
     def record(self, type_: str, data: dict) -> int:
         """Append an event to the session log; its seq. Raises when it cannot."""
+        ...
+
+    async def wait_durable(self, seq: int) -> None:
+        """Return once the log is durable through ``seq``; StorageError when it cannot be."""
         ...
 
     def show_approval(self, approval_id: str, request: ApprovalRequest) -> None: ...
@@ -191,7 +199,7 @@ class ApprovalDesk:
         approval_id = "a-" + secrets.token_hex(6)
         summary = summary_of(call)
         try:
-            self.port.record(
+            asked_seq = self.port.record(
                 "approval/asked",
                 {"approvalId": approval_id, "callId": call.call_id, "tool": call.name,
                  "summary": summary},
@@ -207,7 +215,7 @@ class ApprovalDesk:
             self._decide(p, "unavailable", "policy", "unavailable")
         else:
             await self._ask(p, ApprovalRequest(call.call_id, call.name, summary,
-                                               time.time_ns() // 1_000_000))
+                                               time.time_ns() // 1_000_000), asked_seq)
         assert p.outcome is not None and p.by is not None
         if not self._record(p):
             raise refused("audit")
@@ -244,13 +252,21 @@ class ApprovalDesk:
         if not self.answerers:
             self._decide(p, "unavailable", "policy", "unavailable-grace")
 
-    async def _ask(self, p: _Pending, request: ApprovalRequest) -> None:
-        """Show the request and wait for its decision; a cancel (of the call's scope) while
+    async def _ask(self, p: _Pending, request: ApprovalRequest,
+                   asked_seq: int | None = None) -> None:
+        """Make the ask durable (``asked_seq``: its ``approval/asked``; a re-ask's already is),
+        show the request and wait for its decision; a cancel (of the call's scope) while
         waiting is recorded as ``cancelled`` and goes on."""
         self.pending[p.approval_id] = p
-        self.port.show_approval(p.approval_id, request)
         try:
-            await p.decided.wait()
+            if asked_seq is not None:
+                try:
+                    await self.port.wait_durable(asked_seq)
+                except StorageError:
+                    self._decide(p, "rejected", "policy", "audit")
+            if p.outcome is None:
+                self.port.show_approval(p.approval_id, request)
+                await p.decided.wait()
         finally:
             self.pending.pop(p.approval_id, None)
             self.port.hide_approval(p.approval_id)

@@ -228,7 +228,9 @@ async def test_start_steer_and_their_refusals(tmp_path):
             driver.steer("early")
         assert no_turn.value.data == {"code": "NO_TURN"}
         turn_id = driver.start("hi")
-        await _until(lambda: "step/start" in port.types())  # the model "streams" slowly
+        # the model "streams" slowly: wait for its first word (a step/start alone can come
+        # before any text, and then no partial answer is recorded)
+        await _until(lambda: port.turn_lane.turn and port.turn_lane.turn["text"])
         with pytest.raises(errors.TurnBusy) as busy:
             driver.start("again")
         assert busy.value.data == {"code": "TURN_RUNNING", "turnId": turn_id}
@@ -317,3 +319,30 @@ async def test_a_cancelling_stop_of_a_waiting_turn_still_ends_it(tmp_path, autoj
         driver.stop("cancel")
         await _until(lambda: port.end() is not None)
     assert port.end()["reason"] == "interrupted" and port.cancelled == list(port.started)
+
+
+@pytest.mark.parametrize("autojump_clock", [trio.testing.MockClock(autojump_threshold=0)])
+async def test_a_resumed_turn_can_be_cancelled(tmp_path, autojump_clock):
+    """turn.cancel on a resumed turn cancels the call it waits for (through the port) and
+    ends the turn ``cancelled``, with its open step closed first."""
+    from dshd.agent.resume import resume_turn
+
+    turn, call = "t-1", "m-1"
+    log = [Ev(0, "turn/start", {"turnId": turn}),
+           Ev(1, "message/user", {"turnId": turn, "text": "hi"}),
+           Ev(2, "step/start", {"turnId": turn, "stepId": "s1"}),
+           Ev(3, "message/assistant", {"turnId": turn, "stepId": "s1", "text": "go",
+                                       "toolCalls": [{"callId": call, "name": "bash",
+                                                      "arguments": "{}"}]}),
+           Ev(4, "tool/call", {"callId": call, "name": "bash", "turnId": turn})]
+    async with trio.open_nursery() as nursery:
+        port = FakePort(nursery, _script(tmp_path, {"text": "never asked"}))
+        port.log = list(log)
+        port.propose_call(call, "bash")
+        assert await resume_turn(port, port.log, turn) is True
+        await _until(lambda: port.turn_lane.turn is not None)
+        assert TurnDriver.of(port).cancel() is True
+        await _until(lambda: port.end() is not None)
+    assert port.cancelled == [call]
+    assert port.types()[5:] == ["tool/result", "step/end", "turn/end"]
+    assert port.end() == {"turnId": turn, "reason": "cancelled"}

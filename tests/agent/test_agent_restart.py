@@ -15,14 +15,21 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import trio
 
 from client.api import connect
+from dshd.agent.history import build_messages
 from tests.agent.helpers import (
-    DaemonProcess, approve_all, events_of, turn_events, wait_turn_end, wait_until,
+    WAIT_S, DaemonProcess, approve_all, events_of, turn_events, wait_turn_end, wait_until,
 )
+
+class Ev(NamedTuple):
+    type: str
+    data: dict
+
 
 BUILD = "echo ran >> marker.txt; sleep 4; echo built-$((6 * 7))"
 
@@ -67,6 +74,15 @@ async def start_turn(daemon: DaemonProcess, workdir: Path, ready) -> tuple[str, 
     return sid, turn_id
 
 
+async def approvals(sub) -> dict:
+    """The lane's ``approvals`` once it shows one (bounded): read view by view."""
+    with trio.fail_after(WAIT_S):
+        view = await sub.next_view()
+        while not view.get("approvals"):
+            view = await sub.next_view()
+        return dict(view["approvals"])
+
+
 def tool_running(view) -> bool:
     return any(t["state"] == "running" for t in (view or {}).get("tools", {}).values())
 
@@ -101,6 +117,47 @@ async def test_a_turn_waiting_on_a_long_call_resumes_after_a_restart(root, workd
     assert turn[-3]["data"]["text"] == "Built: the answer is 42."
     assert marker.read_text() == "ran\n"  # the command ran once
     assert sum(e["type"] == "turn/start" for e in events) == 1
+    # What the model was shown for its second step: the call's real result, right after it.
+    messages = build_messages([Ev(e["type"], e["data"]) for e in turn[:-3]], "system")
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool"]
+    assert messages[3]["content"] == "built-42\n[exit code: 0]"
+
+
+async def test_a_turn_whose_call_waited_for_approval_resumes_once_it_is_allowed(root, workdir):
+    """The step's call waits for approval when dshd stops: after the start the call is asked
+    again (same approvalId) and the turn waits for it; allowing it runs the command once and the
+    turn goes on to ``completed``."""
+    daemon = DaemonProcess(root, scripted(
+        root, {"text": "Marking.", "toolCalls": [{"name": "bash", "arguments": {
+            "command": "echo ran >> marker.txt; echo marked"}}]}, {"text": "Marked."}))
+    marker = workdir / "marker.txt"
+    daemon.start()
+    try:
+        async with connect(daemon.socket, "answerer", approvals=True) as ans, \
+                connect(daemon.socket) as c:
+            sid = await c.create_session(str(workdir), sandbox=sandbox_of(c))
+            sub = await ans.subscribe(sid)
+            turn_id = await c.start_turn(sid, "mark it")
+            (aid,) = await approvals(sub)
+            daemon.stop()  # SIGTERM with the answerer attached: the approval stays undecided
+        daemon.start()
+        async with connect(daemon.socket, "late answerer", approvals=True) as ans, \
+                connect(daemon.socket) as c:
+            sub = await ans.subscribe(sid)
+            assert list(await approvals(sub)) == [aid]  # asked again: the same approvalId
+            assert await ans.decide(sid, aid, "allow") == "allowed-once"
+            end = await wait_turn_end(c, sid, turn_id)
+            events = await events_of(c, sid)
+    finally:
+        daemon.close()
+    assert end["data"] == {"turnId": turn_id, "reason": "completed"}
+    assert marker.read_text() == "ran\n"
+    turn = turn_events(events, turn_id)
+    asked = [e["data"]["approvalId"] for e in turn if e["type"] == "approval/asked"]
+    assert asked == [aid]
+    result = next(e["data"] for e in turn if e["type"] == "tool/result")
+    assert result["content"] == "marked\n" and result["exitCode"] == 0
+    assert turn[-3]["data"]["text"] == "Marked."
 
 
 @pytest.mark.parametrize("how", ["term", "kill9"])
