@@ -228,7 +228,9 @@ async def test_start_steer_and_their_refusals(tmp_path):
             driver.steer("early")
         assert no_turn.value.data == {"code": "NO_TURN"}
         turn_id = driver.start("hi")
-        await _until(lambda: "step/start" in port.types())  # the model "streams" slowly
+        # the model "streams" slowly: wait for its first word (a step/start alone can come
+        # before any text, and then no partial answer is recorded)
+        await _until(lambda: port.turn_lane.turn and port.turn_lane.turn["text"])
         with pytest.raises(errors.TurnBusy) as busy:
             driver.start("again")
         assert busy.value.data == {"code": "TURN_RUNNING", "turnId": turn_id}

@@ -157,3 +157,33 @@ async def test_a_policy_never_rejects_the_reask_at_once(root, workdir):
     assert result.error_code == "APPROVAL_REJECTED"
     assert events[2][1] == {"approvalId": aid, "outcome": "rejected", "by": "policy"}
     assert not (workdir / "marker.txt").exists()
+
+
+async def test_a_reasked_approval_survives_a_second_restart(root, workdir):
+    """Re-asked and still in its grace when dshd stops again (SIGTERM) and then is killed
+    while it waits once more: still one ``approval/asked``, still undecided, asked a third time
+    after the last start; allowed, it runs once."""
+    daemon = DaemonProcess(root, config())
+    marker = workdir / "marker.txt"
+    try:
+        sid, cid, aid = await ask_then_restart(daemon, workdir, "term")
+        async with connect(daemon.socket, "answerer", approvals=True) as ans:
+            sub = await ans.subscribe(sid)
+            assert (await approval_of(sub, cid))[0] == aid
+            daemon.stop()  # an answerer attached, nobody decided
+        daemon.start()
+        daemon.kill9()
+        daemon.start()
+        async with connect(daemon.socket, "late answerer", approvals=True) as ans, \
+                connect(daemon.socket) as c:
+            sub = await ans.subscribe(sid)
+            assert (await approval_of(sub, cid))[0] == aid
+            assert await ans.decide(sid, aid, "allow") == "allowed-once"
+            with trio.fail_after(WAIT_S):
+                result = await c.wait(sid, cid)
+            events = await approval_events(c, sid)
+    finally:
+        daemon.close()
+    assert result.exit_code == 0 and marker.read_text() == "ran\n"
+    assert [t for t, _ in events] == ["tool/call", "approval/asked", "approval/decided",
+                                      "tool/result"]
