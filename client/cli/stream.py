@@ -10,7 +10,8 @@ that report through ONE bounded channel of events and never touch each other's s
   dshd makes input and follows of a call that has not started wait for its start; a
   ``NOT_STARTED`` refusal (a dshd that refuses instead) is tried again until the result is
   known; refused for good, the result's window is printed instead, with a line saying so. A closed stdout is ``Detach("pipe")``;
-- ``_wait_result``: ``tool.wait`` (``Result``);
+- ``_wait_result``: ``tool.wait`` (``Result``; a STORAGE_FAILURE answer -- the session
+  stopped before the result, "ask again" -- is asked again, ``wait_result``);
 - input (``KEYS_RULE``): with ``Io.forward`` stdin is read in chunks of at most
   ``INPUT_CHUNK`` and each is one ``tool.write`` (its answer comes once the command's stdin
   took it: the back-pressure), then ``tool.closeStdin`` at its end; with ``Io.raw`` (a tty
@@ -24,8 +25,18 @@ that report through ONE bounded channel of events and never touch each other's s
 ``_decide`` alone reads the channel: it ends on a detach, or once both the result and the
 output's end are in (after the result the output may still be printing a long backlog; it
 gives up only when the output made no progress for ``OUTPUT_STALL_S``). The local terminal is
-in raw mode (``client.cli.localterm``) exactly while the tasks run; lines printed meanwhile
-end in ``\\r\\n``.
+in raw mode (``client.cli.localterm``) exactly while following; lines printed meanwhile end in
+``\\r\\n``.
+
+Across a daemon restart: the tasks above are ONE connection's (``_attempt``). When they end
+because that connection was lost (``client.link.Link.lost``: a stop, a crash), ``follow_call``
+gets a new one (``Link.reconnect``: bounded back-off, one line each way; a signal meanwhile
+detaches) and starts them again on it, with the same ``OutputState`` and ``Followed``: the
+follow goes on from ``position``, the byte printed through (so no byte is printed twice and
+none is missing), ``tool.wait`` is asked again, stdin goes on from what was not read yet
+(``input_done``: its end was already passed on; a ``tool.write`` in flight at the loss is not
+sent again -- it may have reached the command -- and a line says so), and a tty call gets
+this terminal's size again (one ``tool.resize``) and the keys; the local terminal stays raw.
 """
 
 from __future__ import annotations

@@ -362,3 +362,25 @@ def test_an_approval_pending_across_a_restart_is_answered_after_it(dshd, work, t
     else:
         assert status == 125 and "APPROVAL_REJECTED" in run.err, run.err
         assert not marker.exists()
+
+
+def test_attach_follow_of_a_session_rides_through_a_restart(dshd, work, tmp_path):
+    """``dsh attach --follow SESSION`` (the lane view, every call): subscribed again on the
+    new connection with what it had shown, the call's output goes on without a line twice and
+    its footer comes once it ended."""
+    run = Dsh(dshd, tmp_path, "run", "run", "--", "sh", "-c", loop(8), cwd=work)
+    sid, cid = run.ids()
+    run.until_out("1\n")
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.wait() == 143
+    attach = Dsh(dshd, tmp_path, "attach", "attach", "--follow", sid, cwd=work)
+    try:
+        attach.until_out("3\n")
+        restart(dshd, "term")
+        attach.until_err("dsh: reconnected to dshd")
+        attach.until_err(f"call {cid} exited 7")
+    finally:
+        attach.proc.terminate()
+        attach.wait()
+    assert lines_of(attach.out) == numbers(8), attach.out
+    assert attach.err.count(LOST) == 1, attach.err
