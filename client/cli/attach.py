@@ -21,7 +21,8 @@ through (``follow_call``); the lane view is subscribed again on the new connecti
 same ``Watchers`` and ``Printer`` (so a call's output goes on from what was shown, as after a
 resubscribe); the answerer starts again on the new connection (``client.link.ride``) and
 shows each request still pending -- one asked again after the restart keeps its id. Only a
-daemon that does not come back within ``--reconnect-timeout`` ends it, with status 75.
+daemon that does not come back within ``--reconnect-timeout`` (or a lost connection with
+``--reconnect-timeout 0``) ends it, with status 75 and how to learn the call's fate.
 """
 
 from __future__ import annotations
@@ -75,8 +76,7 @@ async def attach_session(link: Link, session_id: str, call_id: str | None,
             note)
     except BaseException as raised:  # noqa: BLE001 - re-raised; 75 when dshd did not come back
         lost = single(raised)
-        if isinstance(lost, ConnectionLost) and not isinstance(lost, CallLost) \
-                and link.timeout > 0:
+        if isinstance(lost, ConnectionLost) and not isinstance(lost, CallLost):
             raise CallLost(lost, session_id, call_id or "CALL") from raised
         raise
 

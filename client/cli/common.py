@@ -81,8 +81,9 @@ When dshd restarts (systemctl restart, an upgrade, a crash):
   (0.1 s back-off doubling to 2 s), says one line when dshd is back
   and goes on from the byte it had printed through: no byte twice,
   none missing. An answerer (--approve) subscribes again and answers
-  a request asked again after the restart. --reconnect-timeout 0
-  turns this off (the lost connection ends dsh with status 75)."""
+  a request asked again after the restart. Past --reconnect-timeout
+  dsh gives up with status 75; --reconnect-timeout 0 turns this off
+  (a lost connection ends dsh at once, as it did before)."""
 
 
 def reconnect_option(func: Callable[..., Any]) -> Callable[..., Any]:

@@ -21,12 +21,13 @@ import msgspec
 from msgspec import UNSET
 from rich.table import Table
 
-from client.api import Client
+from client.api import CallLost, Client
 from client.cli.common import (
     Options, execute, execute_linked, json_flag, pass_options, reconnect_option,
 )
 from client.cli.stream import Call, Followed, OutputState, replay, result_status, wait_result
 from client.link import Link, ride
+from client.transport import ConnectionLost
 from client.cli.terminal import cell, emit, fmt_time, is_tty, note, print_json, short, stdout
 from client.exits import decided_status, exit_status
 from protocol.printable import printable
@@ -163,8 +164,9 @@ def wait(opts: Options, session_id: str, call_id: str, timeout: float | None,
       130  TOOL_CANCELLED and the command exited 0 (else its own code)
       125  the call did not run (rejected, no sandbox, STORAGE_FAILURE,
            TOOL_NOT_STARTED, ...)
-      75   TOOL_OUTCOME_UNKNOWN: dshd crashed while it ran; it may or may not
-           have run (check before retrying)
+      75   TOOL_OUTCOME_UNKNOWN: dshd crashed while it ran and its call host
+           died too; it may or may not have run (check before retrying); also
+           when dshd went away and did not come back within --reconnect-timeout
       1    any other errorCode with exit code 0, or an error answer (e.g. --timeout
            passed: the call keeps running)
       2    a usage error, or dshd is not running (or does not answer)
@@ -175,7 +177,10 @@ def wait(opts: Options, session_id: str, call_id: str, timeout: float | None,
 
     async def body(link: Link) -> int:
         call = Call(session_id, call_id)
-        result = await ride(link, lambda c: wait_result(c, call, timeout), note)
+        try:
+            result = await ride(link, lambda c: wait_result(c, call, timeout), note)
+        except ConnectionLost as lost:  # dshd went away (for good, or without reconnecting)
+            raise CallLost(lost, session_id, call_id) from lost
         if as_json or opts.json:
             print_json(result)
             return exit_status(result)[0]

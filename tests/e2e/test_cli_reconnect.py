@@ -384,3 +384,21 @@ def test_attach_follow_of_a_session_rides_through_a_restart(dshd, work, tmp_path
         attach.wait()
     assert lines_of(attach.out) == numbers(8), attach.out
     assert attach.err.count(LOST) == 1, attach.err
+
+
+@pytest.mark.parametrize("command", ["wait", "attach"])
+def test_wait_and_attach_exit_75_when_dshd_does_not_come_back(dshd, work, tmp_path, command):
+    run = Dsh(dshd, tmp_path, "run", "run", "--", "sh", "-c", loop(60, marks=False), cwd=work)
+    sid, cid = run.ids()
+    run.until_out("1\n")
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.wait() == 143
+    args = ["wait", sid, cid] if command == "wait" else ["attach", sid, "--call", cid]
+    follower = Dsh(dshd, tmp_path, command, *args, "--reconnect-timeout", "2", cwd=work)
+    until_connections(dshd, 2, work)
+    dshd.kill9()
+    assert follower.wait() == 75, follower.err
+    err = follower.err
+    assert err.count(LOST + "2 s)") == 1, err
+    assert "dsh: dshd did not come back within 2 s (--reconnect-timeout" in err, err
+    assert f"`dsh wait {sid} {cid}` shows what became of the call" in err, err
