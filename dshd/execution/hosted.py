@@ -54,7 +54,7 @@ import trio
 from dshd.execution.capture import OutputCapture, catch_up
 from dshd.execution.hostlink import (
     MAX_LINE, HostHandle, HostRequestError, abandon, host_log_tail, log_reader, read_line,
-    record_on_disk, start_sentence,
+    host_alive, record_on_disk, start_sentence,
 )
 from dshd.execution.hostrun import (
     CLEANUP_SECONDS, READ_INTERVAL, SMALL_READ, TURNOVER_INTERVAL, ExecOutcome, HostRun,
@@ -329,8 +329,22 @@ async def adopt_hosted(call_dir: Path, record: dict, *, capture: OutputCapture,
         with trio.CancelScope(shield=True):
             handle = await connect(ready, spec)
     except HostStartError as exc:
+        with trio.move_on_after(1.0):  # a host killed as we connected may still be exiting
+            while host_alive(record):
+                await trio.sleep(0.02)
+        alive = host_alive(record)
         abandon(spec, ready, str(record.get("tokenVar") or RUN_TOKEN_VAR))
+        exit_record = record_on_disk(call_dir)
+        if exit_record is not None:  # it ended (and exited) between the plan and the connect
+            return await finished_outcome(call_dir, exit_record, capture=capture,
+                                          on_output=on_output,
+                                          segment_bytes=spec["segment_bytes"],
+                                          spare_wrapper=spec["spare_wrapper"], cwd=cwd)
         settle_capture(capture, on_output)
+        if not alive:  # it died as the daemon reached for it: say that, not "no hello"
+            return ExecOutcome(exit_code=None, error=(
+                f"the call host (pid {ready['pid']}) died before the command's end was "
+                f"recorded: {host_log_tail(call_dir / 'host.log')}"))
         return ExecOutcome(exit_code=None, error=f"after the daemon restart, {exc}")
     if on_host is not None:
         on_host(handle)

@@ -412,8 +412,8 @@ def end_host(call_dir: Path, *, seconds: float = END_HOST_SECONDS) -> bool:
     fixtures, ``python -m dshd hosts --cancel``): a live host (:func:`host_alive`) is asked
     to terminate its command (TERM, its kill grace, KILL; reason ``cancelled``, so its
     ``exit.json`` says so) and to exit; one that has not exited within ``seconds`` is
-    SIGKILLed with its tree, as :func:`abandon` does. The run's token carriers are swept in
-    every case. True when a live host was found. Synchronous, bounded."""
+    SIGKILLed with its tree, as :func:`abandon` does. The run's token carriers are swept
+    unless the host is gone and left its exit record (it swept them itself). True when a live host was found. Synchronous, bounded."""
     import time
 
     directory = Path(call_dir)
@@ -442,6 +442,8 @@ def end_host(call_dir: Path, *, seconds: float = END_HOST_SECONDS) -> bool:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-    elif marker is not None:
+    elif marker is not None and record_on_disk(directory) is None:
+        # A host that wrote its exit record swept its own tree at the end (HOST.md §5): only
+        # one that died without it can have left token carriers behind.
         tree.kill_tree(-1, None, None, marker, uid)
     return alive

@@ -59,7 +59,6 @@ import structlog
 from .errors import LockHeld, LockLost, StorageError, StorageWriteError
 from .format import (
     COMPRESSIONS,
-    LOCK_NAME,
     LOG_NAME_PLAIN,
     LOG_NAME_ZSTD,
     Event,

@@ -309,6 +309,8 @@ def test_a_detaching_stop_leaves_a_pending_approval_undecided(restartable, work)
     events = rpc.events(sid)
     assert not [e for e in events if e["type"] == "approval/decided"
                 and e["data"].get("by") == "repair"], events
+    # One audit pair per call: the start asks again under the same approval, not a new one.
+    assert [e["data"]["callId"] for e in events if e["type"] == "approval/asked"] == [cid]
     assert not marker.exists()
 
 
