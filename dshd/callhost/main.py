@@ -146,7 +146,10 @@ def main() -> int:
     try:
         spec = _read_spec()
     except specs.SpecError as exc:
-        _answer({"ok": False, "error": str(exc)})
+        try:
+            _answer({"ok": False, "error": str(exc)})
+        except OSError:  # the runner is gone too (a daemon killed as it started the host)
+            os.write(2, f"dsh-host: {exc}; the runner went away before the answer\n".encode())
         return 2
     if os.getsid(0) != os.getpid():
         os.setsid()
