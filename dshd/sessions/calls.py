@@ -209,7 +209,12 @@ class CallTable:
     def _begin(self, call: Call, encoded: str) -> None:
         """The call's directory (the marker of an unsettled call, HOST.md §7), its lane entry
         and its task (``encoded``: the arguments' JSON, as logged)."""
-        command.make_call_dir(self.call_dir(call.call_id))
+        path = self.call_dir(call.call_id)
+        try:
+            command.make_call_dir(path)
+        except OSError as exc:  # a moved or full state directory: the call fails closed
+            raise StorageError(f"could not create the call directory {path}: "
+                               f"{exc.strerror or exc}") from exc
         self.enter_lane(call, encoded, "running" if call.approved else "waiting-approval",
                         now_ms())
         self.host.spawn(self._run, call)
