@@ -54,7 +54,7 @@ import trio
 from dshd.execution.capture import OutputCapture, catch_up
 from dshd.execution.hostlink import (
     MAX_LINE, HostHandle, HostRequestError, abandon, host_log_tail, log_reader, read_line,
-    host_alive, record_on_disk, start_sentence,
+    RUN_TOKEN_VAR, host_alive, record_on_disk, scan_log, start_sentence,
 )
 from dshd.execution.hostrun import (
     CLEANUP_SECONDS, READ_INTERVAL, SMALL_READ, TURNOVER_INTERVAL, ExecOutcome, HostRun,
@@ -74,8 +74,6 @@ HOST_MAIN = Path(__file__).resolve().parent.parent / "callhost" / "main.py"
 #: user cannot search — a Python installed under /root for a daemon that runs as another
 #: user — which the exec of a magic link never walks.
 HOST_INTERPRETER = "/proc/self/exe"
-#: The environment variable that carries a run's kill-sweep token (the host's sweep keys on it).
-RUN_TOKEN_VAR = "DSH_RUN"
 #: Seconds a host may take to answer its spec with the ready line.
 START_TIMEOUT = 30.0
 
@@ -191,6 +189,7 @@ async def connect(ready: dict, spec: dict) -> HostHandle:
                         stdin_pipe=spec["stdin"] == "pipe", segment_bytes=spec["segment_bytes"])
     try:
         await stream.send_all(json.dumps({"hello": 1, "secret": spec["secret"]}).encode() + b"\n")
+        hello = None  # a host that never answers within the bound is refused below
         with trio.move_on_after(START_TIMEOUT):
             hello = await read_line(handle)
         if not hello or hello.get("hello") != 1:
@@ -363,8 +362,12 @@ async def finished_outcome(call_dir: Path, exit_record: dict, *, capture: Output
     (new, empty) is filled from the log through the record's ``totalBytes`` and the outcome
     is the record's (its real exit code)."""
     reader = log_reader(call_dir, segment_bytes)
-    await catch_up(capture, reader, int(exit_record.get("totalBytes") or 0),
-                   int(exit_record.get("firstOffset") or 0),
+    # The record's end, but never past what the log holds (a record that claims more would
+    # wait forever for bytes nobody writes).
+    extent = await trio.to_thread.run_sync(scan_log, call_dir)
+    end = min(int(exit_record.get("totalBytes") or 0), extent.end_offset)
+    await catch_up(capture, reader, end,
+                   min(int(exit_record.get("firstOffset") or 0), end),
                    int(exit_record.get("totalLines") or 0))
     settle_capture(capture, on_output)
     return outcome_of(exit_record, None, ["bash"], cwd, spare_wrapper, capture.text)

@@ -24,7 +24,9 @@ import errno
 import json
 import math
 import os
+import re
 import signal
+import stat
 import sys
 from pathlib import Path
 
@@ -299,12 +301,59 @@ def log_reader(directory: Path, segment_bytes: int):
     return read
 
 
-def record_on_disk(directory: Path) -> dict | None:
+#: Largest ``host.json`` / ``exit.json`` read (each is a few hundred bytes).
+RECORD_MAX = 65536
+#: The environment variable that carries a run's kill-sweep token (HOST.md §4).
+RUN_TOKEN_VAR = "DSH_RUN"
+_INT_MAX = (1 << 53) - 1  # what JSON numbers carry exactly
+
+
+def read_record(path: Path) -> dict | None:
+    """A small JSON object file of a call dir, or None: never follows a symlink, never blocks
+    on a FIFO or a device, never reads past :data:`RECORD_MAX`, and only trusts a regular file
+    owned by this process's uid (the host writes both as the daemon's uid)."""
     try:
-        value = json.loads((directory / "exit.json").read_bytes())
-    except (OSError, ValueError):
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if (not stat.S_ISREG(st.st_mode) or st.st_size > RECORD_MAX
+                or st.st_uid != os.geteuid()):
+            return None
+        data = os.read(fd, RECORD_MAX + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        value = json.loads(data) if len(data) <= RECORD_MAX else None
+    except ValueError:
         return None
     return value if isinstance(value, dict) else None
+
+
+def _count(value: object, *, optional: bool = False) -> bool:
+    if value is None:
+        return optional
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _INT_MAX
+
+
+def record_on_disk(directory: Path) -> dict | None:
+    """The call's ``exit.json`` (HOST.md §3) when it is one: an exit code and signal that are
+    small integers or null, and byte and line counts a log can have; anything else is no
+    record (the call's outcome is then unknown, never an internal error)."""
+    value = read_record(Path(directory) / "exit.json")
+    if value is None:
+        return None
+    code, sig = value.get("exitCode"), value.get("signal")
+    ok = (all(v is None or (isinstance(v, int) and not isinstance(v, bool)
+                            and -(1 << 31) <= v < (1 << 31)) for v in (code, sig))
+          and _count(value.get("totalBytes"), optional=True)
+          and _count(value.get("totalLines"), optional=True)
+          and _count(value.get("firstOffset"), optional=True)
+          and int(value.get("firstOffset") or 0) <= int(value.get("totalBytes") or 0))
+    return value if ok else None
 
 
 def abandon(spec: dict, ready: dict, token_var: str) -> None:
@@ -359,25 +408,74 @@ def start_sentence(exc: OSError) -> str:
 END_HOST_SECONDS = 10.0
 
 
+_TOKEN = re.compile(r"[0-9a-f]{32}")
+
+
 def host_record(directory: Path) -> dict | None:
-    """``host.json`` of a call dir (HOST.md §3), or None when missing or unreadable."""
-    try:
-        value = json.loads((Path(directory) / "host.json").read_bytes())
-    except (OSError, ValueError):
+    """``host.json`` of a call dir (HOST.md §3), or None when missing, unreadable
+    (:func:`read_record`) or not one a host writes: a positive pid, an integer start time, the
+    run's token variable with a token of 32 hex digits, and integer uid and command pid when
+    present -- what :func:`abandon` and :func:`end_host` would act on is never forged freely
+    (the sweep only reaches processes that carry ``DSH_RUN=<that token>``)."""
+    value = read_record(Path(directory) / "host.json")
+    if value is None:
         return None
-    return value if isinstance(value, dict) else None
+    pid, start_time = value.get("pid"), value.get("startTime")
+    ok = (_count(pid) and pid > 0 and _count(start_time)
+          and value.get("tokenVar", RUN_TOKEN_VAR) == RUN_TOKEN_VAR
+          and isinstance(value.get("token", "0" * 32), str)
+          and _TOKEN.fullmatch(value.get("token", "0" * 32)) is not None
+          and _count(value.get("uid"), optional=True)
+          and _count(value.get("commandPid"), optional=True))
+    return value if ok else None
+
+
+def _boot_id() -> str | None:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+            return f.read(64).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+
+
+def _is_call_host(pid: int) -> bool:
+    """``pid`` runs as this uid and is a call host (``.../callhost/main.py`` in its argv)."""
+    try:
+        if os.stat(f"/proc/{pid}").st_uid != os.geteuid():
+            return False
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read(65536).split(b"\0")
+    except OSError:
+        return False
+    return any(arg.endswith(b"/callhost/main.py") for arg in argv)
 
 
 def host_alive(record: dict | None) -> bool:
     """The host ``record`` describes still runs: its pid is alive with the same ``startTime``
-    (``/proc/PID/stat`` field 22). A reused pid (another process now) is not alive."""
+    (``/proc/PID/stat`` field 22) in the same boot (``bootId``, when the record has one), as
+    this uid, and is a call host by its argv. A reused pid (another process now), a process of
+    another user or one that is no call host is not alive, so it is never adopted or
+    signalled."""
     if not record:
         return False
     pid, start_time = record.get("pid"), record.get("startTime")
-    if not isinstance(pid, int) or pid <= 0 or not isinstance(start_time, int):
+    if not isinstance(pid, int) or pid <= 1 or not isinstance(start_time, int):
+        return False
+    boot = record.get("bootId")
+    if boot is not None and boot != _boot_id():
         return False
     st = tree.proc_stat(pid)
-    return st is not None and st.start_time == start_time
+    return st is not None and st.start_time == start_time and _is_call_host(pid)
+
+
+def sweep_carriers(record: dict | None) -> int:
+    """SIGKILL what is left of a dead host's command: the processes of the command's uid that
+    carry the run's token (a host killed while no daemon ran leaves its orphans running
+    unowned: its tree was never swept). No-op without a valid token; how many were hit."""
+    if not record or not isinstance(record.get("token"), str):
+        return 0
+    uid = record.get("uid") if isinstance(record.get("uid"), int) else os.geteuid()
+    return tree.kill_tree(-1, None, None, f"{RUN_TOKEN_VAR}={record['token']}", uid)
 
 
 def _ask_to_end(directory: Path, record: dict, grace: float) -> bool:

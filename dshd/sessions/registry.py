@@ -432,7 +432,8 @@ def unsettled_sessions(sessions_dir: Path) -> list[str]:
         except OSError:
             continue
         if is_valid_id(session_id) and any(
-                not os.path.exists(calls / name / SETTLED_MARKER) for name in names):
+                not os.path.islink(calls / name) and os.path.isdir(calls / name)
+                and not os.path.exists(calls / name / SETTLED_MARKER) for name in names):
             found.add(session_id)
     return sorted(found)
 

@@ -6,14 +6,20 @@ a ``tool/call`` without ``tool/result`` in a session's log no longer means "lost
 ``calls/<callId>/`` -- never at another session's files, never at a process it cannot tie to
 the call:
 
+(A call directory that is a symlink is read as empty; ``host.json`` and ``exit.json`` are read
+by ``dshd.execution.hostlink``: regular files of the daemon's uid, bounded, well-formed.)
+
 1. ``host.json`` names a live host: its pid runs with the same ``startTime`` (field 22 of
-   ``/proc/PID/stat``; a reused pid is another process, so *not* alive) → **adopt**: the
+   ``/proc/PID/stat``) in the same boot, as the daemon's uid, with ``callhost/main.py`` in its
+   argv (a reused pid is another process, so *not* alive) → **adopt**: the
    session re-attaches to the host and the call runs on (``dshd.execution.hosted.adopt_hosted``).
 2. else ``exit.json`` is there → **finished**: the command ended while no daemon ran; the call
    settles from the record, with its real exit code and a note saying so.
 3. else the call's ``approval/asked`` has no ``approval/decided`` → **reask**: the gate never
    let it through, nothing ran; the same ``approvalId`` is asked again (room asks).
-4. else → repaired as before (``TOOL_OUTCOME_UNKNOWN`` with the last window, or
+4. else → the processes still carrying the run's token are SIGKILLed (a host killed while no
+   daemon ran left its command unowned), and the call is repaired as before
+   (``TOOL_OUTCOME_UNKNOWN`` with the last window, or
    ``TOOL_NOT_STARTED``; ``dshd.storage.repair``). Its window is the pending-output sidecar's,
    or, without one, the tail of the call's own log (:func:`tail_windows`).
 
@@ -31,7 +37,9 @@ from typing import Any
 
 from ..agent.resume import resumable_turns
 from ..execution.capture import OutputCapture, ShellOutputLimits, catch_up
-from ..execution.hostlink import host_alive, host_record, log_reader, record_on_disk, scan_log
+from ..execution.hostlink import (
+    host_alive, host_record, log_reader, record_on_disk, scan_log, sweep_carriers,
+)
 
 __all__ = ["ResumePlan", "plan_resume", "tail_windows"]
 
@@ -96,16 +104,22 @@ def plan_resume(events: Sequence[Any], session_dir: Path) -> ResumePlan:
     unsettled, pending = _unsettled(events)
     for cid in unsettled:
         call_dir = Path(session_dir) / "calls" / cid
-        record = host_record(call_dir)
+        # A call dir that is a symlink is none of this call's (it may point at another
+        # session's): nothing in it is read or adopted.
+        real = call_dir.is_dir() and not call_dir.is_symlink()
+        record = host_record(call_dir) if real else None
         if host_alive(record):
             plan.adopt[cid] = record  # type: ignore[assignment]
             continue
-        exit_record = record_on_disk(call_dir)
+        exit_record = record_on_disk(call_dir) if real else None
         if exit_record is not None:
             plan.finished[cid] = exit_record
         elif cid in pending:
             plan.reask[cid] = pending[cid]
         else:
+            # The host died without its record: what it left of the command must not run on
+            # unowned (HOST.md §7; under bwrap the pid namespace took it down already).
+            sweep_carriers(record)
             plan.unknown.append(cid)
     plan.turns = set(resumable_turns(events, plan.keep_calls))
     return plan

@@ -70,6 +70,8 @@ async def resume(table: CallTable, plan, session, events: tuple) -> None:
 def mark_settled(call_dir: Path) -> None:
     """Best effort: the empty ``settled`` file in a call's dir (``dshd.sessions.calls``). A
     lost one only makes the next daemon start open the session once and write it."""
+    if os.path.islink(call_dir):
+        return  # not a call dir of this session's (HOST.md §7): nothing is written through it
     try:
         os.close(os.open(call_dir / SETTLED_MARKER,
                          os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600))
