@@ -45,7 +45,7 @@ import structlog
 import trio
 
 from ..config import Config
-from ..errors import SessionLimit, SessionNotFound
+from ..errors import SessionClosing, SessionLimit, SessionNotFound
 from ..paths import is_valid_id
 from ..storage.errors import LockHeld, StateDirMoved, StorageError
 from ..storage.format import Header
@@ -101,6 +101,10 @@ class SessionRegistry:
         #: (the service watchdog checks each one's writer).
         self.live: dict[str, Session] = {}
         self._opening: dict[str, trio.Lock] = {}
+        #: The daemon stops (:meth:`aclose`): no session is opened or created any more -- a
+        #: session reopened by a request in flight would re-ask or re-adopt its calls in a
+        #: daemon that is going away, and cancel them at its end.
+        self.stopping = False
         self._claims: set[str] = set()
         self._last_used: dict[str, float] = {}
         #: session.list cache of closed sessions: id -> ((size, mtime_ns, ino), info).
@@ -157,6 +161,7 @@ class SessionRegistry:
         and settle, or -- a daemon stop with ``on_stop = "detach"`` -- detached, HOST.md §7),
         flushes and closes its log, by ``deadline`` (a trio time; None: each session's own
         ``WIND_DOWN_SECONDS``). Returns when every session has finished."""
+        self.stopping = True
         sessions = list(self.open.values())
         for session in sessions:
             session.close(deadline, policy)
@@ -249,6 +254,7 @@ class SessionRegistry:
         env: dict[str, str] | None,
         owner: int | None = None,
     ) -> Session:
+        self._refuse_if_stopping()
         self.check_state_dir()
         await self._make_room()
         session_id = mint_session_id()
@@ -292,6 +298,7 @@ class SessionRegistry:
         if session is not None and session.usable():
             self._last_used[session_id] = trio.current_time()
             return session
+        self._refuse_if_stopping()
         lock = self._opening.setdefault(session_id, trio.Lock())
         async with lock:
             session = self.open.get(session_id)
@@ -322,6 +329,11 @@ class SessionRegistry:
                 # A directory without a log: a crash between mkdir and the first publish.
                 raise SessionNotFound(_not_found(session_id)) from None
             return await self._start(log_)
+
+    def _refuse_if_stopping(self) -> None:
+        if self.stopping:
+            raise SessionClosing("dshd is stopping; no session is opened or created until it "
+                                 "restarts: ask again then")
 
     async def _plan(self, session_dir: Path, events: list) -> ResumePlan:
         """The resume plan of a session being opened (``dshd.sessions.resume``), with the log

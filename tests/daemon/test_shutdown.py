@@ -138,6 +138,35 @@ async def test_a_stop_sends_every_answer_in_flight(daemon, daemon_clock, nursery
 
 
 @pytest.mark.parametrize("daemon_overrides", [{"on_stop": "detach"}])
+async def test_a_request_during_a_detaching_stop_does_not_reopen_the_session(
+        daemon, daemon_clock, nursery, daemon_overrides):
+    """A client still connected during the stop names the session after it closed (a
+    ``tool.wait``, a reconnecting answerer): it is told the daemon stops (-32014), and the
+    session is not opened again -- a reopened one re-asked its pending approval in the dying
+    daemon and cancelled it at its end (``approval/decided cancelled``), so the call never ran
+    after the restart."""
+    wire = await daemon.connect(approvals=True, nursery=nursery)
+    sid = await daemon.create_session(wire, approvalPolicy="ask")
+    lane = await wire.subscribe(sid)
+    asking = await wire.run(sid, f"touch {daemon.workdir / 'ran'}", approved=False)
+    await wire.wait_lane(lane, lambda l: l.approval_for(asking), "the approval request")
+    session = daemon.daemon.registry.open[sid]
+    answers: list = []
+
+    async def stop() -> None:
+        await daemon.stop_sessions()
+
+    async with trio.open_nursery() as stopping:
+        stopping.start_soon(stop)
+        await session.finished.wait()
+        answers.append(await wire.error("session.get", {"sessionId": sid}))
+    await daemon.stop()
+    [err] = answers
+    assert err.code == -32014 and "stopping" in err.message, err
+    events = read_log(daemon.state_dir / "sessions" / sid, sid).events
+    assert not [e for e in events if e.type == "approval/decided"], events
+
+
 async def test_a_detaching_stop_leaves_running_and_asking_calls(daemon, daemon_clock, nursery,
                                                                 fsync_gate, daemon_overrides):
     """``on_stop = "detach"``: the running call's host runs on with no ``tool/result`` and no
