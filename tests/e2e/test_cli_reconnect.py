@@ -409,3 +409,42 @@ def test_wait_and_attach_exit_75_when_dshd_does_not_come_back(dshd, work, tmp_pa
     assert err.count(LOST + "2 s)") == 1, err
     assert "dsh: dshd did not come back within 2 s (--reconnect-timeout" in err, err
     assert f"`dsh wait {sid} {cid}` shows what became of the call" in err, err
+
+
+def test_approve_follow_shows_the_end_of_a_call_that_ended_while_dshd_was_down(dshd, work,
+                                                                              tmp_path):
+    """``dsh attach --approve --follow``: a call approved here that ends while dshd is away
+    (kill -9) is shown to its end after the reconnect -- the rest of its output and its end
+    line -- as plain ``--follow`` shows it (the answerer keeps what it had shown)."""
+    first = dshd.dsh("run", "--", "true", cwd=str(work))
+    sid = first.stderr.split()[1]
+    answerer = Dsh(dshd, tmp_path, "answerer", "attach", "--approve", "--follow", sid,
+                   cwd=work, stdin=subprocess.PIPE)
+    try:
+        until_connections(dshd, 2, work)
+        run = Dsh(dshd, tmp_path, "run", "run", "--ask", "--session", sid, "--", "sh", "-c",
+                  "echo approved-run; while [ ! -e go ]; do sleep 0.1; done; echo end; touch ended",
+                  cwd=work)
+        run.until_err("waits for approval ")
+        approval_id = run.err.split("waits for approval ", 1)[1].split(":", 1)[0]
+        answerer.until_err(f"approval {approval_id}: call")
+        answerer.proc.stdin.write(b"y\n")
+        answerer.proc.stdin.flush()
+        answerer.until_out("approved-run\n")
+        cid = run.ids()[1]
+        dshd.kill9()
+        (work / "go").touch()  # the command ends while dshd is down
+        deadline = time.monotonic() + 60
+        while not (work / "ended").exists():
+            assert time.monotonic() < deadline, "the command did not end while dshd was down"
+            time.sleep(0.05)
+        dshd.start()
+        answerer.until_err("dsh: reconnected to dshd")
+        answerer.until_err(f"call {cid} exited 0")
+        assert run.wait() == 0, run.err
+    finally:
+        answerer.proc.stdin.close()
+        answerer.proc.terminate()
+        answerer.wait()
+    assert answerer.out == "approved-run\nend\n", (answerer.out, answerer.err)
+    assert answerer.err.count(f"call {cid} exited 0") == 1, answerer.err
