@@ -448,3 +448,26 @@ def test_approve_follow_shows_the_end_of_a_call_that_ended_while_dshd_was_down(d
         answerer.wait()
     assert answerer.out == "approved-run\nend\n", (answerer.out, answerer.err)
     assert answerer.err.count(f"call {cid} exited 0") == 1, answerer.err
+
+
+def test_a_shared_budget_is_said_with_its_real_figures(dshd, work, tmp_path):
+    """A second outage less than 5 s (``STABLE_S``) after a reconnect goes on with what was
+    left of the first's budget: the line that gives up says that figure and why, not the
+    full --reconnect-timeout (which it did not wait for)."""
+    run = Dsh(dshd, tmp_path, "run", "run", "--reconnect-timeout", "20", "--", "sh", "-c",
+              loop(120, marks=False), cwd=work)
+    sid, cid = run.ids()
+    run.until_out("1\n")
+    dshd.kill9()
+    run.until_err(LOST + "20 s)")
+    time.sleep(4)  # the first outage takes a part of the budget
+    dshd.start()
+    run.until_err("dsh: dshd is back")
+    dshd.kill9()  # at once: within STABLE_S of the reconnect, so the budget is shared
+    assert run.wait() == 75, run.err
+    err = run.err
+    second = err.split(LOST, 2)[2].split(" s)", 1)[0]
+    assert second.isdigit() and int(second) < 20, err
+    assert (f"dsh: dshd did not come back within {second} s (what was left of "
+            "--reconnect-timeout 20 s: outages less than 5 s apart share it") in err, err
+    assert f"`dsh wait {sid} {cid}` shows what became of the call" in err, err
