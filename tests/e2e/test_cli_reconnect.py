@@ -7,6 +7,7 @@ order, the exit status is the command's; exit 75 only when dshd does not come ba
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 import signal
@@ -471,3 +472,24 @@ def test_a_shared_budget_is_said_with_its_real_figures(dshd, work, tmp_path):
     assert (f"dsh: dshd did not come back within {second} s (what was left of "
             "--reconnect-timeout 20 s: outages less than 5 s apart share it") in err, err
     assert f"`dsh wait {sid} {cid}` shows what became of the call" in err, err
+
+
+@pytest.mark.skipif(not have_tmux(), reason="tmux is not installed")
+def test_a_tty_calls_reconnect_notices_start_on_their_own_line(dshd, work, tmp_path):
+    """``dsh run -t`` of a program whose cursor is mid-line (a prompt): the notices of a
+    restart start at the beginning of a line of their own, not after the program's text."""
+    pane = Pane(tmp_path, str(dshd.socket), work)
+    try:
+        mark = pane.run("dsh run -t -- sh -c 'printf \"name> \"; read line; "
+                        "echo \"hello $line\"; exit 4'")
+        pane.until(r"^name>\s*$")  # capture-pane trims the trailing blank
+        dshd.stop()
+        pane.until(r"^dsh: lost dshd; reconnecting")
+        dshd.start()
+        pane.until(r"^dsh: dshd is back")
+        assert not re.search(r"name> dsh: lost", pane.screen()), pane.screen()
+        pane.line("b")
+        pane.until(r"hello b")
+        assert pane.done(mark) == 4
+    finally:
+        pane.close()
