@@ -93,10 +93,18 @@ class CallLost(ConnectionLost):
 class DaemonGone(ConnectionLost):
     """dshd went away and did not come back within the reconnect timeout (``client.link``)."""
 
-    def __init__(self, timeout: float, why: str) -> None:
+    def __init__(self, timeout: float, why: str, waited: float | None = None,
+                 shared_after_s: float = 5.0) -> None:
+        """``timeout``: ``--reconnect-timeout``; ``waited``: this outage's budget when it was
+        what was left of an earlier outage's (they began less than ``shared_after_s`` apart)."""
         self.timeout = timeout
-        super().__init__(f"dshd did not come back within {timeout:g} s "
-                         f"(--reconnect-timeout; last attempt: {why})")
+        self.waited = timeout if waited is None else waited
+        if f"{self.waited:.0f}" == f"{timeout:.0f}":
+            budget = f"{timeout:g} s (--reconnect-timeout; "
+        else:
+            budget = (f"{self.waited:.0f} s (what was left of --reconnect-timeout {timeout:g} s: "
+                      f"outages less than {shared_after_s:g} s apart share it; ")
+        super().__init__(f"dshd did not come back within {budget}last attempt: {why})")
 
 
 def connect_timeout() -> float:

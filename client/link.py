@@ -14,7 +14,8 @@ client error, a daemon error answer or a stream error, never an interrupt or a b
 ``BACKOFF_INITIAL_S`` doubling to ``BACKOFF_MAX_S``, each attempt bounded by what is left of
 the outage's budget (``timeout``, ``--reconnect-timeout``). It says ONE line when the
 outage begins and one when dshd is back; past the budget it raises ``DaemonGone`` (exit 75:
-the call may or may not have ended; ``client.exits``). A link with ``timeout == 0`` never
+the call may or may not have ended; ``client.exits``), whose line says the budget this
+outage really had (what was left of an earlier one's, when shared: below). A link with ``timeout == 0`` never
 reconnects: ``lost`` is always False and a lost connection ends the command as before. An
 outage that begins less than ``STABLE_S`` after the last one ended goes on with that
 outage's budget (a daemon that accepts and drops at once cannot keep dsh looping forever).
@@ -111,14 +112,16 @@ class Link:
         ``back`` is the line said once dshd is back."""
         self.close()
         now = anyio.current_time()
-        if self._outage_deadline is None or now - self._back_at >= STABLE_S:
+        shared = self._outage_deadline is not None and now - self._back_at < STABLE_S
+        if not shared:
             self._outage_deadline = now + self.timeout
-        say(f"dsh: lost dshd; reconnecting (up to {self._outage_deadline - now:.0f} s)…")
+        budget = self._outage_deadline - now
+        say(f"dsh: lost dshd; reconnecting (up to {budget:.0f} s)…")
         wait, why = BACKOFF_INITIAL_S, "none"
         while True:
             left = self._outage_deadline - anyio.current_time()
             if left <= 0:
-                raise DaemonGone(self.timeout, why)
+                raise DaemonGone(self.timeout, why, budget if shared else None, STABLE_S)
             with anyio.move_on_after(left):
                 try:
                     self._client = await self._tasks.start(self._keep)

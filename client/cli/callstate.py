@@ -81,6 +81,7 @@ class OutputState:
     progress_at: float = 0.0
     result_known: bool = False
     raw_mode: bool = False
+    line_open: bool = False  # the output printed last did not end its line (``say``)
     error: str | None = None
     input_done: bool = False  # stdin reached its end and tool.closeStdin was answered
     input_in_flight: int = 0  # bytes of a tool.write not answered yet
@@ -98,8 +99,11 @@ class Followed:
 
 
 def say(state: OutputState, text: str) -> None:
-    """One line on stderr (``\\r\\n`` while the terminal is raw)."""
+    """One line on stderr (``\\r\\n`` while the terminal is raw; there it starts on a line of
+    its own, after a ``\\r\\n``, when the output printed last left its line open: a prompt,
+    a full-screen program's cursor)."""
     if state.raw_mode:
-        write_line(text)
+        write_line(("\r\n" if state.line_open else "") + text)
+        state.line_open = False
     else:
         note(text)

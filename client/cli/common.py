@@ -26,7 +26,7 @@ import click
 from client.api import Client, connect
 from client.cli.terminal import note, silence_stdout
 from client.exits import failure_status
-from client.link import DEFAULT_RECONNECT_TIMEOUT, Link, open_link
+from client.link import DEFAULT_RECONNECT_TIMEOUT, STABLE_S, Link, open_link
 
 __all__ = ["Options", "pass_options", "json_flag", "execute", "execute_linked", "run_program",
            "reconnect_option", "RECONNECT_RULE", "BACKEND"]
@@ -74,16 +74,19 @@ def execute(opts: Options, body: Callable[[Client], Awaitable[int]], *,
 
 
 #: How ``dsh run``, ``dsh attach`` and ``dsh wait`` ride through a daemon restart (their help).
-RECONNECT_RULE = """\b
+RECONNECT_RULE = f"""\b
 When dshd restarts (systemctl restart, an upgrade, a crash):
   the command keeps running in its call host, and dsh says one line
-  ("dsh: lost dshd; reconnecting (up to 30 s)..."), connects again
+  ("dsh: lost dshd; reconnecting (up to {DEFAULT_RECONNECT_TIMEOUT:g} s)..."), connects again
   (0.1 s back-off doubling to 2 s), says one line when dshd is back
   and goes on from the byte it had printed through: no byte twice,
   none missing. An answerer (--approve) subscribes again and answers
   a request asked again after the restart. Past --reconnect-timeout
   dsh gives up with status 75; --reconnect-timeout 0 turns this off
-  (a lost connection ends dsh at once, as it did before)."""
+  (a lost connection ends dsh at once, as it did before). An outage
+  that begins less than {STABLE_S:g} s after dshd came back shares the earlier
+  outage's budget (it gets only what was left of it), so a daemon
+  that keeps dropping dsh cannot keep it waiting forever."""
 
 
 def reconnect_option(func: Callable[..., Any]) -> Callable[..., Any]:

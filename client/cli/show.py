@@ -173,6 +173,8 @@ def wait(opts: Options, session_id: str, call_id: str, timeout: float | None,
 
     When dshd restarts meanwhile, dsh connects again (up to --reconnect-timeout;
     past it: 75) and goes on waiting, or printing from the byte it got to.
+    An outage that begins less than 5 s after dshd came back shares the earlier
+    outage's budget (it gets only what was left of it).
     """
 
     async def body(link: Link) -> int:

@@ -26,7 +26,7 @@ that report through ONE bounded channel of events and never touch each other's s
 output's end are in (after the result the output may still be printing a long backlog; it
 gives up only when the output made no progress for ``OUTPUT_STALL_S``). The local terminal is
 in raw mode (``client.cli.localterm``) exactly while following; lines printed meanwhile end in
-``\\r\\n``.
+``\\r\\n`` and start on a line of their own (``callstate.say``).
 
 Across a daemon restart: the tasks above are ONE connection's (``_attempt``). When they end
 because that connection was lost (``client.link.Link.lost``: a stop, a crash), ``follow_call``
@@ -260,6 +260,8 @@ async def _print_follow(client: Client, call: Call, state: OutputState, *, retry
                 state.progress_at = anyio.current_time()
                 if isinstance(item, Chunk):
                     emit_bytes(item.data)
+                    if item.data:
+                        state.line_open = not item.data.endswith(b"\n")
                     state.position = follow.position
                     broken = 0
                 elif isinstance(item, Gap):

@@ -7,6 +7,7 @@ order, the exit status is the command's; exit 75 only when dshd does not come ba
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 import signal
@@ -409,3 +410,86 @@ def test_wait_and_attach_exit_75_when_dshd_does_not_come_back(dshd, work, tmp_pa
     assert err.count(LOST + "2 s)") == 1, err
     assert "dsh: dshd did not come back within 2 s (--reconnect-timeout" in err, err
     assert f"`dsh wait {sid} {cid}` shows what became of the call" in err, err
+
+
+def test_approve_follow_shows_the_end_of_a_call_that_ended_while_dshd_was_down(dshd, work,
+                                                                              tmp_path):
+    """``dsh attach --approve --follow``: a call approved here that ends while dshd is away
+    (kill -9) is shown to its end after the reconnect -- the rest of its output and its end
+    line -- as plain ``--follow`` shows it (the answerer keeps what it had shown)."""
+    first = dshd.dsh("run", "--", "true", cwd=str(work))
+    sid = first.stderr.split()[1]
+    answerer = Dsh(dshd, tmp_path, "answerer", "attach", "--approve", "--follow", sid,
+                   cwd=work, stdin=subprocess.PIPE)
+    try:
+        until_connections(dshd, 2, work)
+        run = Dsh(dshd, tmp_path, "run", "run", "--ask", "--session", sid, "--", "sh", "-c",
+                  "echo approved-run; while [ ! -e go ]; do sleep 0.1; done; echo end; touch ended",
+                  cwd=work)
+        run.until_err("waits for approval ")
+        approval_id = run.err.split("waits for approval ", 1)[1].split(":", 1)[0]
+        answerer.until_err(f"approval {approval_id}: call")
+        answerer.proc.stdin.write(b"y\n")
+        answerer.proc.stdin.flush()
+        answerer.until_out("approved-run\n")
+        cid = run.ids()[1]
+        dshd.kill9()
+        (work / "go").touch()  # the command ends while dshd is down
+        deadline = time.monotonic() + 60
+        while not (work / "ended").exists():
+            assert time.monotonic() < deadline, "the command did not end while dshd was down"
+            time.sleep(0.05)
+        dshd.start()
+        answerer.until_err("dsh: reconnected to dshd")
+        answerer.until_err(f"call {cid} exited 0")
+        assert run.wait() == 0, run.err
+    finally:
+        answerer.proc.stdin.close()
+        answerer.proc.terminate()
+        answerer.wait()
+    assert answerer.out == "approved-run\nend\n", (answerer.out, answerer.err)
+    assert answerer.err.count(f"call {cid} exited 0") == 1, answerer.err
+
+
+def test_a_shared_budget_is_said_with_its_real_figures(dshd, work, tmp_path):
+    """A second outage less than 5 s (``STABLE_S``) after a reconnect goes on with what was
+    left of the first's budget: the line that gives up says that figure and why, not the
+    full --reconnect-timeout (which it did not wait for)."""
+    run = Dsh(dshd, tmp_path, "run", "run", "--reconnect-timeout", "20", "--", "sh", "-c",
+              loop(120, marks=False), cwd=work)
+    sid, cid = run.ids()
+    run.until_out("1\n")
+    dshd.kill9()
+    run.until_err(LOST + "20 s)")
+    time.sleep(4)  # the first outage takes a part of the budget
+    dshd.start()
+    run.until_err("dsh: dshd is back")
+    dshd.kill9()  # at once: within STABLE_S of the reconnect, so the budget is shared
+    assert run.wait() == 75, run.err
+    err = run.err
+    second = err.split(LOST, 2)[2].split(" s)", 1)[0]
+    assert second.isdigit() and int(second) < 20, err
+    assert (f"dsh: dshd did not come back within {second} s (what was left of "
+            "--reconnect-timeout 20 s: outages less than 5 s apart share it") in err, err
+    assert f"`dsh wait {sid} {cid}` shows what became of the call" in err, err
+
+
+@pytest.mark.skipif(not have_tmux(), reason="tmux is not installed")
+def test_a_tty_calls_reconnect_notices_start_on_their_own_line(dshd, work, tmp_path):
+    """``dsh run -t`` of a program whose cursor is mid-line (a prompt): the notices of a
+    restart start at the beginning of a line of their own, not after the program's text."""
+    pane = Pane(tmp_path, str(dshd.socket), work)
+    try:
+        mark = pane.run("dsh run -t -- sh -c 'printf \"name> \"; read line; "
+                        "echo \"hello $line\"; exit 4'")
+        pane.until(r"^name>\s*$")  # capture-pane trims the trailing blank
+        dshd.stop()
+        pane.until(r"^dsh: lost dshd; reconnecting")
+        dshd.start()
+        pane.until(r"^dsh: dshd is back")
+        assert not re.search(r"name> dsh: lost", pane.screen()), pane.screen()
+        pane.line("b")
+        pane.until(r"hello b")
+        assert pane.done(mark) == 4
+    finally:
+        pane.close()
