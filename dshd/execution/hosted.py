@@ -30,7 +30,8 @@ durably when the command ends. This module is everything the daemon does with on
   OutputCapture` reads what is new from the log, paced; ``cancel`` → ``terminate``; the exit
   record → :class:`ExecOutcome`, then ``release``; ``detach`` → the command runs on). A host
   whose connection ends with no exit record (and no ``exit.json``) died: an error outcome, and
-  what it left is SIGKILLed (:func:`~dshd.execution.hostlink.abandon`).
+  what it left is SIGKILLed (:func:`~dshd.execution.hostlink.abandon`); so is a host that does
+  not report the end in time after a cancel, a timeout or a kill (``hostrun``'s module doc).
 * **Adopt** (HOST.md §7): after a daemon restart, :func:`adopt_hosted` connects to a live host
   named by its ``host.json`` (pid and ``startTime`` checked by the caller, the secret from the
   file) and runs the same :class:`~dshd.execution.hostrun.HostRun`; :func:`finished_outcome`
@@ -54,11 +55,11 @@ import trio
 from dshd.execution.capture import OutputCapture, catch_up
 from dshd.execution.hostlink import (
     MAX_LINE, HostHandle, HostRequestError, abandon, host_log_tail, log_reader, read_line,
-    RUN_TOKEN_VAR, host_alive, record_on_disk, scan_log, start_sentence,
+    RUN_TOKEN_VAR, host_alive, host_record, record_on_disk, scan_log, start_sentence,
 )
 from dshd.execution.hostrun import (
     CLEANUP_SECONDS, READ_INTERVAL, SMALL_READ, TURNOVER_INTERVAL, ExecOutcome, HostRun,
-    outcome_of, settle_capture, spawn_failed_sentence, wrapper_resource_failure,
+    host_killer, outcome_of, settle_capture, spawn_failed_sentence, wrapper_resource_failure,
 )
 from dshd.execution.spawn import RESOURCE_ERRNOS, BashScript, RunAs, spawn
 
@@ -279,8 +280,12 @@ async def run_hosted(
             os.close(extra.pop())
     if on_host is not None:
         on_host(handle)
-    outcome = await HostRun(handle, capture, on_output, argv, cwd, spare_wrapper).run(
-        cancel, kill_grace, detach)
+    ready = host_record(call_dir) or {}  # written before the ready line: pid, startTime
+    if ready.get("pid") != handle.pid:
+        ready = {"pid": handle.pid, "startTime": None}  # only the token's carriers are swept
+    outcome = await HostRun(handle, capture, on_output, argv, cwd, spare_wrapper,
+                            kill=host_killer(spec, ready, RUN_TOKEN_VAR)).run(
+        cancel, kill_grace, detach, timeout)
     if handle.record is None and not outcome.detached:
         # the host died: what it left must not run on unowned
         abandon(spec, {"pid": handle.pid, "startTime": None}, RUN_TOKEN_VAR)
@@ -347,8 +352,10 @@ async def adopt_hosted(call_dir: Path, record: dict, *, capture: OutputCapture,
         return ExecOutcome(exit_code=None, error=f"after the daemon restart, {exc}")
     if on_host is not None:
         on_host(handle)
-    outcome = await HostRun(handle, capture, on_output, ["bash"], cwd,
-                            spec["spare_wrapper"]).run(cancel, kill_grace, detach)
+    outcome = await HostRun(handle, capture, on_output, ["bash"], cwd, spec["spare_wrapper"],
+                            kill=host_killer(spec, ready, str(record.get("tokenVar")
+                                                              or RUN_TOKEN_VAR))
+                            ).run(cancel, kill_grace, detach)
     if handle.record is None and not outcome.detached:
         abandon(spec, {"pid": handle.pid, "startTime": None},
                 str(record.get("tokenVar") or RUN_TOKEN_VAR))

@@ -17,12 +17,24 @@ is ``ExecOutcome(detached=True)`` and the command runs on (its host was started 
 either. A host the next daemon adopts (``dshd.execution.hosted.adopt_hosted``) is driven by
 the same run: its ``attach`` reply gives the current extent (the capture is rebuilt from the
 log, jumping to the window's tail) or the record at once when the command ended meanwhile.
+
+**A host that does not answer** (stopped, wedged, or one that ignores ``attach`` and
+``terminate``): every way the run asks the host to end the command is bounded in real time (a
+worker thread's clock: the daemon's trio clock, which a test may run virtually, plays no part).
+A cancel (``terminate {grace: kill_grace}``) and the call's ``timeout`` (the host ends the
+command itself) wait ``kill_grace`` + :data:`CLEANUP_SECONDS` for the exit record; an outside
+cancellation waits :data:`CLEANUP_SECONDS`. When none came, the run's ``kill`` (built by
+:func:`host_killer`: :func:`~dshd.execution.hostlink.abandon`) SIGKILLs the host, the command's
+tree and the run's token carriers, closes the connection, and the outcome is ``cancelled`` /
+``timed_out`` with an ``error`` saying the call host did not answer and was killed. ``attach``
+runs beside the supervisor, so a cancel is seen while it is unanswered.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,13 +42,14 @@ from pathlib import Path
 import msgspec
 import trio
 
+from dshd.callhost import tree
 from dshd.execution.capture import OutputCapture, catch_up
 from dshd.execution.hostlink import (
-    HostHandle, HostRequestError, host_log_tail, log_reader, record_on_disk, scan_log,
+    HostHandle, HostRequestError, abandon, host_log_tail, log_reader, record_on_disk, scan_log,
 )
 from dshd.execution.spawn import RESOURCE_ERRNOS, spawn_sentence
 
-__all__ = ["ExecOutcome", "HostRun", "outcome_of", "settle_capture", "spawn_failed_sentence",
+__all__ = ["ExecOutcome", "HostRun", "host_killer", "outcome_of", "settle_capture", "spawn_failed_sentence",
            "wrapper_resource_failure"]
 
 #: Seconds between two reads of the log while output flows (the first one of a burst is at
@@ -50,7 +63,8 @@ TURNOVER_INTERVAL = 0.2
 #: EXEC.md §2: lines at 100/s waited for READ_INTERVAL each, p50 22 ms).
 SMALL_READ = 64 * 1024
 #: Seconds the shielded cleanup after an outside cancellation may take (terminate, wait for the
-#: record, a last read, release).
+#: record, a last read, release); also how long past the kill grace a cancel or a timeout waits
+#: for the exit record before the host counts as not answering and is killed (module doc).
 CLEANUP_SECONDS = 10.0
 
 
@@ -78,33 +92,33 @@ def settle_capture(capture: OutputCapture, on_output: Callable[[], None]) -> Non
 
 class HostRun:
     """One call's run through its host: the pump, the log reader, the supervisor (module
-    doc)."""
+    doc). ``kill``: SIGKILLs the host and everything of its command (:func:`host_killer`)
+    when it does not answer; None kills nothing (the run still settles)."""
 
     def __init__(self, handle: HostHandle, capture: OutputCapture, on_output: Callable[[], None],
-                 argv: list[str], cwd: str, spare_wrapper: str | None) -> None:
+                 argv: list[str], cwd: str, spare_wrapper: str | None,
+                 kill: Callable[[], None] | None = None) -> None:
         self.handle, self.capture, self.on_output = handle, capture, on_output
         self.argv, self.cwd, self.spare_wrapper = argv, cwd, spare_wrapper
         self.reader = log_reader(handle.dir, handle.segment_bytes)
+        self.kill = kill
+        #: Set once the host was killed for not answering: (reason, the sentence).
+        self.gave_up: tuple[str, str] | None = None
 
     async def run(self, cancel: trio.Event, kill_grace: float,
-                  detach: trio.Event | None = None) -> ExecOutcome:
+                  detach: trio.Event | None = None,
+                  timeout: float | None = None) -> ExecOutcome:
         """Attach, follow the log, and return the outcome (module doc); ``detach`` set before
-        the end returns ``ExecOutcome(detached=True)`` and leaves the command running."""
+        the end returns ``ExecOutcome(detached=True)`` and leaves the command running;
+        ``timeout``: the call's, which the host enforces (None: none, or not known)."""
         handle = self.handle
         detach = detach if detach is not None else trio.Event()
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(handle.pump)
-                try:
-                    reply = await handle.request("attach")
-                except HostRequestError:
-                    pass  # gone at once: the record on disk (or none) says how it ended
-                else:
-                    state = reply.get("state")
-                    handle.absorb(state if isinstance(state, dict) else reply)
                 async with trio.open_nursery() as reading:
-                    reading.start_soon(self._read)  # ends once the record is known
-                    await self._supervise(cancel, kill_grace, detach)
+                    reading.start_soon(self._attach_and_read)  # ends once the record is known
+                    await self._supervise(cancel, kill_grace, detach, timeout)
                     if detach.is_set():
                         reading.cancel_scope.cancel()  # else it ends with the record
                 if detach.is_set() and handle.record is None:
@@ -122,8 +136,8 @@ class HostRun:
                     nursery.cancel_scope.cancel()
         except BaseException:
             if not detach.is_set():  # a detached command runs on: nothing is killed
-                with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_SECONDS):
-                    await self._kill()
+                with trio.CancelScope(shield=True):
+                    await self._kill()  # bounded itself
             if not self.capture.finished:
                 settle_capture(self.capture, self.on_output)
             with trio.CancelScope(shield=True), trio.move_on_after(1):
@@ -133,23 +147,39 @@ class HostRun:
             await handle.aclose()
         if detach.is_set() and handle.record is None and record is None:
             return ExecOutcome(exit_code=None, detached=True)
+        if record is None and self.gave_up is not None:
+            reason, sentence = self.gave_up
+            return ExecOutcome(exit_code=None, cancelled=reason == "cancelled",
+                               timed_out=reason == "timeout", error=sentence)
         return outcome_of(record, handle, self.argv, self.cwd, self.spare_wrapper,
                           self.capture.text)
 
+    async def _attach_and_read(self) -> None:
+        handle = self.handle
+        try:
+            reply = await handle.request("attach")
+        except HostRequestError:
+            pass  # gone at once: the record on disk (or none) says how it ended
+        else:
+            state = reply.get("state")
+            handle.absorb(state if isinstance(state, dict) else reply)
+        await self._read()
+
     async def _supervise(self, cancel: trio.Event, kill_grace: float,
-                         detach: trio.Event) -> None:
+                         detach: trio.Event, timeout: float | None) -> None:
         """Wait for the record (or the end of the connection, or ``detach``); on ``cancel``,
-        terminate."""
+        terminate; a host that does not end the command in time is killed (module doc)."""
         handle = self.handle
         async with trio.open_nursery() as nursery:
 
             async def on_cancel() -> None:
                 await cancel.wait()
                 if handle.record is None and not detach.is_set():
-                    try:
-                        await handle.terminate(kill_grace, "cancelled")
-                    except HostRequestError:
-                        pass  # it ended meanwhile: the record says how
+                    await self._end_or_kill(kill_grace, "cancelled", ask=True)
+
+            async def on_timeout() -> None:
+                await real_sleep(timeout)  # the host's own deadline started before this one
+                await self._end_or_kill(kill_grace, "timeout", ask=False)
 
             async def on_detach() -> None:
                 await detach.wait()
@@ -157,8 +187,39 @@ class HostRun:
 
             nursery.start_soon(on_cancel)
             nursery.start_soon(on_detach)
+            if timeout is not None:
+                nursery.start_soon(on_timeout)
             await handle.wait_ended()
             nursery.cancel_scope.cancel()
+
+    async def _end_or_kill(self, grace: float, reason: str, *, ask: bool) -> None:
+        """Ask the host to terminate (``ask``), give it ``grace`` + CLEANUP_SECONDS of real
+        time to report the end (this task is cancelled when it does), then kill it."""
+        seconds = grace + CLEANUP_SECONDS
+        async with trio.open_nursery() as nursery:
+            if ask:
+                nursery.start_soon(self._ask_terminate, grace, reason)
+            await real_sleep(seconds)
+            nursery.cancel_scope.cancel()
+        self._give_up(reason, seconds)
+        await self.handle.aclose()  # the supervisor's wait ends, waiting requests fail
+
+    async def _ask_terminate(self, grace: float, reason: str) -> None:
+        try:
+            await self.handle.terminate(grace, reason)
+        except HostRequestError:
+            pass  # it ended meanwhile (the record says how), or it does not answer
+
+    def _give_up(self, reason: str, seconds: float) -> None:
+        """Kill the host and its command for good (``self.kill``) and say why."""
+        if self.gave_up is not None:
+            return
+        self.gave_up = (reason, (
+            f"the call host (pid {self.handle.pid}) did not answer: no end of the command "
+            f"was reported within {seconds:g} s of the {_ASKED[reason]}, so the host and the "
+            "command's processes were killed (SIGKILL)"))
+        if self.kill is not None:
+            self.kill()
 
     async def _read(self) -> None:
         """Bring the capture up to the host's reported end: at once after a small read, at most
@@ -194,26 +255,65 @@ class HostRun:
         settle_capture(capture, self.on_output)
 
     async def _kill(self) -> None:
-        """Shielded: the time is up; everything of the call is KILLed at once, then the
-        record is awaited in a worker thread against the real clock (:func:`_await_record`),
-        its output read, and the host released."""
+        """Shielded, bounded: the time is up; the host is told to KILL everything of the call
+        at once and the record is awaited in a worker thread against the real clock
+        (:func:`_await_record`, CLEANUP_SECONDS); then its output is read and the host
+        released -- or, with no record, the host is killed with its command (``self.kill``)."""
         handle = self.handle
-        try:
+        if handle.record is None and not handle.closed:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(handle.pump)
-                if handle.record is None and not handle.closed:
-                    await handle.terminate(0, "killed")
-                    record = await trio.to_thread.run_sync(_await_record, handle.dir,
-                                                           CLEANUP_SECONDS)
-                    if record is not None and handle.record is None:
-                        handle.absorb({"record": record})
-                if handle.record is not None:
-                    await self._last_read(handle.record)
-                    if not handle.closed:
-                        await handle.release()
+                nursery.start_soon(self._ask_terminate, 0, "killed")
+                record = await trio.to_thread.run_sync(_await_record, handle.dir,
+                                                       CLEANUP_SECONDS)
                 nursery.cancel_scope.cancel()
-        except HostRequestError:
-            pass
+            if record is not None and handle.record is None:
+                handle.absorb({"record": record})
+        if handle.record is None:
+            self._give_up("killed", CLEANUP_SECONDS)  # also sweeps what a dead host left
+            return
+        with trio.move_on_after(CLEANUP_SECONDS):
+            try:
+                await self._last_read(handle.record)
+                if not handle.closed:
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(handle.pump)
+                        await handle.release()
+                        nursery.cancel_scope.cancel()
+            except HostRequestError:
+                pass
+
+
+#: What the run asked of the host, per reason (for the sentence of :meth:`HostRun._give_up`).
+_ASKED = {"cancelled": "cancel (terminate)", "timeout": "call's timeout",
+          "killed": "request to kill the command"}
+
+
+async def real_sleep(seconds: float) -> None:
+    """Sleep ``seconds`` of real time in a worker thread (the daemon's trio clock, which a test
+    may run virtually, plays no part); a cancellation ends it at once."""
+    stop = threading.Event()
+    try:
+        await trio.to_thread.run_sync(stop.wait, seconds, abandon_on_cancel=True,
+                                      limiter=trio.CapacityLimiter(1))
+    except RuntimeError:  # no worker thread could be started: the trio clock will do
+        await trio.sleep(seconds)
+    finally:
+        stop.set()
+
+
+def host_killer(spec: dict, ready: dict, token_var: str) -> Callable[[], None]:
+    """``HostRun``'s ``kill`` for the host ``ready`` names (``pid``, ``startTime``,
+    ``commandPid``): :func:`~dshd.execution.hostlink.abandon`, its pid signalled and its
+    descendants walked only while it is the same process (``startTime``)."""
+
+    def kill() -> None:
+        pid, start_time = ready.get("pid"), ready.get("startTime")
+        st = tree.proc_stat(pid) if isinstance(pid, int) and pid > 0 else None
+        same = st is not None and st.start_time == start_time
+        abandon(spec, ready if same else {**ready, "pid": -1}, token_var)
+
+    return kill
 
 
 def outcome_of(record: dict | None, handle: HostHandle | None, argv: list[str], cwd: str,

@@ -4,8 +4,9 @@ Theory of operation: every result has ``details.truncation`` (zeros for a call t
 else the capture's). A call that never started (:func:`failed_result` without a capture) has
 its sentence as the content; one that ran has its output as the content and the sentence as
 ``message``. A command's outcome (:func:`outcome_result`) is an error when its exit code is
-not 0 or it timed out, was cancelled or failed; the sandbox's note says when confinement was
-partial. A call settled from the exit record of a host that ended while no daemon ran carries
+not 0 or it timed out, was cancelled or failed (a timeout's or a cancel's ``error``, a call
+host killed for not answering, is added to its ``message``); the sandbox's note says when
+confinement was partial. A call settled from the exit record of a host that ended while no daemon ran carries
 :data:`FINISHED_WHILE_DOWN` in its ``message`` (HOST.md §7).
 """
 
@@ -65,6 +66,8 @@ def outcome_result(call_id: str, arguments: dict, capture: OutputCapture,
     elif outcome.error:
         result.error_code = "TOOL_FAILED"
         result.message = sentence("TOOL_FAILED", error=outcome.error)
+    if (outcome.timed_out or outcome.cancelled) and outcome.error:
+        result.message = f"{result.message} ({outcome.error})"  # a host killed for not answering
     if note:
         result.message = f"{result.message} ({note})" if result.message else note
     return result
