@@ -298,7 +298,12 @@ class SessionRegistry:
         if session is not None and session.usable():
             self._last_used[session_id] = trio.current_time()
             return session
-        self._refuse_if_stopping()
+        if self.stopping:
+            # A closing session still answers what it holds (a result for a tool.wait in
+            # flight); once it has finished it is not opened again in this daemon.
+            if session is not None:
+                return session
+            self._refuse_if_stopping()
         lock = self._opening.setdefault(session_id, trio.Lock())
         async with lock:
             session = self.open.get(session_id)

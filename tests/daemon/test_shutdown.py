@@ -167,6 +167,7 @@ async def test_a_request_during_a_detaching_stop_does_not_reopen_the_session(
     assert not [e for e in events if e.type == "approval/decided"], events
 
 
+@pytest.mark.parametrize("daemon_overrides", [{"on_stop": "detach"}])
 async def test_a_detaching_stop_leaves_running_and_asking_calls(daemon, daemon_clock, nursery,
                                                                 fsync_gate, daemon_overrides):
     """``on_stop = "detach"``: the running call's host runs on with no ``tool/result`` and no
