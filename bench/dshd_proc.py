@@ -28,6 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from dshd.testing import end_hosts
 from protocol.mirror import Mirror
 
 __all__ = ["BenchDaemon", "StalledReader", "top_frames", "ROOT"]
@@ -128,6 +129,7 @@ class BenchDaemon:
                         pass
                 proc.kill()
                 proc.wait(5)
+        end_hosts(self.state_dir)  # call hosts outlive a daemon that detaches (HOST.md §7)
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> "BenchDaemon":

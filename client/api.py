@@ -51,7 +51,7 @@ from client.transport import (
 )
 
 __all__ = ["Client", "connect", "DaemonNotRunning", "DaemonUnresponsive", "ConnectFailed",
-           "CallLost", "BadAnswer", "PROTOCOL_VERSION", "dsh_version", "connect_timeout"]
+           "CallLost", "DaemonGone", "BadAnswer", "PROTOCOL_VERSION", "dsh_version", "connect_timeout"]
 
 PROTOCOL_VERSION = m.PROTOCOL_VERSION
 #: How long ``connect`` waits for the socket and the ``initialize`` answer (seconds).
@@ -88,6 +88,23 @@ class CallLost(ConnectionLost):
         super().__init__(str(lost))
         self.hint = (f"after restarting dshd, `dsh wait {session_id} {call_id}` shows what "
                      "became of the call")
+
+
+class DaemonGone(ConnectionLost):
+    """dshd went away and did not come back within the reconnect timeout (``client.link``)."""
+
+    def __init__(self, timeout: float, why: str, waited: float | None = None,
+                 shared_after_s: float = 5.0) -> None:
+        """``timeout``: ``--reconnect-timeout``; ``waited``: this outage's budget when it was
+        what was left of an earlier outage's (they began less than ``shared_after_s`` apart)."""
+        self.timeout = timeout
+        self.waited = timeout if waited is None else waited
+        if f"{self.waited:.0f}" == f"{timeout:.0f}":
+            budget = f"{timeout:g} s (--reconnect-timeout; "
+        else:
+            budget = (f"{self.waited:.0f} s (what was left of --reconnect-timeout {timeout:g} s: "
+                      f"outages less than {shared_after_s:g} s apart share it; ")
+        super().__init__(f"dshd did not come back within {budget}last attempt: {why})")
 
 
 def connect_timeout() -> float:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator
 
-from client.api import CallLost, DaemonNotRunning, DaemonUnresponsive
+from client.api import CallLost, DaemonGone, DaemonNotRunning, DaemonUnresponsive
 from client.spill import command_ran
 from client.transport import DshClientError
 from protocol.lane import ToolResult
@@ -132,7 +132,8 @@ def single(exc: BaseException) -> BaseException:
     found = list(leaves(exc))
     if len(found) == 1:
         return found[0]
-    for kind in (KeyboardInterrupt, CallLost, DshClientError, RpcError, BrokenPipeError):
+    for kind in (KeyboardInterrupt, CallLost, DaemonGone, DshClientError, RpcError,
+                 BrokenPipeError):
         for leaf in found:
             if isinstance(leaf, kind):
                 return leaf
@@ -152,6 +153,8 @@ def exit_for(exc: BaseException, note: Callable[[str], None]) -> int | None:
         if isinstance(exc, CallLost):
             note(f"dsh: {exc.hint}")
             return EXIT_OUTCOME_UNKNOWN  # the call may or may not have finished
+        if isinstance(exc, DaemonGone):
+            return EXIT_OUTCOME_UNKNOWN  # what it waited for may or may not have happened
         return EXIT_ERROR
     if isinstance(exc, RpcError):
         note(f"dsh: {exc.message}")

@@ -12,18 +12,24 @@ print next:
   already, the rest is new. Repetitive output makes that overlap ambiguous; when the output's
   ``totalBytes`` is known before and after, the overlap whose new part has exactly the
   difference in bytes wins. Without a match the longest overlap wins: we would rather miss
-  a repeated piece than print one twice. A window that moved past text never seen (a flood
-  between two publishes) cannot be helped here: ``CallOutput.printed_bytes`` against the
-  final ``totalBytes`` tells how much was not shown. The spill file has it all:
-  ``client.spill.CompleteOutput`` takes the output from there once it exists.
+  a repeated piece than print one twice. The totals count raw bytes, the text is cleaned
+  (NUL and C0 controls dropped, invalid bytes made U+FFFD: EXEC.md §2), so a fit can be a
+  coincidence; but a *complete* window (``truncation.truncated`` false: nothing was ever cut)
+  is the whole cleaned output, and every earlier window was its start -- then the old window
+  is a prefix of the new one and only the rest is new, whatever the totals say. A window
+  that moved past text never seen (a flood between two publishes) cannot be helped here:
+  ``CallOutput.printed_bytes`` against the final ``totalBytes`` tells how much was not shown.
+  The spill file has it all: ``client.spill.CompleteOutput`` takes the output from there once
+  it exists.
 
 ``CallOutput`` applies this to one call of a lane view. Inside one subscription it follows
 the decoded ops of each batch (``Mirror.last_ops``) on the call's text path: ``a`` prints, ``t``
 drops. The producer's diff picks the *longest* overlap, so when a repetitive window slides the
 ops undercount what was written (a window that slid by one identical line shows no op at all);
-then the ``totalBytes`` carried with the text decide, and only an exact fit is believed. An op
-that replaces the text or one of its parents (a base, an ``s``) falls back to ``resync``.
-Pure: no I/O.
+then the ``totalBytes`` carried with the text decide, and only an exact fit is believed -- never
+for a complete window, which cannot slide (its ops are exact; only cleaning makes its bytes
+differ from the totals). An op that replaces the text or one of its parents (a base, an ``s``)
+falls back to ``resync``. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -113,8 +119,18 @@ class Follower:
                 return text[k:]
         return None
 
-    def resync(self, text: str, total_bytes: int | None = None) -> str:
-        """``text`` is the window now; return its part that was not printed yet."""
+    def resync(self, text: str, total_bytes: int | None = None, *,
+               complete: bool = False) -> str:
+        """``text`` is the window now; return its part that was not printed yet.
+
+        ``complete``: the window was never cut (``truncated`` false), so it is all of the
+        output: when the old window is its start, the rest is new (no overlap is guessed).
+        """
+        if complete and text.startswith(self.window):
+            new = text[len(self.window):]
+            self.window = text
+            self.note_total(total_bytes)
+            return new
         matched = self.match_total(text, total_bytes)
         if matched is not None:
             return matched
@@ -178,16 +194,19 @@ class CallOutput:
         text = _get(view, self.path)
         total = _get(call, ("output", "truncation", "totalBytes"))
         total = total if isinstance(total, int) and not isinstance(total, bool) else None
+        complete = _get(call, ("output", "truncation", "truncated")) is False
         if not isinstance(text, str):
             follower.note_total(total)
             return appended
         if dirty or follower.window != text:
             # Replaced (a base, an ``s`` on the text or a parent): what is new, by overlap.
             follower.window, follower.total_bytes = saved
-            return follower.resync(text, total)
-        if total is not None and saved[1] is not None and total - saved[1] != _utf8_len(appended):
+            return follower.resync(text, total, complete=complete)
+        if not complete and total is not None and saved[1] is not None \
+                and total - saved[1] != _utf8_len(appended):
             # The ops undercount when a repetitive window slid (the producer's diff takes the
-            # longest overlap): the totals say how much is really new.
+            # longest overlap): the totals say how much is really new. A complete window never
+            # slid: its ops are exact.
             op_window = follower.window
             follower.window, follower.total_bytes = saved
             matched = follower.match_total(text, total)
@@ -227,12 +246,14 @@ class CallOutput:
             isinstance(item, dict) and item.get("callId") == self.call_id for item in recent
         )
 
-    def finish(self, final_text: str | None, total_bytes: int | None = None) -> str:
+    def finish(self, final_text: str | None, total_bytes: int | None = None,
+               truncated: bool | None = None) -> str:
         """The tail to print after the call settled: what of its final result's text (the
         last window) was not printed yet. The lane may never show the last window -- a call
-        removed in the same flush takes its last output changes with it."""
+        removed in the same flush takes its last output changes with it. ``truncated``: the
+        result's ``truncation.truncated`` (False: the text is all of the output)."""
         if final_text is None:
             return ""
-        piece = self.follower.resync(final_text, total_bytes)
+        piece = self.follower.resync(final_text, total_bytes, complete=truncated is False)
         self.printed_bytes += _utf8_len(piece)
         return piece

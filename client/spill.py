@@ -250,7 +250,8 @@ class CompleteOutput:
             return  # never ran: its content is a sentence, not output
         truncation = result.details.truncation
         total = truncation.total_bytes if truncation is not None else None
-        piece = self.watcher.finish(result.content, total)
+        piece = self.watcher.finish(result.content, total,
+                                    truncation.truncated if truncation is not None else None)
         self._step(piece, total, result.details.spill_path,
                    truncation.truncated if truncation is not None else None, result.content)
 

@@ -50,4 +50,8 @@ if __name__ == "__main__":
         from .storage.fsck_cli import main as fsck_main
 
         sys.exit(fsck_main(sys.argv[2:]))
+    if sys.argv[1:2] == ["hosts"]:  # `python -m dshd hosts [--cancel]`: the live call hosts
+        from .hosts_cli import main as hosts_main
+
+        sys.exit(hosts_main(sys.argv[2:]))
     main()

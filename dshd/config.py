@@ -164,6 +164,15 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     #: A call host whose command ended waits this long for the daemon to record the result
     #: before it exits on its own, seconds.
     host_linger_seconds: Annotated[float, msgspec.Meta(ge=0, le=86_400)] = 300.0
+    # -- adopt room (issue 13, HOST.md §7): calls across a daemon restart ------------------
+    #: What a daemon stop (SIGTERM, ``make stop``, systemctl) does to running calls: "detach"
+    #: leaves their call hosts running (the next start re-adopts them; approvals are asked
+    #: again), "cancel" ends them (TOOL_CANCELLED). A ``session.close`` and idle eviction
+    #: always cancel. Also decides the host's ``on_daemon_loss`` ("keep" / "terminate").
+    on_stop: Literal["detach", "cancel"] = "detach"
+    #: A re-asked approval (pending across a restart) waits this long for an answerer to
+    #: attach before it is ``unavailable``, seconds: 0 .. 86400 (room asks).
+    reask_grace_seconds: Annotated[float, msgspec.Meta(ge=0, le=86_400)] = 120.0
     #: Log output: "auto" (console on a TTY, JSON otherwise), "console" or "json".
     log_format: Literal["auto", "console", "json"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"

@@ -40,6 +40,9 @@ SENTENCES: dict[str, dict[str, str]] = {
         "pre-approved (`dsh run`).",
         "left": "the last attached answerer left before deciding, so the call did not run. "
         "Keep an answerer attached (`dsh attach --approve --follow SESSION`) and retry.",
+        "grace": "dshd restarted while this call waited for approval, and nobody attached to "
+        "approve it within reask_grace_seconds after the start, so it did not run. Keep an "
+        "answerer attached (`dsh attach --approve --follow SESSION`) and retry.",
     },
     "APPROVAL_CANCELLED": {
         "": "the call was cancelled while it waited for approval; it did not run.",

@@ -6,8 +6,11 @@ socket (:func:`_listener`: under socket activation, ``LISTEN_FDS``, the passed s
 otherwise one the daemon binds). :func:`_run` then runs, in one nursery, the session registry
 (which owns the sessions and their tool calls), the service monitor (``dshd.service``: watchdog
 pings, ``STATUS=``, reload) and ``trio.serve_listeners`` with a handler nursery of its own, so
-that a graceful stop can stop accepting first, then tell the sessions to settle their calls and
-flush, and then cancel the handlers.
+that a graceful stop can stop accepting first, then tell the sessions to apply ``on_stop`` to
+their calls (``detach``: the call hosts run on; ``cancel``: the calls settle) and flush, and
+then cancel the handlers. Before the first accept, the registry opens every session with a
+call that has not settled (``SessionRegistry.resume_unsettled``, HOST.md §7), so calls that
+outlived the previous daemon are running (or settled) again before any client asks.
 
 Each accepted connection runs :func:`_serve_socket`, the handler wrapper: it reads the peer's
 credentials off the socket (a process inside one of this daemon's sandboxes counts as a foreign
@@ -20,7 +23,7 @@ off and retries; :class:`_Listening` logs one line per episode instead of trio's
 
 The stop: SIGTERM or SIGINT starts it; SIGHUP reloads the config between stops. One deadline,
 ``stop_timeout_seconds`` from the signal (``dshd.daemon.StopBudget``), bounds it: the sessions get
-their share (``registry.aclose(deadline)``), then the handlers are cancelled and each
+their share (``registry.aclose(deadline, on_stop)``), then the handlers are cancelled and each
 connection's close runs shielded within its share. ``EXTEND_TIMEOUT_USEC=`` with ``STOPPING=1``
 tells systemd the same budget plus the margin.
 """
@@ -276,6 +279,8 @@ async def _run(daemon: Daemon, listener: _Listening, ready: dict,
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
             async with trio.open_nursery() as outer:
                 await outer.start(daemon.registry.run)
+                # Calls that outlived the last daemon come back before anyone can ask.
+                await daemon.registry.resume_unsettled()
                 await outer.start(monitor.run)
                 async with trio.open_nursery() as handlers:
                     accepting = trio.CancelScope()
@@ -329,11 +334,12 @@ async def stop_gracefully(daemon: Daemon) -> None:
 
 
 async def stop_sessions(daemon: Daemon) -> None:
-    """The sessions' share of a graceful stop: every session cancels its calls (they settle
+    """The sessions' share of a graceful stop: every session applies ``on_stop`` to its calls
+    (``detach``: their hosts run on for the next daemon; ``cancel``: they settle
     TOOL_CANCELLED), ends its turn and flushes, by ``stop_budget.sessions`` from now."""
     deadline = trio.current_time() + daemon.stop_budget.sessions
     with trio.CancelScope(deadline=deadline):
-        await daemon.registry.aclose(deadline=deadline)
+        await daemon.registry.aclose(deadline=deadline, policy=daemon.config.on_stop)
 
 
 async def _serve_socket(daemon: Daemon, stream: trio.SocketStream) -> None:

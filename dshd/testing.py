@@ -4,7 +4,12 @@ that the tests, the crash campaign and the benchmarks share one launcher).
 Theory of operation: :class:`DshdProcess` starts ``python -m dshd`` with its socket under a
 short directory (``sun_path`` is 107 bytes), waits, bounded, until the socket accepts, and
 always reaps what it started: ``stop`` signals and waits, SIGKILL after a bound; ``kill9``
-simulates a crash. It is not used by the daemon itself.
+simulates a crash. Call hosts outlive the daemon (HOST.md §7: a stop *detaches* them), so
+:meth:`DshdProcess.close` is how a test or bench ends a daemon for good: it stops the daemon,
+then ends every call host under its state directory (``hostlink.end_host``: the pid and
+``startTime`` of ``host.json``, TERM to the command, its grace, KILL). A restart test uses
+``stop()`` / ``kill9()`` + ``start()`` and ``close()`` at the end. It is not used by the
+daemon itself.
 """
 
 from __future__ import annotations
@@ -107,3 +112,45 @@ class DshdProcess:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log)"
+
+    def kill_hosts(self) -> int:
+        """SIGKILL every live call host under the state directory with its command tree, as
+        a machine crash would (no ``exit.json``): the calls' outcome is really unknown."""
+        return kill_hosts(self.state_dir)
+
+    def close(self, sig: int = signal.SIGTERM) -> int:
+        """Stop the daemon (:meth:`stop`), then end every call host under the state directory
+        (module doc); returns how many live hosts were ended."""
+        self.stop(sig)
+        return end_hosts(self.state_dir)
+
+
+def end_hosts(state_dir: Path) -> int:
+    """End every live call host under ``state_dir`` (``sessions/*/calls/*/host.json``);
+    how many there were."""
+    from dshd.execution.hostlink import end_host
+
+    ended = 0
+    for call_dir in sorted(Path(state_dir).glob("sessions/*/calls/*")):
+        if (call_dir / "host.json").exists():
+            ended += end_host(call_dir)
+    return ended
+
+
+def kill_hosts(state_dir: Path) -> int:
+    """SIGKILL every live call host under ``state_dir`` and its command's tree (the run's
+    token carriers too); how many hosts there were."""
+    from dshd.callhost import tree
+    from dshd.execution.hostlink import host_alive, host_record
+
+    killed = 0
+    for call_dir in sorted(Path(state_dir).glob("sessions/*/calls/*")):
+        record = host_record(call_dir)
+        if not host_alive(record):
+            continue
+        assert record is not None
+        os.kill(record["pid"], signal.SIGKILL)
+        marker = f"{record.get('tokenVar')}={record.get('token')}"
+        tree.kill_tree(record["pid"], None, None, marker, int(record.get("uid", os.geteuid())))
+        killed += 1
+    return killed

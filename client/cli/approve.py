@@ -20,6 +20,14 @@ and ONE bounded channel of events, read by ``_attend`` alone:
 the log) and, without ``--follow``, ends the command once no call is in the lane and no
 request is pending or being answered. A closed stdin with a request unanswered detaches with
 status 1.
+
+Across a daemon restart (``answer_across_restarts``): the answerer starts again on a new
+connection, an answerer again (``client.link``), and shows every request still pending --
+one asked again after the restart keeps its ``approvalId``; stdin's ``LineReader`` is the
+same throughout, so no typed or piped answer is lost in between, and so are the calls
+followed (``Watchers``) and the ``Printer``: a call goes on from what was shown, and one that
+ended while dshd was away (gone from the new lane) gets the rest of its output and its end
+line, as under ``dsh attach --follow``.
 """
 
 from __future__ import annotations
@@ -40,12 +48,13 @@ from client.cli.output import Printer, Watchers, followed, keep_up, show_calls
 from client.cli.run import POLICIES
 from client.cli.terminal import emit, end_line, note, print_json, prompt
 from client.exits import EXIT_ERROR, decided_status
+from client.link import Link, ride
 from protocol.printable import printable
 from client.subscription import Subscription
 from protocol.methods import ApprovalDecideResult
 from protocol.rpc import ALREADY_DECIDED, APPROVAL_NOT_FOUND, RpcError
 
-__all__ = ["answer_session", "Answerer", "approve", "policy"]
+__all__ = ["answer_session", "answer_across_restarts", "Answerer", "approve", "policy"]
 
 #: Events in flight to ``_attend``; requests queued for the answerer (more wait for a view).
 EVENT_BOUND = 16
@@ -207,17 +216,24 @@ class Answerer:
 
 
 async def answer_session(client: Client, session_id: str, follow: bool, *,
-                         stdin_fd: int = 0) -> int:
-    """``dsh attach --approve`` (module doc); returns the exit status."""
+                         stdin_fd: int = 0, reader: LineReader | None = None,
+                         shown: tuple[Watchers, Printer] | None = None) -> int:
+    """``dsh attach --approve`` (module doc); returns the exit status. ``reader``: stdin's
+    lines read by the caller (``answer_across_restarts``), else read here. ``shown``: the
+    calls followed and the printer of an earlier connection (``answer_across_restarts``),
+    so that a call goes on from what was shown and one that settled meanwhile gets its end."""
     start = await client.get_session(session_id)
     outcomes = Outcomes(client, session_id, -1 if start.last_seq is UNSET else start.last_seq)
-    reader, printer, deciding = LineReader(stdin_fd), Printer(), anyio.Lock()
+    own_reader = reader is None
+    reader = LineReader(stdin_fd) if reader is None else reader
+    watchers, printer = shown if shown is not None else ({}, Printer())
+    deciding = anyio.Lock()
     answerer = Answerer(client, session_id, reader, printer, deciding, outcomes)
-    watchers: Watchers = {}
     send, receive = anyio.create_memory_object_stream[AttendEvent](EVENT_BOUND)
     async with await client.subscribe(session_id) as sub:
         async with anyio.create_task_group() as tasks:
-            tasks.start_soon(reader.run)
+            if own_reader:
+                tasks.start_soon(reader.run)
             tasks.start_soon(_forward, sub, send.clone())
             tasks.start_soon(answerer.run, send.clone())
             tasks.start_soon(keep_up, followed(watchers, printer), deciding)
@@ -225,6 +241,24 @@ async def answer_session(client: Client, session_id: str, follow: bool, *,
                                    printer, follow)
             tasks.cancel_scope.cancel()
     return status
+
+
+async def answer_across_restarts(link: Link, session_id: str, follow: bool) -> int:
+    """``answer_session`` on the link's connection, again on a new one after dshd restarted
+    (``client.link.ride``: a request still pending, or asked again, is shown again; the calls
+    followed and the ``Printer`` are the same throughout, as for ``dsh attach --follow``, so
+    a call that ended while dshd was away gets the rest of its output and its end). stdin is
+    read by ONE ``LineReader`` for the whole command: a reader of a lost connection's answerer
+    would leave its thread behind, and that thread would swallow the next answer."""
+    reader = LineReader(0)
+    shown: tuple[Watchers, Printer] = ({}, Printer())
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(reader.run)
+        try:
+            return await ride(link, lambda client: answer_session(
+                client, session_id, follow, reader=reader, shown=shown), note)
+        finally:
+            tasks.cancel_scope.cancel()
 
 
 async def _forward(sub: Subscription, events: Events) -> None:

@@ -15,6 +15,14 @@ view: for each batch ``show_calls`` prints a header for each new call, its new o
 a footer for each that settled, asking ``tool.wait`` for its result. Without ``--follow`` it
 ends once no call is in the lane. ``--approve`` hands the session to the
 answerer (``client.cli.approve``).
+
+Across a daemon restart (``client.link``): one call is followed on from the byte printed
+through (``follow_call``); the lane view is subscribed again on the new connection with the
+same ``Watchers`` and ``Printer`` (so a call's output goes on from what was shown, as after a
+resubscribe); the answerer starts again on the new connection (``client.link.ride``) and
+shows each request still pending -- one asked again after the restart keeps its id. Only a
+daemon that does not come back within ``--reconnect-timeout`` (or a lost connection with
+``--reconnect-timeout 0``) ends it, with status 75 and how to learn the call's fate.
 """
 
 from __future__ import annotations
@@ -25,9 +33,11 @@ from typing import Any
 import anyio
 import click
 
-from client.api import Client
-from client.cli.approve import answer_session
-from client.cli.common import Options, execute, pass_options
+from client.api import CallLost, Client
+from client.cli.approve import answer_across_restarts
+from client.cli.common import (
+    RECONNECT_RULE, Options, execute_linked, pass_options, reconnect_option,
+)
 from client.cli.keys import DEFAULT_DETACH_KEYS, detach_keys_option
 from client.cli.localterm import isatty, terminal_size
 from client.cli.output import (
@@ -45,18 +55,36 @@ from client.cli.stream import (
     KEYS_RULE, Call, Io, call_is_tty, follow_call, left_early, result_status,
 )
 from client.cli.terminal import note
+from client.exits import single
+from client.link import Link, ride
 from client.raw import tail_offset
 from client.subscription import Subscription
+from client.transport import ConnectionLost
 from protocol.rpc import RpcError
 
 __all__ = ["attach", "attach_session", "attach_call"]
 
 
-async def attach_session(client: Client, session_id: str, call_id: str | None,
+async def attach_session(link: Link, session_id: str, call_id: str | None,
                          follow: bool, tail: int | None = None,
                          detach_keys: bytes = b"") -> int:
     watchers: Watchers = {}
     printer = Printer()
+    try:
+        return await ride(link, lambda client: _attach_once(
+            link, client, session_id, call_id, follow, tail, detach_keys, watchers, printer),
+            note)
+    except BaseException as raised:  # noqa: BLE001 - re-raised; 75 when dshd did not come back
+        lost = single(raised)
+        if isinstance(lost, ConnectionLost) and not isinstance(lost, CallLost):
+            raise CallLost(lost, session_id, call_id or "CALL") from raised
+        raise
+
+
+async def _attach_once(link: Link, client: Client, session_id: str, call_id: str | None,
+                       follow: bool, tail: int | None, detach_keys: bytes, watchers: Watchers,
+                       printer: Printer) -> int:
+    """One connection's attach (``ride`` runs it again after a lost connection)."""
     async with await client.subscribe(session_id) as sub:
         if not follow or call_id is not None:
             view = await sub.next_view()
@@ -64,7 +92,7 @@ async def attach_session(client: Client, session_id: str, call_id: str | None,
             one = call_id or (next(iter(tools)) if len(tools) == 1 else None)
             if one is not None:
                 await sub.aclose()
-                return await attach_call(client, Call(session_id, one), tools.get(one),
+                return await attach_call(link, Call(session_id, one), tools.get(one),
                                          tail, detach_keys)
             if not tools:
                 note(f"no call is running in session {session_id}", "dim")
@@ -80,10 +108,11 @@ async def attach_session(client: Client, session_id: str, call_id: str | None,
                 tasks.cancel_scope.cancel()
 
 
-async def attach_call(client: Client, call: Call, entry: Any, tail: int | None,
+async def attach_call(link: Link, call: Call, entry: Any, tail: int | None,
                       detach_keys: bytes) -> int:
     """Replay one call's output (all of it, or its last ``tail`` lines), follow it to its end,
     with this terminal's keys and size for a tty call; its exit status (module doc)."""
+    client = link.client
     offset = 0
     if tail is not None:
         offset, first = await tail_offset(client, call.session_id, call.call_id, tail)
@@ -99,7 +128,7 @@ async def attach_call(client: Client, call: Call, entry: Any, tail: int | None,
             await client.resize(call.session_id, call.call_id, cols, rows)
         except RpcError:
             pass  # settled meanwhile: nothing to resize
-    followed = await follow_call(client, call, offset, io)
+    followed = await follow_call(link, call, offset, io)
     early = left_early(call, followed, io)
     if early is not None:
         return early
@@ -133,7 +162,9 @@ the sandbox it would run in) and answer it with y or n on stdin. Without --follo
 once no call runs and no request is pending; a closed stdin with a request unanswered
 detaches with status 1.
 
-""" + KEYS_RULE
+""" + KEYS_RULE + """
+
+""" + RECONNECT_RULE
 
 
 @click.command(help=ATTACH_HELP)
@@ -147,13 +178,17 @@ detaches with status 1.
 @click.option("--follow", "-f", is_flag=True, help="Keep waiting for new calls.")
 @click.option("--approve", is_flag=True,
               help="Answer the session's approval requests: y/n for each, read from stdin.")
+@reconnect_option
 @pass_options
 def attach(opts: Options, session_id: str, call_id: str | None, tail: int | None,
-           detach_keys: bytes, follow: bool, approve: bool) -> None:
+           detach_keys: bytes, follow: bool, approve: bool, reconnect_timeout: float) -> None:
     if approve and (call_id or tail is not None):
         raise click.UsageError("--approve answers for the whole session: not with --call "
                                "or --tail")
     if approve:
-        sys.exit(execute(opts, lambda c: answer_session(c, session_id, follow), approvals=True))
-    sys.exit(execute(opts, lambda c: attach_session(c, session_id, call_id, follow, tail,
-                                                     detach_keys)))
+        sys.exit(execute_linked(
+            opts, lambda link: answer_across_restarts(link, session_id, follow),
+            reconnect_timeout=reconnect_timeout, approvals=True))
+    sys.exit(execute_linked(
+        opts, lambda link: attach_session(link, session_id, call_id, follow, tail, detach_keys),
+        reconnect_timeout=reconnect_timeout))

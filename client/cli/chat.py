@@ -272,7 +272,9 @@ class TurnScreen:
                 output = self.outputs.get(call_id)
                 truncation = result.details.truncation
                 total = truncation.total_bytes if truncation is not None else None
-                self._text(output.finish(result.content, total) if output else result.content)
+                cut = truncation.truncated if truncation is not None else None
+                self._text(output.finish(result.content, total, cut) if output
+                           else result.content)
             self._newline()
             code, exit_code = result.error_code, result.exit_code
             if code and not command_ran(result):

@@ -8,8 +8,11 @@ stdin or the keys to the command, resizes, the detach rules of ``KEYS_RULE``). W
 a lane subscription tells which approval the call waits for (one line, how to answer it).
 ``_conclude`` prints the end -- or how to re-attach after a detach -- and returns the status
 (``client.exits``). A reused ``--call-id`` runs nothing again: a note says so and the existing
-call's output and result are shown. When dshd goes away after the submission the error is a
-``CallLost`` (exit 75, and a line naming ``dsh wait``).
+call's output and result are shown. When dshd goes away after the submission, dsh connects
+again (``client.link``, ``--reconnect-timeout``) and goes on following from the byte printed
+through; ``--ask``'s subscription is made again on the new connection. Only when dshd does
+not come back in time (or ``--reconnect-timeout 0``) is the error a ``CallLost`` (exit 75, and
+a line naming ``dsh wait``).
 
 ``-t`` is never implied: ``dsh run`` always runs a command, and both ``docker run`` (explicit
 ``-t``) and ``ssh host CMD`` (a PTY only with ``-t``) give a command pipes unless asked; a
@@ -30,7 +33,9 @@ import anyio
 import click
 
 from client.api import CallLost, Client
-from client.cli.common import Options, execute, pass_options
+from client.cli.common import (
+    RECONNECT_RULE, Options, execute_linked, pass_options, reconnect_option,
+)
 from client.cli.keys import DEFAULT_DETACH_KEYS, detach_keys_option
 from client.cli.localterm import isatty, stdin_usable, terminal_size
 from client.cli.stream import (
@@ -39,6 +44,7 @@ from client.cli.stream import (
 )
 from client.cli.terminal import note
 from client.exits import EXIT_NEVER_RAN, run_status, single
+from client.link import Link
 from client.paths import ID_CHARS, is_valid_id
 from client.subscription import Subscription
 from client.transport import ConnectionLost
@@ -90,32 +96,32 @@ def io_for(tty: bool, detach_keys: bytes, cancel_on_interrupt: bool) -> Io:
               detach_keys=detach_keys if tty else b"", cancel_on_interrupt=cancel_on_interrupt)
 
 
-async def run_command(client: Client, argv: tuple[str, ...], session_id: str | None,
+async def run_command(link: Link, argv: tuple[str, ...], session_id: str | None,
                       timeout: float | None, call_id: str | None, cancel_on_interrupt: bool,
                       how: RunOptions, tty: bool = False,
                       detach_keys: bytes = b"") -> int:
+    client = link.client
     command = command_string(argv)
     if session_id is None:
         session_id = await client.create_session(os.getcwd(), title=title_of(command),
                                                  sandbox=how.sandbox, approval_policy=how.policy)
     call = Call(session_id, call_id or "c" + secrets.token_hex(8))
     io = io_for(tty, detach_keys, cancel_on_interrupt)
-    sub = await client.subscribe(session_id) if how.ask else None
+    asks = _Asks(call, client, await client.subscribe(session_id)) if how.ask else None
     try:
         never_ran = await _submit(client, call, command, timeout, how, io)
         if never_ran is not None:
             return never_ran
-        extra = () if sub is None else (lambda events: _approvals(sub, call, events),)
-        followed = await follow_call(client, call, 0, io, extra)
+        followed = await follow_call(link, call, 0, io, () if asks is None else (asks.run,))
     except BaseException as raised:  # noqa: BLE001 - re-raised, with the hint when dshd left
         lost = single(raised)
         if isinstance(lost, ConnectionLost) and not isinstance(lost, CallLost):
             raise CallLost(lost, call.session_id, call.call_id) from raised
         raise
     finally:
-        if sub is not None:
+        if asks is not None:
             with anyio.move_on_after(1, shield=True):
-                await sub.aclose()
+                await asks.sub.aclose()
     return _conclude(call, followed, io)
 
 
@@ -137,6 +143,19 @@ async def _submit(client: Client, call: Call, command: str, timeout: float | Non
         note(f"dsh: call {call.call_id} already exists in session {call.session_id}: showing "
              "its result; nothing was run again (use a new --call-id to run again)")
     return None
+
+
+class _Asks:
+    """``--ask``'s lane subscription: made before the submission, made again on each new
+    connection (``follow_call``'s extra task)."""
+
+    def __init__(self, call: Call, client: Client, sub: Subscription) -> None:
+        self.call, self.client, self.sub = call, client, sub
+
+    async def run(self, client: Client, events: Events) -> None:
+        if client is not self.client:
+            self.client, self.sub = client, await client.subscribe(self.call.session_id)
+        await _approvals(self.sub, self.call, events)
 
 
 async def _approvals(sub: Subscription, call: Call, events: Events) -> None:
@@ -180,6 +199,8 @@ implied: without it CMD gets pipes, as with docker run and ssh host CMD).
 
 """ + KEYS_RULE + """
 
+""" + RECONNECT_RULE + """
+
 \b
 Exit status (never 0 when the call is an error):
   N    the command's exit code
@@ -190,9 +211,10 @@ Exit status (never 0 when the call is an error):
   129, 143  detached by SIGHUP, SIGTERM
   125  the call did not run (--ask and rejected, nobody to ask, no sandbox,
        STORAGE_FAILURE, TOOL_NOT_STARTED, ...)
-  75   TOOL_OUTCOME_UNKNOWN: dshd crashed while it ran; it may or may not
-       have run (check before retrying); also when dshd went away under
-       dsh run (after a restart, `dsh wait SESSION CALL` tells)
+  75   TOOL_OUTCOME_UNKNOWN: dshd crashed while it ran and its call host
+       is gone too; it may or may not have run (check before retrying);
+       also when dshd went away under dsh run and did not come back
+       within --reconnect-timeout (`dsh wait SESSION CALL` tells later)
   1    any other errorCode with exit code 0; a request refused by dshd
        (e.g. a session directory you cannot enter)
   2    a usage error, or dshd is not running (or does not answer)
@@ -218,16 +240,20 @@ Exit status (never 0 when the call is an error):
               help="Sandbox mode of the new session (default: the daemon's config).")
 @click.option("--policy", type=click.Choice(POLICIES), default=None,
               help="Approval policy of the new session (default: the daemon's config).")
+@reconnect_option
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- CMD...")
 @pass_options
 def run(opts: Options, tty: bool, detach_keys: bytes, session_id: str | None,
         timeout: float | None, call_id: str | None, cancel_on_interrupt: bool, ask: bool,
-        sandbox: str | None, policy: str | None, argv: tuple[str, ...]) -> None:
+        sandbox: str | None, policy: str | None, reconnect_timeout: float,
+        argv: tuple[str, ...]) -> None:
     if call_id is not None and not is_valid_id(call_id):
         raise click.BadParameter(f"ids match {ID_CHARS}", param_hint="--call-id")
     if session_id is not None and (sandbox or policy):
         raise click.UsageError("--sandbox and --policy set up a new session, not with --session "
                                "(`dsh policy SESSION ask|never` changes a session's policy)")
     how = RunOptions(ask=ask, sandbox=sandbox, policy=policy)
-    sys.exit(execute(opts, lambda c: run_command(c, argv, session_id, timeout, call_id,
-                                                  cancel_on_interrupt, how, tty, detach_keys)))
+    sys.exit(execute_linked(
+        opts, lambda link: run_command(link, argv, session_id, timeout, call_id,
+                                       cancel_on_interrupt, how, tty, detach_keys),
+        reconnect_timeout=reconnect_timeout))

@@ -21,9 +21,13 @@ import msgspec
 from msgspec import UNSET
 from rich.table import Table
 
-from client.api import Client
-from client.cli.common import Options, execute, json_flag, pass_options
-from client.cli.stream import Call, Followed, replay, result_status
+from client.api import CallLost, Client
+from client.cli.common import (
+    Options, execute, execute_linked, json_flag, pass_options, reconnect_option,
+)
+from client.cli.stream import Call, Followed, OutputState, replay, result_status, wait_result
+from client.link import Link, ride
+from client.transport import ConnectionLost
 from client.cli.terminal import cell, emit, fmt_time, is_tty, note, print_json, short, stdout
 from client.exits import decided_status, exit_status
 from protocol.printable import printable
@@ -146,9 +150,11 @@ def status(opts: Options, as_json: bool) -> None:
 @click.argument("call_id", metavar="CALL")
 @click.option("--timeout", type=click.FloatRange(min=0), metavar="S",
               help="Give up waiting after S seconds (the call keeps running).")
+@reconnect_option
 @json_flag
 @pass_options
-def wait(opts: Options, session_id: str, call_id: str, timeout: float | None, as_json: bool) -> None:
+def wait(opts: Options, session_id: str, call_id: str, timeout: float | None,
+         reconnect_timeout: float, as_json: bool) -> None:
     """Wait for a call's result; print its complete output and exit with its exit code.
 
     \b
@@ -158,21 +164,38 @@ def wait(opts: Options, session_id: str, call_id: str, timeout: float | None, as
       130  TOOL_CANCELLED and the command exited 0 (else its own code)
       125  the call did not run (rejected, no sandbox, STORAGE_FAILURE,
            TOOL_NOT_STARTED, ...)
-      75   TOOL_OUTCOME_UNKNOWN: dshd crashed while it ran; it may or may not
-           have run (check before retrying)
+      75   TOOL_OUTCOME_UNKNOWN: dshd crashed while it ran and its call host
+           died too; it may or may not have run (check before retrying); also
+           when dshd went away and did not come back within --reconnect-timeout
       1    any other errorCode with exit code 0, or an error answer (e.g. --timeout
            passed: the call keeps running)
       2    a usage error, or dshd is not running (or does not answer)
+
+    When dshd restarts meanwhile, dsh connects again (up to --reconnect-timeout;
+    past it: 75) and goes on waiting, or printing from the byte it got to.
+    An outage that begins less than 5 s after dshd came back shares the earlier
+    outage's budget (it gets only what was left of it).
     """
 
-    async def body(client: Client) -> int:
-        result = await client.wait(session_id, call_id, timeout)
+    async def body(link: Link) -> int:
+        call = Call(session_id, call_id)
+        try:
+            result = await ride(link, lambda c: wait_result(c, call, timeout), note)
+        except ConnectionLost as lost:  # dshd went away (for good, or without reconnecting)
+            raise CallLost(lost, session_id, call_id) from lost
         if as_json or opts.json:
             print_json(result)
             return exit_status(result)[0]
         followed = Followed(result)
         if command_ran(result):
-            followed.output = await replay(client, Call(session_id, call_id))
+            state = OutputState(result_known=True)  # how far it printed: on from there
+            await ride(link, lambda c: _replayed(c, call, state), note)
+            followed.output = state
         return result_status(followed)
 
-    sys.exit(execute(opts, body))
+    sys.exit(execute_linked(opts, body, reconnect_timeout=reconnect_timeout))
+
+
+async def _replayed(client: Client, call: Call, state: OutputState) -> int:
+    await replay(client, call, state)
+    return 0

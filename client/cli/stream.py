@@ -10,7 +10,8 @@ that report through ONE bounded channel of events and never touch each other's s
   dshd makes input and follows of a call that has not started wait for its start; a
   ``NOT_STARTED`` refusal (a dshd that refuses instead) is tried again until the result is
   known; refused for good, the result's window is printed instead, with a line saying so. A closed stdout is ``Detach("pipe")``;
-- ``_wait_result``: ``tool.wait`` (``Result``);
+- ``_wait_result``: ``tool.wait`` (``Result``; a STORAGE_FAILURE answer -- the session
+  stopped before the result, "ask again" -- is asked again, ``wait_result``);
 - input (``KEYS_RULE``): with ``Io.forward`` stdin is read in chunks of at most
   ``INPUT_CHUNK`` and each is one ``tool.write`` (its answer comes once the command's stdin
   took it: the back-pressure), then ``tool.closeStdin`` at its end; with ``Io.raw`` (a tty
@@ -24,33 +25,51 @@ that report through ONE bounded channel of events and never touch each other's s
 ``_decide`` alone reads the channel: it ends on a detach, or once both the result and the
 output's end are in (after the result the output may still be printing a long backlog; it
 gives up only when the output made no progress for ``OUTPUT_STALL_S``). The local terminal is
-in raw mode (``client.cli.localterm``) exactly while the tasks run; lines printed meanwhile
-end in ``\\r\\n``.
+in raw mode (``client.cli.localterm``) exactly while following; lines printed meanwhile end in
+``\\r\\n`` and start on a line of their own (``callstate.say``).
+
+Across a daemon restart: the tasks above are ONE connection's (``_attempt``). When they end
+because that connection was lost (``client.link.Link.lost``: a stop, a crash), ``follow_call``
+gets a new one (``Link.reconnect``: bounded back-off, one line each way; a signal meanwhile
+detaches) and starts them again on it, with the same ``OutputState`` and ``Followed``: the
+follow goes on from ``position``, the byte printed through (so no byte is printed twice and
+none is missing), ``tool.wait`` is asked again, stdin goes on from what was not read yet
+(``input_done``: its end was already passed on; a ``tool.write`` in flight at the loss is not
+sent again -- it may have reached the command -- and a line says so), and a tty call gets
+this terminal's size again (one ``tool.resize``) and the keys; the local terminal stays raw.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
-from dataclasses import dataclass, field
-from typing import Awaitable, Callable
+from contextlib import nullcontext
+from typing import Awaitable
 
 import anyio
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from anyio.streams.memory import MemoryObjectReceiveStream
 
 from client.api import Client
-from client.cli.keys import DetachScanner, describe_keys
-from client.cli.localterm import raw_terminal, read_input, terminal_size, write_line
-from client.cli.terminal import emit_bytes, note, silence_stdout
-from client.exits import detached_status, exit_status
+from client.cli.callstate import (
+    Call, Cancelling, Detach, Event, Events, Extra, Followed, Io, OutputDone, OutputState,
+    Result, Waits, say,
+)
+from client.cli.conclude import (
+    detach_exit, detach_note, end_notes, left_early, reattach_hint, result_status,
+)
+from client.cli.keys import DetachScanner
+from client.cli.localterm import raw_terminal, read_input, terminal_size
+from client.cli.terminal import emit_bytes
+from client.link import Link
 from client.raw import Broken, Chunk, End, Gap
-from client.spill import command_ran
 from protocol.lane import ToolResult
-from protocol.rpc import RpcError
+from protocol.rpc import STORAGE_FAILURE, RpcError
 
-__all__ = ["Call", "Io", "Followed", "follow_call", "replay", "call_is_tty", "detach_note",
-           "result_status", "reattach_hint", "detach_exit", "KEYS_RULE", "INPUT_CHUNK",
-           "OUTPUT_STALL_S", "RETRY_S"]
+__all__ = ["Call", "Io", "Followed", "OutputState", "Events", "Waits", "follow_call", "replay",
+           "wait_result", "call_is_tty", "detach_note", "left_early", "end_notes", "result_status",
+           "reattach_hint", "detach_exit", "KEYS_RULE", "INPUT_CHUNK", "OUTPUT_STALL_S",
+           "RETRY_S"]
 
 #: The most stdin bytes one ``tool.write`` carries (the daemon's bound, HOST.md §6).
 INPUT_CHUNK = 1 << 20
@@ -62,6 +81,9 @@ OUTPUT_STALL_S = 10.0
 RETRY_S = 0.25
 #: How often in a row a follow the daemon could not read is tried again without progress.
 BROKEN_RETRIES = 3
+#: ``tool.wait`` answered STORAGE_FAILURE: asked again this often, this far apart (``wait_result``).
+WAIT_RETRIES = 3
+WAIT_RETRY_S = 1.0
 EVENT_BOUND = 16
 #: -32006: the call settled (HOST.md §6).
 NOT_RUNNING = -32006
@@ -84,143 +106,113 @@ Keys and input:
   SIGTERM or SIGHUP to dsh detaches (the terminal is restored)."""
 
 
-@dataclass(frozen=True)
-class Call:
-    session_id: str
-    call_id: str
-
-
-@dataclass(frozen=True)
-class Io:
-    """How dsh talks to the call (``KEYS_RULE``)."""
-
-    tty: bool = False  # the call runs under a PTY
-    raw: bool = False  # the local stdin is a terminal, put in raw mode
-    forward: bool = False  # stdin (not a terminal) is copied to the command's stdin
-    detach_keys: bytes = b""
-    cancel_on_interrupt: bool = False
-
-
-# ---------------------------------------------------------------------- events
-@dataclass(frozen=True)
-class Detach:
-    why: str  # "interrupt" | "pipe" | "keys" | "signal"
-    signum: int = 0
-
-
-@dataclass(frozen=True)
-class Cancelling:
-    pass
-
-
-@dataclass(frozen=True)
-class Waits:
-    approval_id: str | None
-
-
-@dataclass(frozen=True)
-class OutputDone:
-    error: str | None = None  # the follow was refused: why
-
-
-@dataclass(frozen=True)
-class Result:
-    result: ToolResult
-
-
-Event = Detach | Cancelling | Waits | OutputDone | Result
-Events = MemoryObjectSendStream[Event]
-Extra = Callable[[Events], Awaitable[None]]
-
-
-@dataclass
-class OutputState:
-    """What ``_output`` printed (read by ``_decide`` and ``conclude``)."""
-
-    position: int = 0
-    dropped: int = 0  # bytes the disk cap dropped before they were printed
-    gaps: int = 0
-    progress_at: float = 0.0
-    result_known: bool = False
-    raw_mode: bool = False
-    error: str | None = None
-
-
-@dataclass
-class Followed:
-    """How following ended: the result (None when detached first) and what we knew."""
-
-    result: ToolResult | None
-    detached: Detach | None = None
-    waiting: str | None = None
-    cancelling: bool = False
-    output: OutputState = field(default_factory=OutputState)
-
-
-def say(state: OutputState, text: str) -> None:
-    """One line on stderr (``\\r\\n`` while the terminal is raw)."""
-    if state.raw_mode:
-        write_line(text)
-    else:
-        note(text)
-
 
 # ---------------------------------------------------------------------- the engine
-async def follow_call(client: Client, call: Call, offset: int, io: Io,
+async def follow_call(link: Link, call: Call, offset: int, io: Io,
                       extra: tuple[Extra, ...] = ()) -> Followed:
-    """Follow ``call`` from ``offset`` until its result and output's end, or a detach."""
+    """Follow ``call`` from ``offset`` until its result and output's end, or a detach; across
+    a lost connection (a daemon restart) on a new one, from the byte printed through."""
     state = OutputState(position=offset, progress_at=anyio.current_time())
-    send, receive = anyio.create_memory_object_stream[Event](EVENT_BOUND)
+    followed = Followed(None, output=state)
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(_signals, signals, client, call, io, state, send.clone())
-            for task in extra:
-                tasks.start_soon(task, send.clone())
-            tasks.start_soon(_output, client, call, state, send.clone())
-            tasks.start_soon(_wait_result, client, call, send.clone())
-            if io.raw:
-                with raw_terminal(0):
-                    state.raw_mode = True
+        with raw_terminal(0) if io.raw else nullcontext():
+            state.raw_mode = io.raw
+            try:
+                while True:
                     try:
-                        tasks.start_soon(_keys, client, call, io, state, send.clone())
-                        tasks.start_soon(_resize, client, call, send.clone())
-                        followed = await _decide(receive, state)
-                    finally:
-                        state.raw_mode = False
-                        tasks.cancel_scope.cancel()
-            else:
-                if io.forward:
-                    tasks.start_soon(_forward_stdin, client, call, state, send.clone())
-                followed = await _decide(receive, state)
-            tasks.cancel_scope.cancel()
-    return followed
+                        await _attempt(link.client, call, io, extra, signals, followed)
+                        return followed
+                    except BaseException as exc:  # noqa: BLE001 - re-raised unless dshd left
+                        if not link.lost(exc):
+                            raise
+                    if not await _reconnect(link, call, signals, followed):
+                        return followed  # detached while dshd was away
+            finally:
+                state.raw_mode = False
 
 
-async def _signals(signals, client: Client, call: Call, io: Io, state: OutputState,
+async def _attempt(client: Client, call: Call, io: Io, extra: tuple[Extra, ...], signals,
+                   followed: Followed) -> None:
+    """One connection's share of following: the tasks of the module doc, until ``_decide``
+    is done (a task that fails, e.g. on the connection's end, ends it with its error)."""
+    state = followed.output
+    send, receive = anyio.create_memory_object_stream[Event](EVENT_BOUND)
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(_signals, signals, client, call, io, followed, send.clone())
+        for task in extra:
+            tasks.start_soon(task, client, send.clone())
+        tasks.start_soon(_output, client, call, state, send.clone())
+        tasks.start_soon(_wait_result, client, call, send.clone())
+        if io.raw:
+            tasks.start_soon(_keys, client, call, io, state, send.clone())
+            tasks.start_soon(_resize, client, call, send.clone())
+        elif io.forward and not state.input_done:
+            tasks.start_soon(_forward_stdin, client, call, state, send.clone())
+        await _decide(receive, followed)
+        tasks.cancel_scope.cancel()
+
+
+async def _reconnect(link: Link, call: Call, signals, followed: Followed) -> bool:
+    """A new connection (``Link.reconnect``); False when a signal detached meanwhile. After
+    it: the input lost in flight is said, a tty call gets this terminal's size again."""
+    state = followed.output
+
+    async def detach_on_signal(scope: anyio.CancelScope) -> None:
+        async for signum in signals:
+            why = "interrupt" if signum == signal.SIGINT else "signal"
+            followed.detached = Detach(why, 0 if why == "interrupt" else signum)
+            scope.cancel()
+            return
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(detach_on_signal, tasks.cancel_scope)
+        client = await link.reconnect(lambda text: say(state, text),
+                                      back=f"dsh: dshd is back; following call {call.call_id} "
+                                           f"from byte {state.position}")
+        tasks.cancel_scope.cancel()
+    if followed.detached is not None:
+        return False
+    state.progress_at = anyio.current_time()
+    if state.input_in_flight:
+        say(state, f"dsh: {state.input_in_flight} bytes of input were in flight when dshd went "
+                   "away; they may or may not have reached the command (not sent again)")
+        state.input_in_flight = 0
+    if state.raw_mode:
+        cols, rows = terminal_size()
+        with contextlib.suppress(RpcError):
+            await client.resize(call.session_id, call.call_id, cols, rows)
+    return True
+
+
+async def _signals(signals, client: Client, call: Call, io: Io, followed: Followed,
                    events: Events) -> None:
+    state = followed.output
     async with events:
-        cancelling = False
+        cancelling = followed.cancelling
         async for signum in signals:
             if signum != signal.SIGINT:
                 await events.send(Detach("signal", signum))
                 return
             if io.tty:
-                await _quiet(client.send_signal(call.session_id, call.call_id, "INT"), state)
+                await _quiet(client, client.send_signal(call.session_id, call.call_id, "INT"),
+                             state)
                 continue
             if io.cancel_on_interrupt and not cancelling:
                 cancelling = True
                 say(state, "dsh: cancelling the command (Ctrl-C again to detach)")
                 await events.send(Cancelling())
-                await _quiet(client.cancel(call.session_id, call.call_id), state)
+                await _quiet(client, client.cancel(call.session_id, call.call_id), state)
                 continue
             await events.send(Detach("interrupt"))
             return
 
 
-async def _quiet(request: Awaitable[object], state: OutputState) -> None:
+async def _quiet(client: Client, request: Awaitable[object], state: OutputState) -> None:
     try:
         await request
     except RpcError as exc:
+        if client.connection.closed:
+            raise  # the connection ended: the answer says nothing about the call
         say(state, f"dsh: {exc.message}")
 
 
@@ -230,6 +222,8 @@ async def _open_follow(client: Client, call: Call, state: OutputState):
         try:
             return await client.follow_output(call.session_id, call.call_id, state.position)
         except RpcError as exc:
+            if client.connection.closed:
+                raise  # dshd went away: its last answer says nothing about the call
             if exc.code == METHOD_NOT_FOUND or state.result_known:
                 state.error = exc.message
                 return None
@@ -266,6 +260,8 @@ async def _print_follow(client: Client, call: Call, state: OutputState, *, retry
                 state.progress_at = anyio.current_time()
                 if isinstance(item, Chunk):
                     emit_bytes(item.data)
+                    if item.data:
+                        state.line_open = not item.data.endswith(b"\n")
                     state.position = follow.position
                     broken = 0
                 elif isinstance(item, Gap):
@@ -292,7 +288,22 @@ def _gap(state: OutputState, gap: Gap) -> None:
 
 async def _wait_result(client: Client, call: Call, events: Events) -> None:
     async with events:
-        await events.send(Result(await client.wait(call.session_id, call.call_id)))
+        await events.send(Result(await wait_result(client, call)))
+
+
+async def wait_result(client: Client, call: Call, timeout: float | None = None) -> ToolResult:
+    """``tool.wait``; a ``STORAGE_FAILURE`` answer ("the session stopped before the result
+    was recorded; ask again": a daemon stopping, or a session that crashed and reopens from
+    its log) is asked again up to ``WAIT_RETRIES`` times -- a stopping daemon closes the
+    connection meanwhile, which the caller's link takes for a restart."""
+    for attempt in range(WAIT_RETRIES + 1):
+        try:
+            return await client.wait(call.session_id, call.call_id, timeout)
+        except RpcError as exc:
+            if exc.code != STORAGE_FAILURE or attempt == WAIT_RETRIES:
+                raise
+        await anyio.sleep(WAIT_RETRY_S)
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 def not_started(exc: RpcError) -> bool:
@@ -303,10 +314,15 @@ def not_started(exc: RpcError) -> bool:
 async def _write(client: Client, call: Call, data: bytes, state: OutputState) -> bool:
     """One ``tool.write`` (tried again while the call has not started); False: stop input."""
     while True:
+        state.input_in_flight = len(data)
         try:
             await client.write_input(call.session_id, call.call_id, data)
+            state.input_in_flight = 0
             return True
         except RpcError as exc:
+            if client.connection.closed:
+                raise  # dshd went away (``_reconnect`` says what was in flight)
+            state.input_in_flight = 0
             if not not_started(exc) or state.result_known:
                 if exc.code != NOT_RUNNING and not state.result_known:
                     say(state, f"dsh: input not forwarded: {exc.message}")
@@ -322,12 +338,16 @@ async def _forward_stdin(client: Client, call: Call, state: OutputState,
             if not data:
                 break
             if not await _write(client, call, data, state):
+                state.input_done = True  # refused for good: not again on a new connection
                 return
         while True:
             try:
                 await client.close_input(call.session_id, call.call_id)
+                state.input_done = True
                 return
             except RpcError as exc:
+                if client.connection.closed:
+                    raise
                 if not not_started(exc) or state.result_known:
                     if exc.code != NOT_RUNNING and not state.result_known:
                         say(state, f"dsh: could not close the command's stdin: {exc.message}")
@@ -362,8 +382,10 @@ async def _resize(client: Client, call: Call, events: Events) -> None:
                     return  # settled: nothing left to resize
 
 
-async def _decide(events: MemoryObjectReceiveStream[Event], state: OutputState) -> Followed:
-    followed = Followed(None, output=state)
+async def _decide(events: MemoryObjectReceiveStream[Event], followed: Followed) -> None:
+    """Read the events of one connection's tasks into ``followed`` until a detach, or until
+    both the result and the output's end are in (module doc)."""
+    state = followed.output
     done = False
     while followed.result is None or not done:
         if followed.result is not None and \
@@ -378,7 +400,7 @@ async def _decide(events: MemoryObjectReceiveStream[Event], state: OutputState) 
             continue
         if isinstance(event, Detach):
             followed.detached = event
-            return followed
+            return
         if isinstance(event, Cancelling):
             followed.cancelling = True
         elif isinstance(event, Waits):
@@ -389,85 +411,12 @@ async def _decide(events: MemoryObjectReceiveStream[Event], state: OutputState) 
             followed.result = event.result
             state.result_known = True
             state.progress_at = anyio.current_time()
-    return followed
 
 
-# ---------------------------------------------------------------------- the end
-def reattach_hint(call: Call) -> str:
-    return f"dsh attach {call.session_id} --call {call.call_id}"
-
-
-def detach_note(call: Call, followed: Followed, io: Io) -> None:
-    """The one line saying we left the call running, and how to come back."""
-    how = followed.detached
-    if followed.waiting:
-        note(f"detached; the call still waits for approval {followed.waiting} (`dsh approve "
-             f"{call.session_id} {followed.waiting}`). Re-attach: {reattach_hint(call)}")
-        return
-    why = f" ({describe_keys(io.detach_keys)})" if how is not None and how.why == "keys" else ""
-    note(f"detached{why}; the command keeps running. Re-attach: {reattach_hint(call)}")
-
-
-def left_early(call: Call, followed: Followed, io: Io) -> int | None:
-    """When we left the call running (detached, or no result): say so, and the status; else
-    None (the call ended and its result is in ``followed``)."""
-    if followed.detached is None and followed.result is not None:
-        return None
-    detach_note(call, followed, io)
-    if followed.detached is not None and followed.detached.why == "pipe":
-        silence_stdout()
-    return detach_exit(followed.detached)
-
-
-def detach_exit(detached: Detach | None) -> int:
-    """The status of a ``dsh run`` that left its call running (``KEYS_RULE``)."""
-    if detached is None or detached.why == "interrupt":
-        return detached_status(False)
-    if detached.why == "pipe":
-        return detached_status(True)
-    if detached.why == "keys":
-        return 0
-    return 128 + detached.signum
-
-
-def end_notes(followed: Followed, result: ToolResult) -> None:
-    """After the output: what of it was not shown, and why. The result's ``totalBytes`` (the
-    bytes the command wrote) is the check: a raw log that ended short is said, and one that is
-    missing altogether (nothing printed) is replaced by the call's window."""
-    state = followed.output
-    truncation = result.details.truncation
-    total = truncation.total_bytes if truncation is not None else 0
-    short = command_ran(result) and state.position < total
-    no_log = command_ran(result) and state.position == 0 and state.dropped == 0 \
-        and (short or state.error is not None)
-    if no_log and result.content:
-        emit_bytes(result.content.encode("utf-8", "replace"))  # the window, at least
-        note(f"dsh: the raw output is not available ({state.error or 'its log is missing'});"
-             " the call's window (its last lines, cleaned) was shown instead")
-    elif short:
-        note(f"dsh: {total - state.position} of {total} bytes of output were not shown: the "
-             f"raw output ended at byte {state.position}"
-             + (f" ({state.error})" if state.error else ""))
-    elif state.error is not None and command_ran(result):
-        note(f"dsh: the output may be incomplete: {state.error}")
-    if state.gaps > 1 or (state.dropped and state.gaps == 0):
-        note(f"dsh: {state.dropped} bytes of the output in all were dropped by the per-call "
-             "disk cap (spill_max_bytes)")
-
-
-def result_status(followed: Followed) -> int:
-    """Print the closing lines of a settled call; its exit status (``client.exits``)."""
-    assert followed.result is not None
-    end_notes(followed, followed.result)
-    status, message = exit_status(followed.result)
-    if message:
-        note(message)
-    return status
-
-
-async def replay(client: Client, call: Call, offset: int = 0) -> OutputState:
-    """Print a call's output from ``offset`` to its end (``dsh wait``: the call settled)."""
-    state = OutputState(position=offset, result_known=True)
+async def replay(client: Client, call: Call, state: OutputState | None = None) -> OutputState:
+    """Print a settled call's output from ``state.position`` (default: byte 0) to its end
+    (``dsh wait``); ``state`` says how far it got when the connection was lost meanwhile."""
+    state = state or OutputState(result_known=True)
     await _print_follow(client, call, state, retry=False)
     return state
 

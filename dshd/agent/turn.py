@@ -21,6 +21,15 @@ step limit is hit (``error``, ``STEP_LIMIT``), ``turn.cancel`` (``cancelled``), 
 failed — fail closed, nothing was sent — ``MODEL_*`` from the provider), or the daemon
 stopping (``interrupted``). Model calls are never pre-approved: they pass the approval gate.
 
+Restart (HOST.md §7, ``dshd.agent.resume``): a daemon stop with ``on_stop = "detach"``
+(:meth:`TurnDriver.stop` with ``"detach"``) while the step waits for its tool calls ends the
+turn's task and records nothing (no ``step/end``, no ``turn/end``; queued steers are recorded
+as ``message/user``): the calls run on in their call hosts, and after the start the session
+hands the open turn to :meth:`TurnDriver.resume`, which waits for those calls' results and
+goes on with the next step, as if no restart happened. A stop while the model request is in
+flight (or before the first step) ends the turn ``interrupted`` as before: that request's
+answer is lost, and repeating it silently is not this loop's call to make.
+
 Cancel: the step's cancel scope (its barriers and the model request) is cancelled (what
 streamed so far is kept as a ``partial`` assistant message), running calls are cancelled
 (``TOOL_CANCELLED``; one still waiting at the gate or its barrier settles
@@ -53,15 +62,11 @@ cancelling         turn.cancel (or shutdown) came; the step is unwinding
 from __future__ import annotations
 
 import secrets
-from collections import deque
-from dataclasses import dataclass, field
 
 import structlog
 import trio
 
-from protocol.errors import OpError
 from protocol.lane import TurnView
-from protocol.ops import check_json_value
 
 from .. import errors
 from ..results import sentence
@@ -71,6 +76,7 @@ from .history import build_messages, default_system_prompt
 from .model import ModelError, ModelRequest, ModelResponse, Provider, StreamHooks
 from .port import SessionPort
 from .providers import open_provider
+from .state import Proposed, Turn, clean, json_value
 from .tools import TOOLS, parse_arguments, schemas
 
 log = structlog.get_logger("dshd.agent")
@@ -81,55 +87,6 @@ MAX_STEERS = 16
 ABORTED_SENTENCE = sentence("ABORTED_BEFORE_DISPATCH", "turn")
 #: turn/end's message when the daemon stopped during the turn.
 STOPPED_TEXT = "dshd stopped during the turn"
-
-
-def clean(text: str) -> str:
-    """``text`` safe for the log and the lane: lone surrogates become U+FFFD."""
-    try:
-        text.encode("utf-8")
-        return text
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
-
-
-def _json_value(value) -> bool:
-    """True when ``value`` may be recorded (OPS.md §1: ints within ±(2^53-1), finite floats)."""
-    try:
-        check_json_value(value)
-    except OpError:
-        return False
-    return True
-
-
-@dataclass
-class Turn:
-    id: str
-    #: turn.cancel (or the session's stop) came: the loop unwinds at its next boundary.
-    cancelled: bool = False
-    steers: deque[str] = field(default_factory=deque)
-    step_id: str | None = None
-    steps: int = 0
-    #: Cancel scope of the current step's barriers and model request (cancelled by cancel).
-    scope: trio.CancelScope | None = None
-    #: Calls of the current step that were started and have not settled.
-    running: set[str] = field(default_factory=set)
-    #: Proposed calls (callId -> tool name) not started nor settled yet (settled at the end).
-    unstarted: dict[str, str] = field(default_factory=dict)
-    #: The daemon is stopping: the turn ends ``interrupted`` rather than ``cancelled``.
-    stopping: bool = False
-    #: The loop has decided how the turn ends: steers are refused from here on.
-    closing: bool = False
-
-
-@dataclass
-class Proposed:
-    """A model's call the loop will try to start: its minted id, name and parsed arguments."""
-
-    call_id: str
-    name: str
-    raw_name: str
-    arguments: dict
-    concurrent: bool
 
 
 class TurnDriver:
@@ -189,11 +146,39 @@ class TurnDriver:
         self._cancel(turn)
         return True
 
-    def stop(self) -> None:
-        """The session is closing: end the running turn as ``interrupted``."""
+    def resume(self, turn_id: str, step: int, step_id: str, text: str,
+               calls: list[str]) -> None:
+        """Take up turn ``turn_id`` from the log after a restart (``dshd.agent.resume``): its
+        open step ``step_id`` (number ``step``) named ``calls``; wait for their results, then go
+        on with the next step. Raises ``errors.TurnBusy``, ``errors.SessionClosing``."""
+        port = self.port
         if self.turn is not None:
-            self.turn.stopping = True
-            self._cancel(self.turn)
+            raise errors.TurnBusy(port.id, self.turn.id)
+        turn = Turn(turn_id, step_id=step_id, steps=step, running=set(calls))
+        self.turn = turn
+        port.turn_lane.begin_turn(TurnView(turn_id, "waiting-tools", step, step_id, text,
+                                           list(calls)))
+        try:
+            port.spawn(self._run, turn, list(calls))
+        except BaseException:
+            self.turn = None
+            port.turn_lane.set_turn(None)
+            raise
+
+    def stop(self, policy: str = "cancel") -> None:
+        """The session is closing: end the running turn as ``interrupted`` — or, for a daemon
+        stop with ``policy == "detach"`` while its step waits for tool calls, end only its task
+        and leave the turn open in the log to be resumed after the start (module doc)."""
+        turn = self.turn
+        if turn is None:
+            return
+        if policy == "detach" and turn.running and turn.scope is None and not turn.cancelled:
+            turn.detached = True
+            if turn.task_scope is not None:
+                turn.task_scope.cancel()
+            return
+        turn.stopping = True
+        self._cancel(turn)
 
     def _cancel(self, turn: Turn) -> None:
         if turn.cancelled:
@@ -209,13 +194,34 @@ class TurnDriver:
         self.port.turn_lane.update_turn("state", "cancelling")
 
     # ------------------------------------------------------------------ the loop
-    async def _run(self, turn: Turn) -> None:
+    async def _run(self, turn: Turn, waiting: list[str] | None = None) -> None:
+        """The turn's task: the loop (``waiting``: a resumed turn's calls, awaited first)."""
         slog = log.bind(session=self.port.id, turn=turn.id)
+        with trio.CancelScope() as scope:
+            turn.task_scope = scope
+            if turn.detached:
+                scope.cancel()
+            await self._run_turn(turn, waiting, slog)
+        if turn.detached:
+            self._detach(turn, slog)
+
+    def _detach(self, turn: Turn, slog) -> None:
+        """A detaching stop ended the task: keep the steers, leave the turn open in the log."""
+        try:
+            self._take_steers(turn)
+        except (StorageError, ValueError) as exc:
+            slog.error("turn.steers_not_logged", error=str(exc))
+        if self.turn is turn:
+            self.turn = None
+        self.port.turn_lane.set_turn(None)
+        slog.info("turn.detached", steps=turn.steps, waiting=sorted(turn.running))
+
+    async def _run_turn(self, turn: Turn, waiting: list[str] | None, slog) -> None:
         try:
             try:
                 async with open_provider(self.port.config.model) as provider:
                     try:
-                        end = await self._loop(turn, provider, slog)
+                        end = await self._loop(turn, provider, slog, waiting)
                     finally:
                         turn.closing = True
             except ModelError as exc:
@@ -229,6 +235,8 @@ class TurnDriver:
                 end = {"reason": "error", "errorCode": "INTERNAL_ERROR",
                        "message": "internal error in dshd's agent loop; see the daemon log"}
         except BaseException:
+            if turn.detached:  # a detaching stop: nothing is recorded (module doc)
+                raise
             # Cancelled from outside (the daemon stops without the session's stop hook).
             with trio.CancelScope(shield=True), trio.move_on_at(self.port.deadline()):
                 await self._finish(turn, {"reason": "interrupted",
@@ -241,11 +249,17 @@ class TurnDriver:
             return {"reason": "interrupted", "message": STOPPED_TEXT}
         return {"reason": "cancelled"}
 
-    async def _loop(self, turn: Turn, provider: Provider, slog) -> dict:
+    async def _loop(self, turn: Turn, provider: Provider, slog,
+                    waiting: list[str] | None = None) -> dict:
         port = self.port
         cfg = port.config.model
         system = cfg.system_prompt or default_system_prompt(port.cwd)
-        for n in range(1, cfg.max_steps + 1):
+        if waiting is not None:  # a resumed turn: its open step's calls first
+            await self._wait_calls(turn, waiting)
+            self._end_step(turn)
+            if turn.cancelled:
+                return self._cancelled(turn)
+        for n in range(turn.steps + 1, cfg.max_steps + 1):
             if turn.cancelled:
                 return self._cancelled(turn)
             self._take_steers(turn)
@@ -351,7 +365,7 @@ class TurnDriver:
             data["finishReason"] = clean(response.finish_reason)
         if response.model:
             data["model"] = clean(response.model)
-        if response.usage is not None and _json_value(response.usage):
+        if response.usage is not None and json_value(response.usage):
             data["usage"] = response.usage  # a provider's counts: recorded only when JSON values
         if response.attempts > 1:
             data["attempts"] = response.attempts
@@ -383,10 +397,18 @@ class TurnDriver:
             else:
                 groups.append([call])
         for group in groups:
-            started = [call.call_id for call in group if self._start(turn, call)]
-            for call_id in started:
+            await self._wait_calls(turn, [call.call_id for call in group
+                                          if self._start(turn, call)])
+
+    async def _wait_calls(self, turn: Turn, call_ids: list[str]) -> None:
+        """Wait for each call's result (a call the session does not know is not waited for)."""
+        for call_id in call_ids:
+            try:
                 await self.port.wait_result(call_id, None)
-                turn.running.discard(call_id)
+            except errors.CallNotFound:
+                log.warning("turn.call_unknown", session=self.port.id, turn=turn.id,
+                            call=call_id)
+            turn.running.discard(call_id)
 
     def _start(self, turn: Turn, call: Proposed) -> bool:
         """Start one proposed call; False when it was refused (and settled) instead."""

@@ -13,7 +13,8 @@ else happens, so a dshd upgrade that replaces these files never changes a runnin
    so opening a PTY can never make the host's own controlling terminal;
 3. the host: SIGHUP/SIGINT ignored, ``PR_SET_CHILD_SUBREAPER`` (orphans of the command come
    to it), the control socket (``control.sock`` in the call directory), the first log segment,
-   ``host.json`` (atomic), the command's spawn, then ONE JSON line on stdout --
+   the command's spawn, ``host.json`` (atomic, 0600: with what a restarted daemon needs to
+   adopt the host, :func:`host_record`), then ONE JSON line on stdout --
    ``{"ok": true, "pid", "startTime", "control", "commandPid"}`` -- and stdin/stdout pointed
    at ``/dev/null``: the host keeps no daemon descriptor, only its stderr (``host.log``);
 4. the loop (:class:`host.Host`) until the command ended, ``exit.json`` is durable and the
@@ -85,6 +86,32 @@ def _detach_stdio() -> None:
     os.dup2(0, 1)  # last: the runner's end of the pipe reads EOF once nothing else is left
 
 
+def host_record(spec: dict, pid: int, start_time: int, command_pid: int | None) -> dict:
+    """``host.json`` (HOST.md §3): how to find, check and reach this host, and what a daemon
+    that adopts it after a restart needs (HOST.md §7): the control secret, the run's token,
+    the wrapper to spare, the command's uid and pid, and the spec's opaque ``daemon`` value.
+    The file is 0600 (``spec.write_json``), in the daemon's own 0700 call directory."""
+    return {
+        "version": 1, "pid": pid, "startTime": start_time, "control": control.SOCKET_NAME,
+        "segmentBytes": spec["segment_bytes"], "tty": spec["tty"] is not None,
+        "stdin": spec["stdin"], "secret": spec["secret"], "tokenVar": spec["token_var"],
+        "token": spec["token"], "spareWrapper": spec["spare_wrapper"],
+        "uid": spec["user"]["uid"] if spec["user"] else os.geteuid(),
+        "commandPid": command_pid, "killGrace": spec["kill_grace"],
+        "onDaemonLoss": spec["on_daemon_loss"], "daemon": spec["daemon"],
+        "bootId": _boot_id(),
+    }
+
+
+def _boot_id() -> str | None:
+    """This boot's id: a ``host.json`` of an earlier boot names a pid of nobody's call."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+            return f.read(64).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+
+
 def _host(spec: dict) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -96,13 +123,11 @@ def _host(spec: dict) -> int:
         writer = log.LogWriter(spec["dir"], spec["segment_bytes"])
         pid = os.getpid()
         start_time = _start_time(pid)
-        specs.write_json(spec["dir"], "host.json", {
-            "version": 1, "pid": pid, "startTime": start_time, "control": name,
-            "segmentBytes": spec["segment_bytes"], "tty": spec["tty"] is not None,
-            "stdin": spec["stdin"]}, durable=False)
         sigpipe = loop.SignalPipe()
         the_host = host.Host(spec, writer, listener, loop.Reactor())
         command_pid = the_host.start()
+        specs.write_json(spec["dir"], "host.json", host_record(spec, pid, start_time,
+                                                               command_pid), durable=False)
     except OSError as exc:
         _answer({"ok": False, "error": f"the call host could not start: {exc}"})
         return 1
@@ -131,7 +156,10 @@ def main() -> int:
     try:
         spec = _read_spec()
     except specs.SpecError as exc:
-        _answer({"ok": False, "error": str(exc)})
+        try:
+            _answer({"ok": False, "error": str(exc)})
+        except OSError:  # the runner is gone too (a daemon killed as it started the host)
+            os.write(2, f"dsh-host: {exc}; the runner went away before the answer\n".encode())
         return 2
     if os.getsid(0) != os.getpid():
         os.setsid()

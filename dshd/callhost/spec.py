@@ -126,6 +126,9 @@ def validate(spec) -> dict:
     out["attach_seconds"] = _seconds(spec, "attach_seconds", 30.0)
     _need(out["on_daemon_loss"] in ("terminate", "keep"),
           'spec field on_daemon_loss must be "terminate" or "keep"')
+    out["daemon"] = spec.get("daemon", {})
+    _need(isinstance(out["daemon"], dict),
+          "spec field daemon must be an object (the daemon's own notes, kept in host.json)")
     for key, default in (("kill_grace", 2.0), ("eof_grace", 2.0), ("linger", 300.0)):
         out[key] = _seconds(spec, key, default)
     return out

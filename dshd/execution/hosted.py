@@ -24,17 +24,19 @@ durably when the command ends. This module is everything the daemon does with on
   ``resize`` and ``signal`` are what the raw room's methods use (``Call.host``); an error reply
   is :class:`HostRequestError` (``code``, ``sentence``). A connection that ends makes every
   waiting request fail with ``not-running``.
-* **Run** (:func:`run_hosted`): progress → the call's :class:`~dshd.execution.capture.
-  OutputCapture` reads what is new from the log (:func:`~dshd.execution.capture.catch_up`:
-  the file read in a worker thread, the window work in the trio thread; while output flows at
-  most one read per :data:`READ_INTERVAL`, or per :data:`TURNOVER_INTERVAL` after a read that
-  turned the window over, so the daemon's CPU grows with publishes, not with bytes) → ``on_output()``. The ``cancel`` event → ``terminate {grace: kill_grace, reason:
-  "cancelled"}`` (the host sends TERM to the command, KILL to the whole tree after the grace).
-  The timeout is the host's (spec ``timeout``: reason ``timeout``). A cancellation from
-  outside (the session's stop deadline) or an error of the run → ``terminate {grace: 0,
-  reason: "killed"}``, shielded and bounded, before it propagates. The exit record →
-  :class:`ExecOutcome`; then ``release`` (the host exits once the record is durable). A host
-  whose connection ends with no exit record (and no ``exit.json``) died: an error outcome.
+* **Run** (:func:`run_hosted`): the host is started with ``on_daemon_loss`` ``"keep"``
+  (``on_stop = "detach"``) or ``"terminate"`` and driven by :class:`~dshd.execution.hostrun.
+  HostRun` (``dshd.execution.hostrun``: progress → the call's :class:`~dshd.execution.capture.
+  OutputCapture` reads what is new from the log, paced; ``cancel`` → ``terminate``; the exit
+  record → :class:`ExecOutcome`, then ``release``; ``detach`` → the command runs on). A host
+  whose connection ends with no exit record (and no ``exit.json``) died: an error outcome, and
+  what it left is SIGKILLed (:func:`~dshd.execution.hostlink.abandon`); so is a host that does
+  not report the end in time after a cancel, a timeout or a kill (``hostrun``'s module doc).
+* **Adopt** (HOST.md §7): after a daemon restart, :func:`adopt_hosted` connects to a live host
+  named by its ``host.json`` (pid and ``startTime`` checked by the caller, the secret from the
+  file) and runs the same :class:`~dshd.execution.hostrun.HostRun`; :func:`finished_outcome`
+  turns the ``exit.json`` of a host that ended while no daemon ran into the outcome, its output
+  read from the log.
 """
 
 from __future__ import annotations
@@ -44,24 +46,27 @@ import json
 import os
 import secrets
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
-import msgspec
 import trio
 
 
 from dshd.execution.capture import OutputCapture, catch_up
 from dshd.execution.hostlink import (
     MAX_LINE, HostHandle, HostRequestError, abandon, host_log_tail, log_reader, read_line,
-    record_on_disk, start_sentence,
-    scan_log,
+    RUN_TOKEN_VAR, host_alive, host_record, record_on_disk, scan_log, start_sentence,
 )
-from dshd.execution.spawn import RESOURCE_ERRNOS, BashScript, RunAs, spawn, spawn_sentence
+from dshd.execution.hostrun import (
+    CLEANUP_SECONDS, READ_INTERVAL, SMALL_READ, TURNOVER_INTERVAL, ExecOutcome, HostRun,
+    host_killer, outcome_of, settle_capture, spawn_failed_sentence, wrapper_resource_failure,
+)
+from dshd.execution.spawn import RESOURCE_ERRNOS, BashScript, RunAs, spawn
 
-__all__ = ["ExecOutcome", "HostHandle", "HostRequestError", "HostStartError", "HOST_MAIN",
-           "RUN_TOKEN_VAR", "run_hosted", "start_host"]
+__all__ = ["CLEANUP_SECONDS", "ExecOutcome", "HostHandle", "HostRequestError", "HostStartError",
+           "HOST_MAIN", "READ_INTERVAL", "RUN_TOKEN_VAR", "SMALL_READ", "TURNOVER_INTERVAL",
+           "adopt_hosted", "finished_outcome", "run_hosted", "spawn_failed_sentence",
+           "start_host", "wrapper_resource_failure"]
 
 #: The host program, started by absolute path with ``python3 -I -S`` (HOST.md §2).
 HOST_MAIN = Path(__file__).resolve().parent.parent / "callhost" / "main.py"
@@ -70,38 +75,8 @@ HOST_MAIN = Path(__file__).resolve().parent.parent / "callhost" / "main.py"
 #: user cannot search — a Python installed under /root for a daemon that runs as another
 #: user — which the exec of a magic link never walks.
 HOST_INTERPRETER = "/proc/self/exe"
-#: The environment variable that carries a run's kill-sweep token (the host's sweep keys on it).
-RUN_TOKEN_VAR = "DSH_RUN"
 #: Seconds a host may take to answer its spec with the ready line.
 START_TIMEOUT = 30.0
-#: Seconds between two reads of the log while output flows (the first one of a burst is at
-#: once): the host's own coalescing of progress events.
-READ_INTERVAL = 0.02
-#: Seconds after a read that turned the window over (it consumed max_bytes or more): the lane
-#: publisher spaces such a publish by its size at publish_rate_bytes (a 50 KB turnover waits
-#: ~200 ms, EXEC.md §2), so reading sooner would only be overwritten unseen.
-TURNOVER_INTERVAL = 0.2
-#: A read of less than this is cheap: the next one may come at once (write → mirror latency,
-#: EXEC.md §2: lines at 100/s waited for READ_INTERVAL each, p50 22 ms).
-SMALL_READ = 64 * 1024
-#: Seconds the shielded cleanup after an outside cancellation may take (terminate, wait for the
-#: record, a last read, release).
-CLEANUP_SECONDS = 10.0
-
-
-class ExecOutcome(msgspec.Struct):
-    """How a command ended.
-
-    ``exit_code``: the exit status, 128+signal when a signal killed it, None when it never ran
-    (spawn failure) or its host died. ``timed_out`` / ``cancelled``: the timeout / the cancel
-    event stopped it. ``error``: a sentence for a spawn failure or a host failure (the call is
-    an error whatever the exit code).
-    """
-
-    exit_code: int | None
-    timed_out: bool = False
-    cancelled: bool = False
-    error: str | None = None
 
 
 class HostStartError(Exception):
@@ -114,8 +89,10 @@ def host_spec(argv: list[str], *, call_dir: Path, cwd: str, env: dict[str, str],
               as_user: RunAs | None, tty: tuple[int, int, str] | None, stdin: str,
               pass_fds: list[int], spare_wrapper: str | None, token: str, secret: str,
               spill_max_bytes: int, timeout: float | None, kill_grace: float,
-              eof_grace: float, linger: float) -> dict:
-    """The host's spec (HOST.md §2, version 1)."""
+              eof_grace: float, linger: float, on_daemon_loss: str = "terminate",
+              daemon: dict | None = None) -> dict:
+    """The host's spec (HOST.md §2, version 1); ``daemon``: notes the host keeps in
+    ``host.json`` for a daemon that adopts it after a restart (HOST.md §7)."""
     return {
         "version": 1, "dir": str(call_dir), "argv": argv, "cwd": cwd, "env": env,
         "user": (None if as_user is None else
@@ -125,7 +102,8 @@ def host_spec(argv: list[str], *, call_dir: Path, cwd: str, env: dict[str, str],
         "spare_wrapper": spare_wrapper, "token_var": RUN_TOKEN_VAR, "token": token,
         "spill_max_bytes": spill_max_bytes, "segment_bytes": max(spill_max_bytes // 4, 4096),
         "timeout": timeout, "kill_grace": kill_grace, "eof_grace": eof_grace,
-        "linger": linger, "secret": secret,
+        "linger": linger, "secret": secret, "on_daemon_loss": on_daemon_loss,
+        "daemon": dict(daemon or {}),
     }
 
 
@@ -212,6 +190,7 @@ async def connect(ready: dict, spec: dict) -> HostHandle:
                         stdin_pipe=spec["stdin"] == "pipe", segment_bytes=spec["segment_bytes"])
     try:
         await stream.send_all(json.dumps({"hello": 1, "secret": spec["secret"]}).encode() + b"\n")
+        hello = None  # a host that never answers within the bound is refused below
         with trio.move_on_after(START_TIMEOUT):
             hello = await read_line(handle)
         if not hello or hello.get("hello") != 1:
@@ -259,13 +238,19 @@ async def run_hosted(
     spill_max_bytes: int = 1 << 30,
     linger: float = 300.0,
     on_host: Callable[[HostHandle], None] | None = None,
+    on_daemon_loss: str = "terminate",
+    detach: trio.Event | None = None,
+    daemon_notes: dict | None = None,
 ) -> ExecOutcome:
     """Run ``argv`` under a new call host in ``call_dir`` (which must exist, 0700) to an
     :class:`ExecOutcome`, feeding ``capture`` from the host's log; see the module doc.
 
     ``script`` and ``pass_fds`` are closed (the list emptied) in every case. ``tty``: ``(cols,
     rows, TERM)`` for a PTY, None for pipes; ``stdin``: ``"null"`` or ``"pipe"``. ``on_host``:
-    called with the handle once the host runs (``Call.host``). Raises ``ValueError`` for an
+    called with the handle once the host runs (``Call.host``). ``on_daemon_loss``: the spec's
+    (``"keep"`` when the daemon detaches on stop); ``detach``: when set, the run lets go of
+    the running command (``ExecOutcome.detached``); ``daemon_notes``: kept in ``host.json``
+    for the daemon that adopts the host (HOST.md §7). Raises ``ValueError`` for an
     empty argv or a negative or NaN timeout or grace; re-raises an outside cancellation after
     the host was told to kill everything (bounded)."""
     extra = pass_fds if pass_fds is not None else []
@@ -277,7 +262,8 @@ async def run_hosted(
             argv, call_dir=call_dir, cwd=cwd, env={**env, RUN_TOKEN_VAR: token}, as_user=as_user,
             tty=tty, stdin=stdin, pass_fds=fds, spare_wrapper=spare_wrapper, token=token,
             secret=secrets.token_hex(16), spill_max_bytes=spill_max_bytes, timeout=timeout,
-            kill_grace=kill_grace, eof_grace=eof_grace, linger=linger)
+            kill_grace=kill_grace, eof_grace=eof_grace, linger=linger,
+            on_daemon_loss=on_daemon_loss, daemon=daemon_notes)
         try:
             # Shielded (start_host bounds itself): a cancellation that comes while the host
             # starts must not leave it running unseen; the run below sees the cancellation at
@@ -285,7 +271,7 @@ async def run_hosted(
             with trio.CancelScope(shield=True):
                 handle = await start_host(spec, fds)
         except HostStartError as exc:
-            _settle(capture, on_output)
+            settle_capture(capture, on_output)
             return ExecOutcome(exit_code=None, error=str(exc))
     finally:
         if script is not None:
@@ -294,9 +280,14 @@ async def run_hosted(
             os.close(extra.pop())
     if on_host is not None:
         on_host(handle)
-    outcome = await _Run(handle, capture, on_output, argv, cwd, spare_wrapper).run(cancel,
-                                                                                    kill_grace)
-    if handle.record is None:  # the host died: what it left must not run on unowned
+    ready = host_record(call_dir) or {}  # written before the ready line: pid, startTime
+    if ready.get("pid") != handle.pid:
+        ready = {"pid": handle.pid, "startTime": None}  # only the token's carriers are swept
+    outcome = await HostRun(handle, capture, on_output, argv, cwd, spare_wrapper,
+                            kill=host_killer(spec, ready, RUN_TOKEN_VAR)).run(
+        cancel, kill_grace, detach, timeout)
+    if handle.record is None and not outcome.detached:
+        # the host died: what it left must not run on unowned
         abandon(spec, {"pid": handle.pid, "startTime": None}, RUN_TOKEN_VAR)
     return outcome
 
@@ -309,190 +300,81 @@ def _check_arguments(argv: list[str], **seconds: float | None) -> None:
         raise ValueError("run_hosted needs a non-empty argv")
 
 
-def _settle(capture: OutputCapture, on_output: Callable[[], None]) -> None:
-    capture.finish()
-    on_output()
 
 
-class _Run:
-    """One call's run through its host: the pump, the log reader, the supervisor."""
+# ----------------------------------------------------------------------------- adopting
+def _adopted_spec(call_dir: Path, record: dict) -> dict:
+    """What :func:`connect` and :func:`abandon` need, rebuilt from ``host.json``."""
+    spare = record.get("spareWrapper")
+    uid = record.get("uid")
+    return {"dir": str(call_dir), "tty": {} if record.get("tty") else None,
+            "stdin": record.get("stdin", "null"),
+            "segment_bytes": int(record.get("segmentBytes") or 4096),
+            "secret": str(record.get("secret", "")), "token": str(record.get("token", "")),
+            "spare_wrapper": spare if isinstance(spare, str) else None,
+            "user": {"uid": uid} if isinstance(uid, int) else None}
 
-    def __init__(self, handle: HostHandle, capture: OutputCapture, on_output: Callable[[], None],
-                 argv: list[str], cwd: str, spare_wrapper: str | None) -> None:
-        self.handle, self.capture, self.on_output = handle, capture, on_output
-        self.argv, self.cwd, self.spare_wrapper = argv, cwd, spare_wrapper
-        self.reader = log_reader(handle.dir, handle.segment_bytes)
 
-    async def run(self, cancel: trio.Event, kill_grace: float) -> ExecOutcome:
-        handle = self.handle
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(handle.pump)
-                try:
-                    reply = await handle.request("attach")
-                except HostRequestError:
-                    pass  # gone at once: the record on disk (or none) says how it ended
-                else:
-                    state = reply.get("state")
-                    handle.absorb(state if isinstance(state, dict) else reply)
-                async with trio.open_nursery() as reading:
-                    reading.start_soon(self._read)  # ends once the record is known
-                    await self._supervise(cancel, kill_grace)
-                record = handle.record or record_on_disk(handle.dir)
-                await self._last_read(record)
-                with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_SECONDS):
-                    if not handle.closed:
-                        try:
-                            await handle.release()
-                        except HostRequestError:
-                            pass
-                nursery.cancel_scope.cancel()
-        except BaseException:
-            with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_SECONDS):
-                await self._kill()
-            if not self.capture.finished:
-                _settle(self.capture, self.on_output)
-            with trio.CancelScope(shield=True), trio.move_on_after(1):
-                await handle.aclose()
-            raise
-        with trio.CancelScope(shield=True), trio.move_on_after(1):
-            await handle.aclose()
-        return self._outcome(record)
-
-    async def _supervise(self, cancel: trio.Event, kill_grace: float) -> None:
-        """Wait for the record (or the end of the connection); on ``cancel``, terminate."""
-        handle = self.handle
-        async with trio.open_nursery() as nursery:
-
-            async def on_cancel() -> None:
-                await cancel.wait()
-                if handle.record is None:
-                    try:
-                        await handle.terminate(kill_grace, "cancelled")
-                    except HostRequestError:
-                        pass  # it ended meanwhile: the record says how
-
-            nursery.start_soon(on_cancel)
-            await handle.wait_ended()
-            nursery.cancel_scope.cancel()
-
-    async def _read(self) -> None:
-        """Bring the capture up to the host's reported end: at once after a small read, at most
-        once per READ_INTERVAL in a flood, per TURNOVER_INTERVAL after a turnover."""
-        handle, capture = self.handle, self.capture
-        while True:
-            seen = handle.end_offset
-            if seen > capture.read_offset or handle.first_offset > capture.read_offset:
-                before = capture.read_offset
-                await catch_up(capture, self.reader, seen, handle.first_offset,
-                               handle.total_lines)
-                self.on_output()
-                consumed = capture.read_offset - before
-                if consumed >= capture.limits.max_bytes:
-                    await trio.sleep(TURNOVER_INTERVAL)
-                elif consumed >= SMALL_READ:  # a flood: coalesce; a few lines: read at once
-                    await trio.sleep(READ_INTERVAL)
-            if handle.record is not None or handle.closed:
-                return
-            await handle.wait_progress(seen)
-
-    async def _last_read(self, record: dict | None) -> None:
-        handle, capture = self.handle, self.capture
-        if record is not None:
-            end = int(record.get("totalBytes", handle.end_offset))
-            first = int(record.get("firstOffset", handle.first_offset))
-            lines = int(record.get("totalLines", handle.total_lines))
-        else:
-            extent = await trio.to_thread.run_sync(scan_log, handle.dir)
-            end, first, lines = (max(handle.end_offset, extent.end_offset),
-                                 max(handle.first_offset, extent.first_offset), handle.total_lines)
-        await catch_up(capture, self.reader, end, first, lines)
-        _settle(capture, self.on_output)
-
-    async def _kill(self) -> None:
-        """Shielded: the time is up; everything of the call is KILLed at once, then the
-        record is awaited in a worker thread against the real clock (:func:`_await_record`),
-        its output read, and the host released."""
-        handle = self.handle
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(handle.pump)
-                if handle.record is None and not handle.closed:
-                    await handle.terminate(0, "killed")
-                    record = await trio.to_thread.run_sync(_await_record, handle.dir,
-                                                           CLEANUP_SECONDS)
-                    if record is not None and handle.record is None:
-                        handle.absorb({"record": record})
-                if handle.record is not None:
-                    await self._last_read(handle.record)
-                    if not handle.closed:
-                        await handle.release()
-                nursery.cancel_scope.cancel()
-        except HostRequestError:
-            pass
-
-    def _outcome(self, record: dict | None) -> ExecOutcome:
-        if record is None:
+async def adopt_hosted(call_dir: Path, record: dict, *, capture: OutputCapture,
+                       on_output: Callable[[], None], cancel: trio.Event,
+                       kill_grace: float = 2.0, cwd: str = "/",
+                       detach: trio.Event | None = None,
+                       on_host: Callable[[HostHandle], None] | None = None) -> ExecOutcome:
+    """Re-attach to the live call host of ``call_dir`` (``record``: its ``host.json``) after a
+    daemon restart and run the call to its outcome as :func:`run_hosted` does (HOST.md §7): the
+    ``attach`` reply gives the current extent and ``capture`` (new, empty) is rebuilt from
+    the log; an ended command's record comes at once. A host that cannot be reached is
+    SIGKILLed with its tree (nothing runs on unowned) and the outcome is an error."""
+    spec = _adopted_spec(call_dir, record)
+    ready = {"pid": record.get("pid"), "startTime": record.get("startTime"),
+             "control": record.get("control", "control.sock"),
+             "commandPid": record.get("commandPid")}
+    try:
+        with trio.CancelScope(shield=True):
+            handle = await connect(ready, spec)
+    except HostStartError as exc:
+        with trio.move_on_after(1.0):  # a host killed as we connected may still be exiting
+            while host_alive(record):
+                await trio.sleep(0.02)
+        alive = host_alive(record)
+        abandon(spec, ready, str(record.get("tokenVar") or RUN_TOKEN_VAR))
+        exit_record = record_on_disk(call_dir)
+        if exit_record is not None:  # it ended (and exited) between the plan and the connect
+            return await finished_outcome(call_dir, exit_record, capture=capture,
+                                          on_output=on_output,
+                                          segment_bytes=spec["segment_bytes"],
+                                          spare_wrapper=spec["spare_wrapper"], cwd=cwd)
+        settle_capture(capture, on_output)
+        if not alive:  # it died as the daemon reached for it: say that, not "no hello"
             return ExecOutcome(exit_code=None, error=(
-                f"the call host (pid {self.handle.pid}) died before the command's end was "
-                f"recorded: {host_log_tail(self.handle.dir / 'host.log')}"))
-        reason = record.get("reason")
-        code = record.get("exitCode")
-        code = code if isinstance(code, int) else None
-        if reason == "spawn-failed":
-            return ExecOutcome(exit_code=None, error=spawn_failed_sentence(
-                self.argv, self.cwd, record))
-        outcome = ExecOutcome(exit_code=code, timed_out=reason == "timeout",
-                              cancelled=reason == "cancelled")
-        if reason == "killed":  # the host stopped it on its own (its log could not be written)
-            outcome.error = str(record.get("message") or "the call host killed the command")
-        else:
-            outcome.error = wrapper_resource_failure(self.spare_wrapper, code, self.capture.text)
-        return outcome
+                f"the call host (pid {ready['pid']}) died before the command's end was "
+                f"recorded: {host_log_tail(call_dir / 'host.log')}"))
+        return ExecOutcome(exit_code=None, error=f"after the daemon restart, {exc}")
+    if on_host is not None:
+        on_host(handle)
+    outcome = await HostRun(handle, capture, on_output, ["bash"], cwd, spec["spare_wrapper"],
+                            kill=host_killer(spec, ready, str(record.get("tokenVar")
+                                                              or RUN_TOKEN_VAR))
+                            ).run(cancel, kill_grace, detach)
+    if handle.record is None and not outcome.detached:
+        abandon(spec, {"pid": handle.pid, "startTime": None},
+                str(record.get("tokenVar") or RUN_TOKEN_VAR))
+    return outcome
 
 
-def _await_record(directory: Path, seconds: float) -> dict | None:
-    """The exit record on disk, polled for up to ``seconds`` of real time (a worker thread:
-    the daemon's own clock, which a test may run virtually, plays no part)."""
-    deadline = time.monotonic() + seconds
-    while True:
-        record = record_on_disk(directory)
-        if record is not None or time.monotonic() >= deadline:
-            return record
-        time.sleep(0.005)
-
-
-def spawn_failed_sentence(argv: list[str], cwd: str, record: dict) -> str:
-    """The sentence of a ``spawn-failed`` exit record: the host's own (it knows the stage:
-    chdir, user, exec; worded as :func:`~dshd.execution.spawn.spawn_sentence`), else one
-    built from its ``errno``."""
-    message = record.get("message")
-    if isinstance(message, str) and message:
-        return message
-    name = str(record.get("errno") or "")
-    number = getattr(errno, name, None) if name.isupper() else None
-    if not isinstance(number, int):
-        return "Could not start the command (the call host gave no reason)."
-    return spawn_sentence(argv, cwd, OSError(number, os.strerror(number), argv[0]))
-
-
-def wrapper_resource_failure(spare_wrapper: str | None, exit_code: int | None,
-                             text: str) -> str | None:
-    """The sentence for a sandbox wrapper that could not fork the command (bwrap exits 1
-    with one line ``bwrap: ...: Resource temporarily unavailable`` at a pids limit), else
-    None. Only the call's own output can trigger it, so a command faking it only marks
-    its own result as failed."""
-    if spare_wrapper is None or exit_code != 1:
-        return None
-    lines = text.splitlines()
-    if len(lines) != 1 or not lines[0].startswith(f"{spare_wrapper}: "):
-        return None
-    for number in RESOURCE_ERRNOS:
-        if lines[0].endswith(os.strerror(number)):
-            return (
-                f"Could not start the command: could not start a thread/process: resource "
-                f"limit ({errno.errorcode[number]}; the sandbox said: {lines[0]}); too many "
-                "processes or threads run as this user (RLIMIT_NPROC, a cgroup's pids.max) or "
-                "memory is short. Stop some, then run it again."
-            )
-    return None
+async def finished_outcome(call_dir: Path, exit_record: dict, *, capture: OutputCapture,
+                           on_output: Callable[[], None], segment_bytes: int,
+                           spare_wrapper: str | None = None, cwd: str = "/") -> ExecOutcome:
+    """The outcome of a call whose host ended while no daemon ran (HOST.md §7): ``capture``
+    (new, empty) is filled from the log through the record's ``totalBytes`` and the outcome
+    is the record's (its real exit code)."""
+    reader = log_reader(call_dir, segment_bytes)
+    # The record's end, but never past what the log holds (a record that claims more would
+    # wait forever for bytes nobody writes).
+    extent = await trio.to_thread.run_sync(scan_log, call_dir)
+    end = min(int(exit_record.get("totalBytes") or 0), extent.end_offset)
+    await catch_up(capture, reader, end,
+                   min(int(exit_record.get("firstOffset") or 0), end),
+                   int(exit_record.get("totalLines") or 0))
+    settle_capture(capture, on_output)
+    return outcome_of(exit_record, None, ["bash"], cwd, spare_wrapper, capture.text)

@@ -10,6 +10,11 @@ handle's state (``end_offset``, ``first_offset``, ``total_lines``, ``record``), 
 requests fail with ``not-running``. A cancelled pump leaves the handle open for another pump.
 :func:`log_reader` reads the call's log for the capture (``dshd.callhost.log.read``, in a worker
 thread past 256 KiB).
+
+Hosts outlive daemons (HOST.md §7): reading a call dir's ``host.json`` / ``exit.json``, the
+host's identity check and ending a host without a daemon are ``dshd.execution.hostfiles``
+(its names are importable from here too). :func:`abandon` SIGKILLs a host the daemon cannot
+own, with its command's tree and the run's token carriers.
 """
 
 from __future__ import annotations
@@ -29,9 +34,16 @@ from dshd.callhost import tree
 from dshd.execution.spawn import RESOURCE_ERRNOS
 
 from dshd.execution.capture import Gap
+# The records' readers live in hostfiles; the link's importers take them from here too.
+from dshd.execution.hostfiles import (
+    END_HOST_SECONDS, RECORD_MAX, RUN_TOKEN_VAR, end_host, host_alive, host_record, read_record,
+    record_on_disk, sweep_carriers,
+)
 
-__all__ = ["HostHandle", "HostRequestError", "MAX_LINE", "REQUEST_TIMEOUT", "log_reader",
-           "read_line", "record_on_disk", "scan_log"]
+__all__ = ["END_HOST_SECONDS", "HostHandle", "HostRequestError", "MAX_LINE", "RECORD_MAX",
+           "REQUEST_TIMEOUT", "RUN_TOKEN_VAR", "abandon", "end_host", "host_alive",
+           "host_record", "log_reader", "read_line", "read_record", "record_on_disk",
+           "scan_log", "sweep_carriers"]
 
 #: Longest control line accepted from a host (HOST.md §4).
 MAX_LINE = 4 * 1024 * 1024
@@ -291,14 +303,6 @@ def log_reader(directory: Path, segment_bytes: int):
             return read_all(offset, limit)
 
     return read
-
-
-def record_on_disk(directory: Path) -> dict | None:
-    try:
-        value = json.loads((directory / "exit.json").read_bytes())
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def abandon(spec: dict, ready: dict, token_var: str) -> None:

@@ -10,18 +10,41 @@ situation                                   outcome          by
 caller pre-approved (``approved: true``)    allowed-once     caller
 session policy ``never``                    rejected         policy
 no answerer attached at ask time            unavailable      policy
+the ask cannot be made durable              rejected         policy
 an answerer decides allow / reject          allowed-once /   answerer
                                             rejected
 the last answerer leaves while pending      unavailable      policy
+the call is cancelled while pending         cancelled        caller
+*re-asked after a restart* (:meth:`reask`):
+session policy ``never``                    rejected         policy
+no answerer within ``reask_grace_seconds``  unavailable      policy
+an answerer decides allow / reject          allowed-once /   answerer
+                                            rejected
+the last answerer leaves after the grace    unavailable      policy
 the call is cancelled while pending         cancelled        caller
 ==========================================  ===============  ==========
 
 Only ``allowed-once`` returns; every other outcome raises ``CallFailed`` with its code and a
 sentence (``dshd.results``, via ``WHY``), so the call settles without running (fail closed). An
-audit append that fails rejects the call: there is no unrecorded grant. A pending request is in
-the lane view's ``approvals`` (so an answerer that attaches later sees it in its base batch)
-until decided. Answerers are connections that said ``capabilities.approvals`` and hold a
+audit append that fails rejects the call: there is no unrecorded grant. A request is shown only
+once its ``approval/asked`` is durable (one that cannot be made durable rejects the call, as a
+failed append does), so every request a person sees survives a crash and is asked again after
+the start (below). A pending request is in the lane view's ``approvals`` (so an answerer that
+attaches later sees it in its base batch) until decided. Answerers are connections that said ``capabilities.approvals`` and hold a
 subscription to the session; :meth:`answerer_joined` / :meth:`answerer_left` keep the count.
+
+**Re-ask** (HOST.md §7): a call whose ``approval/asked`` has no ``approval/decided`` when the
+daemon stopped (or crashed) is asked again when its session is opened after the start, by
+:meth:`ApprovalDesk.reask` with the *same* ``approvalId`` (no second ``approval/asked``: the
+pair stays one asked, one decided). The request is in the lane's ``approvals`` at once, but
+nobody can be attached yet (the daemon opens such sessions before it accepts connections),
+so the "no answerer" rule waits ``reask_grace_seconds`` for one to attach: within the grace
+an answerer that comes and goes does not end the wait; at its end, no answerer → unavailable;
+from then on the rules above hold. An ``allowed-once`` returns once, and the caller's
+pipeline runs the command once (the barrier makes the grant durable first). A daemon stop
+that *detaches* (``on_stop = "detach"``) calls :meth:`ApprovalDesk.detach` first: a request
+cancelled from then on is hidden but not decided, so its ``approval/asked`` stays open in the
+log for the next start to ask again.
 
 Cancellation is the call's: the gate waits in the call's cancel scope (``dshd.sessions.calls``),
 and a cancel while it waits is recorded as ``cancelled`` by ``caller`` before the cancellation
@@ -43,6 +66,7 @@ from protocol.lane import ApprovalRequest
 
 from .. import errors
 from ..results import CallFailed, sentence
+from ..storage.errors import StorageError
 
 #: why -> (errorCode, variant of ``dshd.results.SENTENCES``) of an outcome that does not run.
 WHY = {
@@ -51,6 +75,7 @@ WHY = {
     "audit": ("APPROVAL_REJECTED", "audit"),
     "unavailable": ("APPROVAL_UNAVAILABLE", ""),
     "unavailable-left": ("APPROVAL_UNAVAILABLE", "left"),
+    "unavailable-grace": ("APPROVAL_UNAVAILABLE", "grace"),
     "cancelled": ("APPROVAL_CANCELLED", ""),
 }
 
@@ -69,6 +94,10 @@ class ApprovalPort(Protocol):
 
     def record(self, type_: str, data: dict) -> int:
         """Append an event to the session log; its seq. Raises when it cannot."""
+        ...
+
+    async def wait_durable(self, seq: int) -> None:
+        """Return once the log is durable through ``seq``; StorageError when it cannot be."""
         ...
 
     def show_approval(self, approval_id: str, request: ApprovalRequest) -> None: ...
@@ -93,6 +122,8 @@ class _Pending:
     outcome: str | None = None
     by: str | None = None
     why: str | None = None
+    #: A re-ask's grace (trio time) before which the "no answerer" rule does not apply.
+    grace_until: float = 0.0
 
 
 def summary_of(call: GateCall) -> str:
@@ -112,6 +143,9 @@ class ApprovalDesk:
         self.pending: dict[str, _Pending] = {}
         #: Outcomes of decided approvals (from the log and from this run): -32011 answers.
         self.decided: dict[str, str] = {}
+        #: The daemon stops with ``on_stop = "detach"``: a pending approval stays undecided in
+        #: the log (no ``cancelled`` decision), to be asked again after the start (HOST.md §7).
+        self.detached = False
 
     # ------------------------------------------------------------------ answerers
     def answerer_joined(self, subscription_id: str) -> None:
@@ -119,9 +153,16 @@ class ApprovalDesk:
 
     def answerer_left(self, subscription_id: str) -> None:
         self.answerers.discard(subscription_id)
-        if not self.answerers:
+        if not self.answerers and not self.detached:
+            now = trio.current_time()
             for p in list(self.pending.values()):
-                self._decide(p, "unavailable", "policy", "unavailable-left")
+                if p.grace_until <= now:  # a re-ask in its grace waits for the next one
+                    self._decide(p, "unavailable", "policy", "unavailable-left")
+
+    def detach(self) -> None:
+        """The daemon stops and detaches (``CallTable.stop``): from now on a cancelled request
+        records nothing (it is asked again after the start); answerers leaving decide nothing."""
+        self.detached = True
 
     # ------------------------------------------------------------------ deciding
     def _decide(self, p: _Pending, outcome: str, by: str, why: str | None = None) -> None:
@@ -158,7 +199,7 @@ class ApprovalDesk:
         approval_id = "a-" + secrets.token_hex(6)
         summary = summary_of(call)
         try:
-            self.port.record(
+            asked_seq = self.port.record(
                 "approval/asked",
                 {"approvalId": approval_id, "callId": call.call_id, "tool": call.name,
                  "summary": summary},
@@ -174,7 +215,7 @@ class ApprovalDesk:
             self._decide(p, "unavailable", "policy", "unavailable")
         else:
             await self._ask(p, ApprovalRequest(call.call_id, call.name, summary,
-                                               time.time_ns() // 1_000_000))
+                                               time.time_ns() // 1_000_000), asked_seq)
         assert p.outcome is not None and p.by is not None
         if not self._record(p):
             raise refused("audit")
@@ -182,17 +223,54 @@ class ApprovalDesk:
             return
         raise refused(p.why or p.outcome)
 
-    async def _ask(self, p: _Pending, request: ApprovalRequest) -> None:
-        """Show the request and wait for its decision; a cancel (of the call's scope) while
+    async def reask(self, call: GateCall, approval_id: str, *, grace: float) -> None:
+        """Ask ``approval_id`` again after a restart (module doc: re-ask); ``grace`` seconds
+        for an answerer to attach. Returns on ``allowed-once``; raises CallFailed otherwise."""
+        p = _Pending(approval_id, call.call_id)
+        if call.approved:
+            self._decide(p, "allowed-once", "caller")
+        elif self.port.policy == "never":
+            self._decide(p, "rejected", "policy", "rejected-policy")
+        else:
+            p.grace_until = trio.current_time() + grace
+            request = ApprovalRequest(call.call_id, call.name, summary_of(call),
+                                      time.time_ns() // 1_000_000)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._grace, p)
+                await self._ask(p, request)
+                nursery.cancel_scope.cancel()
+        assert p.outcome is not None and p.by is not None
+        if not self._record(p):
+            raise refused("audit")
+        if p.outcome == "allowed-once":
+            return
+        raise refused(p.why or p.outcome)
+
+    async def _grace(self, p: _Pending) -> None:
+        """At the end of a re-ask's grace, no answerer attached → unavailable."""
+        await trio.sleep_until(p.grace_until)
+        if not self.answerers:
+            self._decide(p, "unavailable", "policy", "unavailable-grace")
+
+    async def _ask(self, p: _Pending, request: ApprovalRequest,
+                   asked_seq: int | None = None) -> None:
+        """Make the ask durable (``asked_seq``: its ``approval/asked``; a re-ask's already is),
+        show the request and wait for its decision; a cancel (of the call's scope) while
         waiting is recorded as ``cancelled`` and goes on."""
         self.pending[p.approval_id] = p
-        self.port.show_approval(p.approval_id, request)
         try:
-            await p.decided.wait()
+            if asked_seq is not None:
+                try:
+                    await self.port.wait_durable(asked_seq)
+                except StorageError:
+                    self._decide(p, "rejected", "policy", "audit")
+            if p.outcome is None:
+                self.port.show_approval(p.approval_id, request)
+                await p.decided.wait()
         finally:
             self.pending.pop(p.approval_id, None)
             self.port.hide_approval(p.approval_id)
-            if p.outcome is None:  # cancelled while it waited
+            if p.outcome is None and not self.detached:  # cancelled while it waited
                 self._decide(p, "cancelled", "caller", "cancelled")
                 self._record(p)
 

@@ -31,29 +31,36 @@ Theory of operation:
   turn) is settled by :meth:`CallTable.settle_unstarted`: waitable at once, in ``recent``.
 * **Cancel and stop.** :meth:`CallTable.cancel` cancels one call's scope (at the gate:
   ``APPROVAL_CANCELLED``; at the barrier: ``ABORTED_BEFORE_DISPATCH``) or asks its command's
-  owner to end it (``TOOL_CANCELLED``). Stopping the session applies an explicit stop policy to
-  every running call (:meth:`CallTable.stop`); today's only policy is ``"cancel"`` (the
-  ``detach`` policy of HOST.md §7 arrives with the restart issue). A call whose task is
-  cancelled from outside (a session crash) settles ``TOOL_CANCELLED`` or
-  ``ABORTED_BEFORE_DISPATCH`` in a shielded, bounded scope; one no task could settle is settled
-  by :meth:`CallTable.settle_orphans` during the session's wind-down.
+  owner to end it (``TOOL_CANCELLED``). Stopping the session applies a stop policy to every
+  running call (:meth:`CallTable.stop`): ``cancel`` (a ``session.close``, idle eviction, a
+  daemon stop with ``on_stop = "cancel"``) cancels each; ``detach`` (a daemon stop with
+  ``on_stop = "detach"``, HOST.md §7) lets go of each call at the gate (its ``approval/asked``
+  stays undecided) or running under a host started with ``on_daemon_loss = "keep"`` (the
+  connection closes, no ``terminate``): no ``tool/result``, the call's task ends, the command
+  runs on; a call at the barrier is cancelled (nothing ran). A call whose task is cancelled
+  from outside (a session crash) settles ``TOOL_CANCELLED`` or ``ABORTED_BEFORE_DISPATCH`` in a
+  shielded, bounded scope; one no task could settle is settled by
+  :meth:`CallTable.settle_orphans` during the session's wind-down.
+* **The marker of an unsettled call.** The call's directory ``calls/<callId>/`` (0700) is made
+  at admission, before the gate, and gets the empty file ``settled`` once its ``tool/result``
+  is durable (best effort: a lost one only makes the next start open the session once). The
+  daemon's start opens every session with a call dir without it (``dshd.sessions.registry``).
+* **After a restart** the session's resume plan (``dshd.sessions.resume``) brings calls back:
+  :meth:`CallTable.adopt` (a live host, or its exit record: ``dshd.sessions.resumed``) and
+  :meth:`CallTable.reask` (an approval that was pending).
 """
 
 from __future__ import annotations
 
 import math
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Awaitable, Callable, Literal, Protocol
+from typing import Awaitable, Callable, Literal
 
 import msgspec
 import structlog
 import trio
 
-from protocol.lane import (
-    RecentEntry, SandboxNote, ToolEntry, ToolResult, ToolResultDetails, Truncation, plain,
-)
+from protocol.lane import RecentEntry, ToolEntry, ToolResult, plain
 
 from .. import errors
 from ..config import Config
@@ -64,84 +71,21 @@ from ..storage import threads
 from ..storage.errors import StorageError
 from ..storage.sidecar import PendingOutput
 from ..storage.writer import SessionLog
-from . import barrier, command
+from . import barrier, call_results, command, resumed
 from .approval import ApprovalDesk, refused
+from .call import Call, CallHost, now_ms
 from .faults import InjectedFault, TestFault
 from .lane import Lane, lane_args
 from .output import sync_output
 
 log = structlog.get_logger("dshd.session")
+__all__ = ["Call", "CallHost", "CallTable", "SETTLED_MARKER", "StopPolicy", "now_ms"]
 
-#: What stopping the session does to its running calls (HOST.md §7; ``detach`` comes later).
-StopPolicy = Literal["cancel"]
+#: What stopping the session does to its running calls (HOST.md §7): ``cancel`` ends them,
+#: ``detach`` (a daemon stop with ``on_stop = "detach"``) lets their hosts run on.
+StopPolicy = Literal["cancel", "detach"]
+SETTLED_MARKER = resumed.SETTLED_MARKER
 _json = msgspec.json.Encoder()
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-@dataclass
-class Call:
-    """The daemon's handle on a tool call of this daemon run that has not settled (module doc).
-
-    ``stage`` is where its daemon-side work is: ``gate`` → ``barrier`` → ``exec`` (the command
-    runs, owned by its call host). ``scope`` covers the gate and the barrier; ``terminate``
-    is the request to the host to end it. ``host``: the call's ``HostHandle`` once its host
-    runs (``record`` set after the end; raw methods such as ``tool.write`` use it)."""
-
-    call_id: str
-    name: str
-    arguments: dict
-    approved: bool
-    seq: int  # seq of its tool/call event
-    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
-    terminate: trio.Event = field(default_factory=trio.Event)
-    stage: Literal["gate", "barrier", "exec"] = "gate"
-    capture: OutputCapture | None = None
-    synced_version: int = -1
-    synced_spill: str | None = None
-    pending: PendingOutput | None = None
-    host: HostHandle | None = None
-
-    @property
-    def started(self) -> bool:
-        """Its command was handed to its owner (it may have run)."""
-        return self.stage == "exec"
-
-    def cancel(self) -> None:
-        """Cancel the daemon-side work, or ask the command's owner to end the command."""
-        if self.stage == "exec":
-            self.terminate.set()
-        else:
-            self.scope.cancel()
-
-
-class CallHost(Protocol):
-    """What the call table needs of its session (``dshd.sessions.session.Session``)."""
-
-    id: str
-    env: dict[str, str]
-    mode: str
-    owner: int | None
-
-    def accepting(self) -> bool:
-        """New work is accepted (the session runs and is not closing)."""
-        ...
-
-    def spawn(self, fn: Callable[..., Awaitable[None]], *args: object) -> None:
-        """Run ``fn(*args)`` as a supervised task of the session; SessionClosing if closing."""
-        ...
-
-    def crashed(self, exc: BaseException) -> None: ...
-
-    def crash_text(self) -> str | None:
-        """The crash that ends the session ("Type: text"), None while it is healthy."""
-        ...
-
-    def deadline(self) -> float:
-        """The trio time by which the session's wind-down must be over (inf while it runs)."""
-        ...
 
 
 class CallTable:
@@ -162,6 +106,8 @@ class CallTable:
         self.call_ids: set[str] = set()
         self.call_names: dict[str, str] = {}
         self.results: dict[str, dict] = {}
+        #: callId -> its logged tool/call event, while it has no result (a resume rebuilds it).
+        self.logged_calls: dict[str, object] = {}
         self._result_seqs: dict[str, int] = {}  # callId -> seq of its tool/result (this run)
         self._settled: dict[str, trio.Event] = {}
         #: The session is stopping: no new calls; a cancelled command says "shutdown".
@@ -171,13 +117,16 @@ class CallTable:
         self.lane = lane
 
     # ----------------------------------------------------------------- derived state
-    def absorb(self, type_: str, data: dict) -> RecentEntry | None:
+    def absorb(self, ev) -> RecentEntry | None:
         """Fold one logged call event into the table (on open); a result's recent entry."""
+        type_, data = ev.type, ev.data
         cid = data["callId"]
         self.call_ids.add(cid)  # repair's TOOL_NOT_STARTED results have no tool/call
         if type_ == "tool/call":
             self.call_names[cid] = data.get("name", "")
+            self.logged_calls[cid] = ev
             return None
+        self.logged_calls.pop(cid, None)
         self.results[cid] = data
         self._settled.setdefault(cid, trio.Event()).set()
         return self.recent_entry(cid, data)
@@ -190,21 +139,9 @@ class CallTable:
         return call_id in self.call_ids
 
     # ----------------------------------------------------------------- results
-    def zero_truncation(self) -> Truncation:
-        """``details.truncation`` of a call that wrote nothing (or never ran)."""
-        return Truncation(max_bytes=self.config.output_max_bytes,
-                          max_lines=self.config.output_max_lines)
-
     def failed_result(self, call_id: str, code: str, text: str,
                       capture: OutputCapture | None = None) -> ToolResult:
-        """A failed ToolResult: ``text`` is the content when the command never started
-        (``capture`` None), else the ``message`` next to its output."""
-        if capture is None:
-            return ToolResult(call_id, True, text, ToolResultDetails(self.zero_truncation()),
-                              error_code=code)
-        details = ToolResultDetails(msgspec.convert(capture.truncation, Truncation),
-                                    spill_path=capture.spill_path or None)
-        return ToolResult(call_id, True, capture.text, details, error_code=code, message=text)
+        return call_results.failed_result(self.config, call_id, code, text, capture)
 
     def _failed(self, call: Call, code: str, text: str) -> ToolResult:
         return self.failed_result(call.call_id, code, text,
@@ -212,28 +149,9 @@ class CallTable:
 
     def outcome_result(self, call: Call, outcome: ExecOutcome, completeness: str) -> ToolResult:
         """The ToolResult of a command that ran (its owner's outcome)."""
-        cap = call.capture
-        assert cap is not None
-        details = ToolResultDetails(msgspec.convert(cap.truncation, Truncation),
-                                    spill_path=cap.spill_path or None,
-                                    exit_code=outcome.exit_code)
-        if completeness != "full":
-            details.sandbox = SandboxNote(self.sandbox.name, completeness)
-        result = ToolResult(
-            call.call_id,
-            bool(outcome.exit_code != 0 or outcome.error or outcome.timed_out
-                 or outcome.cancelled),
-            cap.text, details, exit_code=outcome.exit_code)
-        if outcome.timed_out:
-            result.error_code = "TOOL_TIMEOUT"
-            result.message = sentence("TOOL_TIMEOUT", timeout=call.arguments.get("timeout"))
-        elif outcome.cancelled:
-            result.error_code = "TOOL_CANCELLED"
-            result.message = sentence("TOOL_CANCELLED", "shutdown" if self.stopping else "")
-        elif outcome.error:
-            result.error_code = "TOOL_FAILED"
-            result.message = sentence("TOOL_FAILED", error=outcome.error)
-        return result
+        assert call.capture is not None
+        return call_results.outcome_result(call.call_id, call.arguments, call.capture, outcome,
+                                           completeness, self.sandbox.name, self.stopping)
 
     # ----------------------------------------------------------------- admission
     def admit(self) -> None:
@@ -285,20 +203,35 @@ class CallTable:
             self._result_seqs[call_id] = self.log.append("tool/result", result).seq
             self.results[call_id] = result
             self._settled[call_id].set()
+            self.mark_settled(call_id)  # best effort, before it is durable: it never ran
             raise
 
     def _begin(self, call: Call, encoded: str) -> None:
-        """The call's lane entry and its task (``encoded``: the arguments' JSON, as logged)."""
+        """The call's directory (the marker of an unsettled call, HOST.md §7), its lane entry
+        and its task (``encoded``: the arguments' JSON, as logged)."""
+        path = self.call_dir(call.call_id)
+        try:
+            command.make_call_dir(path)
+        except OSError as exc:  # a moved or full state directory: the call fails closed
+            raise StorageError(f"could not create the call directory {path}: "
+                               f"{exc.strerror or exc}") from exc
+        self.enter_lane(call, encoded, "running" if call.approved else "waiting-approval",
+                        now_ms())
+        self.host.spawn(self._run, call)
+
+    def enter_lane(self, call: Call, encoded: str, state: str, started_at: int) -> None:
+        """A new capture for ``call`` and its entry in the lane's ``tools``."""
         limits = ShellOutputLimits(max_bytes=self.config.output_max_bytes,
                                    max_lines=self.config.output_max_lines)
         call.capture = OutputCapture(limits, self.call_dir(call.call_id) / "output.raw")
         cut_args, cut = lane_args(encoded)
         self.lane.enter_tool(call.call_id, ToolEntry(
-            call.name, cut_args if cut else call.arguments,
-            "running" if call.approved else "waiting-approval", now_ms(),
+            call.name, cut_args if cut else call.arguments, state, started_at,
             call.capture.tool_output(), args_cut=cut))
         call.synced_version = call.capture.version
-        self.host.spawn(self._run, call)
+
+    def mark_settled(self, call_id: str) -> None:
+        resumed.mark_settled(self.call_dir(call_id))  # best effort (module doc)
 
     def call_dir(self, call_id: str) -> Path:
         """The call's directory (HOST.md §3): its log, ``host.json``, ``exit.json``."""
@@ -323,12 +256,16 @@ class CallTable:
         return result
 
     # ----------------------------------------------------------------- the pipeline
-    async def _run(self, call: Call) -> None:
+    async def _run(self, call: Call,
+                   pipeline: Callable[[Call], Awaitable[ToolResult | None]] | None = None
+                   ) -> None:
+        """Run ``call`` through ``pipeline`` (default :meth:`_pipeline`) and settle it; a call
+        let go at a daemon stop (``detach``) leaves without a result."""
         slog = log.bind(session=self.host.id, call=call.call_id)
-        result: ToolResult
+        result: ToolResult | None
         try:
             try:
-                result = await self._pipeline(call)
+                result = await (pipeline or self._pipeline)(call)
             except CallFailed as failed:
                 result = self._failed(call, failed.code, failed.sentence)
             except Exception as exc:
@@ -340,6 +277,9 @@ class CallTable:
                 result = self._failed(call, "TOOL_FAILED", sentence(
                     "TOOL_FAILED", "internal", error=f"{type(exc).__name__}: {exc}"))
         except BaseException:
+            if call.detached:
+                self.let_go(call, slog)
+                raise
             # The session's scope was cancelled under us (a crash; run_hosted told the
             # host to kill the command on the way out): settle as cancelled, shielded and bounded.
             code = "TOOL_CANCELLED" if call.started else "ABORTED_BEFORE_DISPATCH"
@@ -352,20 +292,34 @@ class CallTable:
             with trio.CancelScope(shield=True), trio.move_on_at(self.host.deadline()):
                 await self._settle(call, self._failed(call, code, text), slog)
             raise
-        await self._settle(call, result, slog)
+        if result is None:
+            self.let_go(call, slog)
+        else:
+            await self._settle(call, result, slog)
 
-    async def _pipeline(self, call: Call) -> ToolResult:
-        """Gate → barrier → exec in the call's scope; a cancel of the scope is its result."""
+    def let_go(self, call: Call, slog) -> None:
+        """A call detached at a daemon stop: no result, out of the running table; its host
+        runs on (or its approval stays pending) for the next daemon (HOST.md §7)."""
+        self.running.pop(call.call_id, None)
+        if call.pending is not None:
+            call.pending.close()
+        slog.info("tool.detached", stage=call.stage)
+
+    async def _pipeline(self, call: Call, gate=None) -> ToolResult | None:
+        """Gate (``gate``, default the desk's) → barrier → exec in the call's scope; a cancel
+        of the scope is its result; None: the call was detached (module doc)."""
         with call.scope:
-            await self.approvals.gate(call)
+            await (gate or self.approvals.gate)(call)
             call.stage = "barrier"
             await barrier.checkpoint(self.log, self.log.last_seq, kind="tool/dispatch")
             return await self._execute(call)
+        if call.detached:
+            return None
         if call.stage == "gate":
             raise refused("cancelled")
         raise barrier.aborted("tool/dispatch")
 
-    async def _execute(self, call: Call) -> ToolResult:
+    async def _execute(self, call: Call) -> ToolResult | None:
         """Hand the command to its owner (``command.run``) and build the result of its outcome."""
 
         def started() -> None:
@@ -377,12 +331,16 @@ class CallTable:
 
         assert call.capture is not None
         call.pending = PendingOutput(self.dir, call.call_id)
+        call.keeps = self.config.on_stop == "detach"
         outcome, completeness = await command.run(
             command.CommandSpec(call.call_id, call.name, call.arguments, call.capture,
-                                call.pending, call.terminate, self.call_dir(call.call_id)),
+                                call.pending, call.terminate, self.call_dir(call.call_id),
+                                detach=call.detach, keep=call.keeps),
             self.host, self.log.header.cwd, self.config, self.sandbox,
             on_start=started, on_output=self.lane.mark_dirty, on_host=hosted,
         )
+        if outcome.detached:
+            return None
         return self.outcome_result(call, outcome, completeness)
 
     # ----------------------------------------------------------------- settling
@@ -414,6 +372,8 @@ class CallTable:
                 await threads.run_sync(call.pending.retire)
             except OSError as exc:  # retried when the session is next opened
                 slog.warning("sidecar.retire_failed", error=str(exc))
+        if durable:
+            self.mark_settled(call.call_id)
         self._settled[call.call_id].set()
         slog.info("tool.settled", exit_code=result_.exit_code, error_code=result_.error_code,
                   durable=durable, total_bytes=result_.details.truncation.total_bytes)
@@ -483,12 +443,46 @@ class CallTable:
         return True
 
     def stop(self, policy: StopPolicy = "cancel") -> None:
-        """The session stops: refuse new calls and apply ``policy`` to the running ones."""
-        if policy != "cancel":
+        """The session stops: refuse new calls and apply ``policy`` to the running ones
+        (``cancel``: each is cancelled; ``detach``: a call at the gate or running under a host
+        that keeps is let go -- no result, its approval undecided -- and one at the barrier
+        is cancelled, since nothing ran)."""
+        if policy not in ("cancel", "detach"):
             raise ValueError(f"unknown stop policy {policy!r}")
         self.stopping = True
+        if policy == "detach":
+            self.approvals.detach()
         for call in list(self.running.values()):
-            call.cancel()
+            if policy == "detach" and (call.stage == "gate"
+                                       or (call.stage == "exec" and call.keeps)):
+                call.detach.set()
+                if call.stage == "gate":
+                    call.scope.cancel()
+            else:
+                call.cancel()
+
+    # ----------------------------------------------------------------- after a restart
+    def reask(self, call_id: str, approval_id: str) -> None:
+        """Ask ``approval_id`` again for a logged call that was waiting for approval when the
+        daemon stopped (HOST.md §7): the call is rebuilt at stage ``gate`` and runs the usual
+        pipeline with ``ApprovalDesk.reask`` as its gate."""
+        call = resumed.rebuild(self, call_id, "gate", "waiting-approval")
+
+        async def gate(call_: Call) -> None:
+            await self.approvals.reask(call_, approval_id,
+                                       grace=self.config.reask_grace_seconds)
+
+        self.host.spawn(self._run, call, lambda c: self._pipeline(c, gate))
+
+    def adopt(self, call_id: str, record: dict | None, exit_record: dict | None) -> None:
+        """Re-adopt a logged call whose host outlived the daemon (``record``: its live
+        ``host.json``) or settle it from its host's ``exit_record`` (``dshd.sessions.resumed``)."""
+        call = resumed.rebuild(self, call_id, "exec", "running")
+        self.host.spawn(self._run_adopted, call, record, exit_record)
+
+    async def _run_adopted(self, call: Call, record: dict | None,
+                           exit_record: dict | None) -> None:
+        await self._run(call, lambda c: resumed.run_adopted(self, c, record, exit_record))
 
     def sync_outputs(self, publisher_task: bool) -> None:
         """Copy changed capture state onto the lane (the publisher's ``before_flush``)."""

@@ -11,7 +11,10 @@ directory -- with the call's own directory -- and the socket are hidden), runs a
 owner with the documented minimal environment, and its output is read from the host's log into
 the call's ``OutputCapture`` while :func:`output.checkpoint_output` keeps its pending-output
 sidecar. The call dir ``<session dir>/calls/<callId>/`` (0700) holds the log, ``host.json``,
-``exit.json`` and ``host.log``. The call asks the host to end the command by setting
+``exit.json`` and ``host.log``; it is made at the call's admission (:func:`make_call_dir`,
+``dshd.sessions.calls``). The host is started with ``on_daemon_loss = "keep"`` when the daemon
+detaches its calls on stop (``on_stop = "detach"``, HOST.md §7) and notes the sandbox's
+completeness in ``host.json`` for a daemon that adopts it. The call asks the host to end the command by setting
 ``terminate`` (TERM, ``kill_grace``, KILL; the outcome says ``cancelled``); ``on_host`` hands
 the call its :class:`~dshd.execution.hosted.HostHandle` (``Call.host``) once the host runs.
 """
@@ -61,6 +64,10 @@ class CommandSpec:
     pending: PendingOutput
     terminate: trio.Event
     call_dir: Path
+    #: Set at a daemon stop that detaches: the run lets go of the running command.
+    detach: trio.Event | None = None
+    #: The host keeps running when the daemon goes away (``on_stop = "detach"``).
+    keep: bool = False
 
 
 class SessionSettings(Protocol):
@@ -107,15 +114,6 @@ async def run(spec: CommandSpec, session: SessionSettings, cwd: str, config: Con
     if invocation.tty is not None:
         tty = (invocation.tty.cols, invocation.tty.rows,
                session.env.get("TERM") or "xterm-256color")
-    try:
-        make_call_dir(spec.call_dir)
-    except OSError as exc:
-        script.close()
-        for fd in fds:
-            os.close(fd)
-        raise CallFailed("TOOL_FAILED", sentence("TOOL_FAILED", error=(
-            f"Could not create the call's directory {spec.call_dir} ({exc.strerror or exc}); "
-            "free disk space or fix the session directory, then run it again."))) from None
     on_start()
     with barrier.passed("tool/dispatch"):
         async with trio.open_nursery() as nursery:
@@ -129,18 +127,29 @@ async def run(spec: CommandSpec, session: SessionSettings, cwd: str, config: Con
                                if completeness != "none" else None),
                 tty=tty, stdin=invocation.stdin, spill_max_bytes=config.spill_max_bytes,
                 linger=config.host_linger_seconds, on_host=on_host,
+                on_daemon_loss="keep" if spec.keep else "terminate", detach=spec.detach,
+                daemon_notes={"completeness": completeness, "sandbox": sandbox.name},
             )
             nursery.cancel_scope.cancel()
     return outcome, completeness
 
 
 def make_call_dir(call_dir: Path) -> None:
-    """Create the call's directory (and ``calls/``) with mode 0700; an existing one (a call id
-    reused after a restart) is refused by the host's log, so it must be new."""
+    """Create the call's directory (and ``calls/``) with mode 0700, at the call's admission
+    (the marker of an unsettled call, HOST.md §7). An existing one must be empty, or hold only
+    the ``settled`` marker (left by an admission whose ``tool/call`` never became durable, and
+    marked by the next open), and is made anew; one with other files (a call id reused) is
+    refused: ``OSError``, since the host's log must be new."""
     calls = call_dir.parent
     try:
         os.mkdir(calls, 0o700)
     except FileExistsError:
         pass
-    os.mkdir(call_dir, 0o700)
+    try:
+        os.mkdir(call_dir, 0o700)
+    except FileExistsError:
+        if os.listdir(call_dir) == ["settled"]:  # resumed.SETTLED_MARKER (ops room, issue 13)
+            os.unlink(call_dir / "settled")
+        os.rmdir(call_dir)  # OSError (ENOTEMPTY) when it holds anything
+        os.mkdir(call_dir, 0o700)
     os.chmod(call_dir, 0o700)

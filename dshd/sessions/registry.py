@@ -4,7 +4,11 @@ Theory of operation: the registry owns a nursery; each open session is a task in
 (``Session.run``). A session is opened for write lazily, on the first request that names it,
 and then stays open for the daemon's lifetime (bounded by ``max_sessions``). The registry
 counts the running calls over all open sessions for ``max_calls`` (``running_calls``).
-Sessions that are not open are listed from their logs read-only, so a damaged log is listed as
+At daemon start, before the server accepts, :meth:`SessionRegistry.resume_unsettled`
+opens every session that has a call directory without its ``settled`` marker (found by
+listing ``sessions/*/calls/*/``, no log read): its calls that outlived the daemon come back
+(``dshd.sessions.resume``; HOST.md §7). Every open computes the session's resume plan before
+repair, so nothing the plan keeps is closed. Sessions that are not open are listed from their logs read-only, so a damaged log is listed as
 damaged without breaking the list. Opening is serialised per session id so two concurrent requests never race
 to open the same log.
 
@@ -30,6 +34,7 @@ is built at daemon start, and handed to every session; unset, it does nothing.
 
 from __future__ import annotations
 
+import functools
 import os
 import secrets
 import string
@@ -40,13 +45,16 @@ import structlog
 import trio
 
 from ..config import Config
-from ..errors import SessionLimit, SessionNotFound
+from ..errors import SessionClosing, SessionLimit, SessionNotFound
 from ..paths import is_valid_id
 from ..storage.errors import LockHeld, StateDirMoved, StorageError
 from ..storage.format import Header
 from ..storage.reader import find_log, list_session_dirs, read_log
 from ..storage.writer import SessionLog
+from ..execution.capture import ShellOutputLimits
+from .calls import SETTLED_MARKER, StopPolicy
 from .faults import TestFault
+from .resume import ResumePlan, plan_resume, tail_windows
 from .session import Session
 
 log = structlog.get_logger("dshd.registry")
@@ -93,6 +101,10 @@ class SessionRegistry:
         #: (the service watchdog checks each one's writer).
         self.live: dict[str, Session] = {}
         self._opening: dict[str, trio.Lock] = {}
+        #: The daemon stops (:meth:`aclose`): no session is opened or created any more -- a
+        #: session reopened by a request in flight would re-ask or re-adopt its calls in a
+        #: daemon that is going away, and cancel them at its end.
+        self.stopping = False
         self._claims: set[str] = set()
         self._last_used: dict[str, float] = {}
         #: session.list cache of closed sessions: id -> ((size, mtime_ns, ino), info).
@@ -144,20 +156,22 @@ class SessionRegistry:
             del self.open[session.id]
         self._last_used.pop(session.id, None)
 
-    async def aclose(self, deadline: float | None = None) -> None:
-        """Graceful stop: every session stops its work (its stop policy: today its calls are
-        cancelled and settle), flushes and closes its log, by ``deadline`` (a trio time; None:
-        each session's own ``WIND_DOWN_SECONDS``). Returns when every session has finished."""
+    async def aclose(self, deadline: float | None = None, policy: StopPolicy = "cancel") -> None:
+        """Graceful stop: every session stops its work (``policy``: its calls are cancelled
+        and settle, or -- a daemon stop with ``on_stop = "detach"`` -- detached, HOST.md §7),
+        flushes and closes its log, by ``deadline`` (a trio time; None: each session's own
+        ``WIND_DOWN_SECONDS``). Returns when every session has finished."""
+        self.stopping = True
         sessions = list(self.open.values())
         for session in sessions:
-            session.close(deadline)
+            session.close(deadline, policy)
         for session in sessions:
             await session.finished.wait()
 
     async def _start(self, log_: SessionLog) -> Session:
         session = Session(log_, self.sessions_dir / log_.header.id, self.config, self.sandbox,
                           running_calls=self.running_calls,
-                          fault=self._fault)
+                          fault=self._fault, plan=log_.resume_plan)
         assert self._nursery is not None
         await self._nursery.start(self._own, session)
         self.open[session.id] = session
@@ -240,6 +254,7 @@ class SessionRegistry:
         env: dict[str, str] | None,
         owner: int | None = None,
     ) -> Session:
+        self._refuse_if_stopping()
         self.check_state_dir()
         await self._make_room()
         session_id = mint_session_id()
@@ -283,6 +298,12 @@ class SessionRegistry:
         if session is not None and session.usable():
             self._last_used[session_id] = trio.current_time()
             return session
+        if self.stopping:
+            # A closing session still answers what it holds (a result for a tool.wait in
+            # flight); once it has finished it is not opened again in this daemon.
+            if session is not None:
+                return session
+            self._refuse_if_stopping()
         lock = self._opening.setdefault(session_id, trio.Lock())
         async with lock:
             session = self.open.get(session_id)
@@ -307,11 +328,48 @@ class SessionRegistry:
                     claims=self._claims,
                     repair=True,
                     output_limits=(self.config.output_max_bytes, self.config.output_max_lines),
+                    resume=functools.partial(self._plan, self.sessions_dir / session_id),
                 )
             except FileNotFoundError:
                 # A directory without a log: a crash between mkdir and the first publish.
                 raise SessionNotFound(_not_found(session_id)) from None
             return await self._start(log_)
+
+    def _refuse_if_stopping(self) -> None:
+        if self.stopping:
+            raise SessionClosing("dshd is stopping; no session is opened or created until it "
+                                 "restarts: ask again then")
+
+    async def _plan(self, session_dir: Path, events: list) -> ResumePlan:
+        """The resume plan of a session being opened (``dshd.sessions.resume``), with the log
+        tails of the calls repair will close ``TOOL_OUTCOME_UNKNOWN``."""
+        plan = await trio.to_thread.run_sync(plan_resume, events, session_dir)
+        limits = ShellOutputLimits(max_bytes=self.config.output_max_bytes,
+                                   max_lines=self.config.output_max_lines)
+        plan.windows = await tail_windows(session_dir, plan.unknown, limits)
+        return plan
+
+    async def resume_unsettled(self) -> int:
+        """At daemon start, before it accepts: open every session that has a call dir without
+        its ``settled`` marker (HOST.md §7), so its calls are re-adopted, settled or re-asked
+        at once. At most ``max_sessions``; one that fails to open is logged and skipped.
+        Returns how many were opened."""
+        ids = await trio.to_thread.run_sync(unsettled_sessions, self.sessions_dir)
+        opened = 0
+        for session_id in ids[: self.config.max_sessions]:
+            try:
+                await self.get(session_id)
+            except Exception as exc:  # one damaged session must not keep the daemon down
+                log.error("session.resume_failed", session=session_id, error=str(exc))
+                continue
+            opened += 1
+        if len(ids) > self.config.max_sessions:
+            log.warning("session.resume_skipped", skipped=len(ids) - self.config.max_sessions,
+                        hint="more sessions have unsettled calls than max_sessions; they open "
+                             "when a request names them")
+        if ids:
+            log.info("session.resumed", sessions=opened)
+        return opened
 
     async def list(self) -> list[dict]:
         """SessionInfo for every session; damaged ones carry ``damaged``."""
@@ -376,4 +434,25 @@ class SessionRegistry:
         }
 
 
-__all__ = ["SessionRegistry", "SessionNotFound", "SessionLimit", "LockHeld"]
+def unsettled_sessions(sessions_dir: Path) -> list[str]:
+    """Session ids with a call dir (``<id>/calls/<callId>/``) that has no ``settled`` marker,
+    sorted; no log is read (a worker thread at daemon start)."""
+    found = set()
+    try:
+        session_ids = os.listdir(sessions_dir)
+    except OSError:
+        return []
+    for session_id in session_ids:
+        calls = sessions_dir / session_id / "calls"
+        try:
+            names = os.listdir(calls)
+        except OSError:
+            continue
+        if is_valid_id(session_id) and any(
+                not os.path.islink(calls / name) and os.path.isdir(calls / name)
+                and not os.path.exists(calls / name / SETTLED_MARKER) for name in names):
+            found.add(session_id)
+    return sorted(found)
+
+
+__all__ = ["SessionRegistry", "unsettled_sessions", "SessionNotFound", "SessionLimit", "LockHeld"]

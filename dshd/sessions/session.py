@@ -21,14 +21,20 @@ Theory of operation:
   value goes into the same buffered batch) and the caller gets the storage error: a failed
   durable change changes nothing.
 * **Stop.** :meth:`close` (the registry: idle, evicted, daemon stop with the caller's
-  deadline) ends the running turn (``interrupted``), refuses new work
-  (``errors.SessionClosing``) and applies the stop policy to the running calls (today
-  ``"cancel"``: each settles ``TOOL_CANCELLED`` / ``APPROVAL_CANCELLED`` /
-  ``ABORTED_BEFORE_DISPATCH``). Everything ends by the deadline the caller gave, else
-  ``WIND_DOWN_SECONDS`` after the close: work still running near it (a command that ignores
-  SIGTERM under a long ``kill_grace``) is cancelled, its command SIGKILLed at once, leaving
-  the last part (``_work_deadline``) for the wind-down (settle what no task settled, publish,
-  close the log).
+  deadline and policy) ends the running turn (``interrupted``; with ``"detach"`` a turn that
+  waits for its tool calls stays open instead, to resume after the start), refuses new work
+  (``errors.SessionClosing``) and applies the stop policy to the running calls: ``"cancel"``
+  (each settles ``TOOL_CANCELLED`` / ``APPROVAL_CANCELLED`` / ``ABORTED_BEFORE_DISPATCH``) or,
+  for a daemon stop with ``on_stop = "detach"``, ``"detach"`` (running commands and pending
+  approvals are left for the next daemon, HOST.md §7). Everything ends by the deadline the
+  caller gave, else ``WIND_DOWN_SECONDS`` after the close: work still running near it (a
+  command that ignores SIGTERM under a long ``kill_grace``) is cancelled, its command
+  SIGKILLed at once, leaving the last part (``_work_deadline``) for the wind-down (settle what
+  no task settled, publish, close the log).
+* **Resume.** A session opened after a daemon restart gets the registry's resume plan
+  (``dshd.sessions.resume``): before it serves anything, its calls that outlived the daemon
+  are rebuilt and run on (:meth:`_resume`; re-adopted, settled from an exit record, or asked
+  again) and its resumable turns continue (``dshd.agent.resume.resume_turn``).
 * **Supervision.** Every task of the session (log writer, publisher, tool calls, turns,
   checkpoints) runs under :meth:`_guard`. The first exception that escapes one of them is a
   *crash*: it is logged once (``session.crashed``), the session's nursery is cancelled, and the
@@ -49,7 +55,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Awaitable, Callable, NamedTuple, Protocol
+from typing import Awaitable, Callable
 
 import structlog
 import trio
@@ -61,7 +67,10 @@ from ..config import Config
 from ..storage.errors import StorageError
 from ..storage.writer import SessionLog
 from .approval import ApprovalDesk
+from . import resumed
+from .call import AgentSlot, CallOutput
 from .calls import CallTable, StopPolicy
+from .resume import ResumePlan
 from .faults import TestFault
 from .lane import Lane, TurnLane
 from .streams import Subscription
@@ -76,20 +85,6 @@ SETTLE_SHARE = 0.25
 SETTLE_RESERVE_SECONDS = 2.0
 
 
-class AgentSlot(Protocol):
-    """What a session knows of its agent loop (``dshd.agent.TurnDriver``, made on demand)."""
-
-    def stop(self) -> None: ...
-
-    def busy(self) -> bool: ...
-
-
-class CallOutput(NamedTuple):
-    """``Session.call_output``: the call dir, the host handle or None, the result or None."""
-
-    dir: Path
-    host: Any
-    result: dict | None
 
 
 class Session:
@@ -98,8 +93,11 @@ class Session:
     def __init__(
         self, log_: SessionLog, session_dir: Path, config: Config, sandbox,
         running_calls: Callable[[], int] | None = None, fault: TestFault | None = None,
+        plan: ResumePlan | None = None,
     ) -> None:
         self._log = log_
+        #: What comes back after a daemon restart (``dshd.sessions.resume``), once it runs.
+        self._plan = plan
         self.id = log_.header.id
         self.config = config
         self.policy = config.approval_policy
@@ -147,7 +145,7 @@ class Session:
             elif type_ == "session/owner":
                 self.owner = data.get("uid")
             elif type_ in ("tool/call", "tool/result"):
-                entry = self._calls.absorb(type_, data)
+                entry = self._calls.absorb(ev)
                 if entry is not None:
                     recent.append(entry)
         recent.reverse()
@@ -302,10 +300,13 @@ class Session:
                 await nursery.start(self._guard, self._publish)
                 async with trio.open_nursery() as work:
                     self._work = work
+                    await self._resume()
                     task_status.started()
                     await self._closed.wait()
                     if self.agent is not None:
-                        self.agent.stop()  # the running turn ends ``interrupted``
+                        # the running turn ends ``interrupted`` (or, detached while it
+                        # waits for tool calls, stays open to resume after the start)
+                        self.agent.stop(self._stop_policy)
                     self._calls.stop(self._stop_policy)
                     # The calls end gracefully (TERM, kill_grace, KILL) while the deadline
                     # allows; what still runs near it is cancelled (its command killed at
@@ -384,13 +385,21 @@ class Session:
             self._publisher_task is not None
             and trio.lowlevel.current_task() is self._publisher_task)
 
-    def close(self, deadline: float | None = None) -> None:
+    def close(self, deadline: float | None = None, policy: StopPolicy = "cancel") -> None:
         """Stop the session (module doc: stop); its wind-down ends by ``deadline`` (a trio
-        time), else ``WIND_DOWN_SECONDS`` from now. Returns at once: await ``finished``."""
+        time), else ``WIND_DOWN_SECONDS`` from now; ``policy``: what happens to its running
+        calls (``detach`` only for a daemon stop). Returns at once: await ``finished``."""
         if deadline is None:
             deadline = trio.current_time() + WIND_DOWN_SECONDS
         self._deadline = min(self._deadline, deadline)
+        if not self._closed.is_set():
+            self._stop_policy = policy
         self._closed.set()
+
+    async def _resume(self) -> None:
+        """After a daemon restart: the resume plan's calls and turns come back (module doc)."""
+        plan, self._plan = self._plan, None
+        await resumed.resume(self._calls, plan, self, tuple(self._log.events))
 
     def usable(self) -> bool:
         """Neither crashed nor closing: requests may use it (else the registry reopens it)."""

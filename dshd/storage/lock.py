@@ -36,11 +36,13 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import portalocker
 
 from .errors import LockHeld, LockLost, StateDirMoved, StorageError
+from .format import LOCK_NAME
 
 _ATTEMPTS = 5
 
@@ -288,3 +290,21 @@ class DaemonLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+@contextmanager
+def claim(claims: set[str] | None, session_dir: Path, session_id: str):
+    """Claim ``session_id`` in ``claims`` (the owner's set of session ids with a live writer
+    in this process; `LockHeld` when taken) for the log handle being built; the claim is
+    given back if building it fails (``storage.writer.SessionLog``)."""
+    if claims is None:
+        yield
+        return
+    if session_id in claims:
+        raise LockHeld(session_dir / LOCK_NAME, "another writer in this process")
+    claims.add(session_id)
+    try:
+        yield
+    except BaseException:
+        claims.discard(session_id)
+        raise

@@ -20,12 +20,15 @@ approvals (in the order they were asked), then tool results (in the order the ca
 first named), then steps (most recently opened first), then turns (most recently opened
 first). Running it on a log that already ends with its closers yields nothing (idempotent).
 Repair never re-runs anything; the writer appends the closers and flushes them
-(`SessionLog.open_for_write(repair=True)`).
+(`SessionLog.open_for_write(repair=True)`). After a daemon restart the session's resume plan
+(``dshd.sessions.resume``, HOST.md §7) names what must *not* be closed (``keep_*``): calls
+whose call host still runs or left its exit record, approvals that are asked again, turns that
+resume; everything else is closed as above.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Set as AbstractSet
 from typing import Any
 
 from .format import Event
@@ -140,7 +143,9 @@ class _Open:
 
 def repair_closers(
     events: list[Event], pending_windows: Mapping[str, Any] | None = None,
-    limits: tuple[int, int] = DEFAULT_LIMITS,
+    limits: tuple[int, int] = DEFAULT_LIMITS, *,
+    keep_calls: AbstractSet[str] = frozenset(), keep_approvals: AbstractSet[str] = frozenset(),
+    keep_turns: AbstractSet[str] = frozenset(),
 ) -> list[tuple[str, dict]]:
     """The ``(type, data)`` closers for ``events`` (STORAGE.md §5), in a deterministic order.
 
@@ -151,6 +156,12 @@ def repair_closers(
     result has zero totals with ``limits`` (``(maxBytes, maxLines)``, the config's window).
     Tool results have the shape ``{callId, isError: true, content: str, details: {...},
     errorCode}``. Pure; never raises on odd data (events with missing keys are skipped).
+
+    ``keep_calls`` / ``keep_approvals`` / ``keep_turns``: what the daemon resumes after a
+    restart (``dshd.sessions.resume``: a call whose host lives or left its exit record, an
+    approval asked again, a turn that goes on) gets no closer -- no ``tool/result``, no
+    ``approval/decided``, no ``turn/end`` and no ``step/end`` for the turn's open steps.
+    Offline (``fsck``) they are empty: what a repair without a daemon would append.
     """
     windows = pending_windows or {}
     seen = _Open()
@@ -158,14 +169,14 @@ def repair_closers(
         seen.see(ev)
     closers: list[tuple[str, dict]] = [
         ("approval/decided", {"approvalId": aid, "outcome": "cancelled", "by": "repair"})
-        for aid in seen.asked if aid not in seen.decided
+        for aid in seen.asked if aid not in seen.decided and aid not in keep_approvals
     ]
     closers += [("tool/result", seen.result(cid, windows, limits))
-                for cid in seen.named if cid not in seen.resulted]
+                for cid in seen.named if cid not in seen.resulted and cid not in keep_calls]
     closers += [("step/end", {"turnId": turn_id, "stepId": step_id})
-                for turn_id, step_id in reversed(seen.steps)]
+                for turn_id, step_id in reversed(seen.steps) if turn_id not in keep_turns]
     closers += [("turn/end", {"turnId": turn_id, "reason": "interrupted"})
-                for turn_id in reversed(seen.turns)]
+                for turn_id in reversed(seen.turns) if turn_id not in keep_turns]
     return closers
 
 

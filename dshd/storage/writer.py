@@ -47,8 +47,9 @@ session directory removed or replaced) does not happen: `StorageWriteError` (cau
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import trio
 import zstandard
@@ -58,7 +59,6 @@ import structlog
 from .errors import LockHeld, LockLost, StorageError, StorageWriteError
 from .format import (
     COMPRESSIONS,
-    LOCK_NAME,
     LOG_NAME_PLAIN,
     LOG_NAME_ZSTD,
     Event,
@@ -67,7 +67,7 @@ from .format import (
     new_event,
     now_ms,
 )
-from .lock import HeldLock
+from .lock import HeldLock, claim
 from .logfile import LogFile, open_log
 from .reader import LogRead, session_dir_for
 from .repair import DEFAULT_LIMITS, repair_closers, unresolved_calls
@@ -133,25 +133,10 @@ class SessionLog:
 
         self._discarded = False
         self._write_errors = 0
+        #: What ``open_for_write(resume=...)`` planned (None without one).
+        self.resume_plan: Any = None
 
     # --- construction ---------------------------------------------------------------------
-
-    @staticmethod
-    @contextmanager
-    def _claim(claims: set[str] | None, session_dir: Path, session_id: str):
-        """Claim ``session_id`` in ``claims`` (`LockHeld` when taken) for the handle being
-        built; the claim is given back if building it fails."""
-        if claims is None:
-            yield
-            return
-        if session_id in claims:
-            raise LockHeld(session_dir / LOCK_NAME, "another writer in this process")
-        claims.add(session_id)
-        try:
-            yield
-        except BaseException:
-            claims.discard(session_id)
-            raise
 
     @classmethod
     def create(
@@ -176,7 +161,7 @@ class SessionLog:
         session_dir = session_dir_for(state_dir, session_id)
         if header.id != session_id:
             raise ValueError(f"header.id {header.id!r} differs from session id {session_id!r}")
-        with cls._claim(claims, session_dir, session_id):
+        with claim(claims, session_dir, session_id):
             return cls(state_dir=state_dir, session_id=session_id, header=header,
                        compression=compression, coalesce=coalesce, claims=claims)
 
@@ -191,6 +176,7 @@ class SessionLog:
         claims: set[str] | None = None,
         repair: bool = False,
         output_limits: tuple[int, int] | None = None,
+        resume: Callable[[list[Event]], Awaitable[Any]] | None = None,
     ) -> SessionLog:
         """Open an existing session log for writing (STORAGE.md §4, §5).
 
@@ -198,20 +184,23 @@ class SessionLog:
         the log through the fd it will write. Torn-tail records are kept and re-appended on
         the first write. With ``repair=True`` the crash closers are appended (one shared
         ``time``) and flushed before returning, then sidecars of settled calls are unlinked.
+        ``resume(events)``: the daemon's resume plan (``dshd.sessions.resume``), awaited
+        before the repair; what its ``keep_calls`` / ``keep_approvals`` / ``keep_turns`` name
+        is not closed, its ``windows`` add to the sidecars' (kept as ``self.resume_plan``).
         ``compression`` is informational: the format on disk wins (a config change applies to
         new sessions only). Raises `ValueError` (invalid id), `FileNotFoundError` (no session
         directory or no log), `LockHeld`, `LogCorrupt`, `LogTooNew`, `StorageWriteError`
         (the repair flush failed; nothing is left open).
         """
         session_dir = session_dir_for(state_dir, session_id)
-        with cls._claim(claims, session_dir, session_id):
+        with claim(claims, session_dir, session_id):
             read, fd, lock = await run_sync(open_log, session_dir, session_id)
         log = cls(state_dir=state_dir, session_id=session_id, header=read.header,
                   compression=read.compression, coalesce=coalesce, claims=claims, read=read,
                   fd=fd, lock=lock)
         try:
             if repair:
-                await log._repair(output_limits)
+                await log._repair(output_limits, resume)
             await log._retire_settled_sidecars()
         except BaseException:
             with trio.CancelScope(shield=True):
@@ -219,11 +208,16 @@ class SessionLog:
             raise
         return log
 
-    async def _repair(self, limits: tuple[int, int] | None) -> None:
+    async def _repair(self, limits: tuple[int, int] | None, resume) -> None:
+        plan = self.resume_plan = await resume(self.events) if resume is not None else None
         windows = await run_sync(
             pending_windows, self.session_dir, unresolved_calls(self.events))
+        if plan is not None:
+            windows = {**plan.windows, **windows}  # a checkpointed window wins
+        keep = {} if plan is None else {"keep_calls": plan.keep_calls, "keep_turns": plan.keep_turns,
+                                        "keep_approvals": plan.keep_approvals}
         at = now_ms()
-        for type_, data in repair_closers(self.events, windows, limits or DEFAULT_LIMITS):
+        for type_, data in repair_closers(self.events, windows, limits or DEFAULT_LIMITS, **keep):
             self.append(type_, data, time_ms=at)
         if not self._durable_through(self.last_seq):
             await self.flush()

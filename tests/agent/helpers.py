@@ -99,6 +99,20 @@ def kill_session_processes(session_id: str) -> None:
             continue
 
 
+def kill_call_hosts(state_dir: Path, session_id: str) -> int:
+    """SIGKILL the live call hosts of ``session_id`` (``host.json``'s pid, its ``startTime``
+    checked: a reused pid is never signalled), as a host dying while dshd is down; how many."""
+    from dshd.execution.hostlink import host_alive, host_record
+
+    killed = 0
+    for call_dir in sorted((Path(state_dir) / "sessions" / session_id / "calls").glob("*")):
+        record = host_record(call_dir)
+        if host_alive(record):
+            os.kill(int(record["pid"]), signal.SIGKILL)  # type: ignore[index]
+            killed += 1
+    return killed
+
+
 class DaemonProcess(DshdProcess):
     """A real ``python -m dshd`` subprocess with a config file, for kill -9 and CLI tests."""
 

@@ -28,7 +28,7 @@ def test_chat_with_the_embedded_demo_script(chat_root, workdir):
     try:
         r = daemon.dsh("chat", "--yes", "what is in here?", cwd=str(workdir))
     finally:
-        daemon.stop()
+        daemon.close()
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("Hello! I am dshd's built-in scripted model")
     assert f"{workdir}\n" in r.stdout and "hello.txt" in r.stdout  # the tool's output
@@ -51,7 +51,7 @@ def test_interactive_chat_asks_before_each_call(chat_root, workdir):
         r = daemon.dsh("chat", input="first\ny\nsecond\nn\n", cwd=str(workdir))
         sessions = json.loads(daemon.dsh("sessions", "--json").stdout)
     finally:
-        daemon.stop()
+        daemon.close()
     assert r.returncode == 0, r.stderr
     assert (workdir / "f.txt").read_text() == "run\n"  # the rejected second call never ran
     assert r.stdout.count("Writing it.") == 2 and r.stdout.count("Done.") == 2

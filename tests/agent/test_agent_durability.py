@@ -20,6 +20,7 @@ from tests.agent.helpers import (
     approve_all,
     events_of,
     fast_model,
+    kill_call_hosts,
     kill_session_processes,
     model_toml,
     sandbox_mode,
@@ -37,9 +38,10 @@ def crash_root():
 
 
 async def test_kill9_during_a_model_proposed_call_then_resume(fake_model, crash_root, workdir):
-    """dshd dies (SIGKILL) while a model-proposed tool runs. After the restart the next turn's
-    request holds a result for every earlier call — the repaired one TOOL_OUTCOME_UNKNOWN — and
-    nothing ran twice (the marker file has one line)."""
+    """dshd dies (SIGKILL) while a model-proposed tool runs, and the call's host dies too while
+    dshd is down (a host that lives on is re-adopted instead: tests/agent/test_agent_restart.py).
+    After the restart the next turn's request holds a result for every earlier call — the
+    repaired one TOOL_OUTCOME_UNKNOWN — and nothing ran twice (the marker file has one line)."""
     daemon = DaemonProcess(crash_root, model_toml(fast_model(fake_model.url)))
     marker = workdir / "marker.txt"
     fake_model.script(
@@ -63,7 +65,8 @@ async def test_kill9_during_a_model_proposed_call_then_resume(fake_model, crash_
                                   for t in sub.mirror.value["tools"].values()):
                         await sub.next_view()
                 daemon.kill9()  # mid-call: no turn/end, no tool/result
-                kill_session_processes(sid)
+                assert kill_call_hosts(daemon.state_dir, sid) == 1  # before its command:
+                kill_session_processes(sid)  # no exit.json, so the outcome is unknown
                 nursery.cancel_scope.cancel()
 
         daemon.start()
@@ -72,7 +75,7 @@ async def test_kill9_during_a_model_proposed_call_then_resume(fake_model, crash_
             end = await wait_turn_end(c, sid, t2)
             events = await events_of(c, sid)
     finally:
-        daemon.stop()
+        daemon.close()
         if sid is not None:
             kill_session_processes(sid)
 
@@ -130,9 +133,12 @@ async def test_a_failed_flush_before_the_model_request_sends_nothing(
 
 
 async def test_a_graceful_stop_interrupts_the_turn(fake_model, crash_root, workdir):
-    """SIGTERM while a model-proposed call runs: dshd itself cancels the call (TOOL_CANCELLED)
-    and ends the turn ``interrupted`` before it exits; no repair is needed on restart."""
-    daemon = DaemonProcess(crash_root, model_toml(fast_model(fake_model.url)))
+    """SIGTERM with ``on_stop = "cancel"`` while a model-proposed call runs: dshd itself cancels
+    the call (TOOL_CANCELLED) and ends the turn ``interrupted`` before it exits; no repair is
+    needed on restart. (With the default ``detach`` the turn resumes instead:
+    tests/agent/test_agent_restart.py.)"""
+    daemon = DaemonProcess(crash_root, 'on_stop = "cancel"\n'
+                           + model_toml(fast_model(fake_model.url)))
     fake_model.script(tool_reply([("bash", {"command": "touch started; sleep 600"})]))
     daemon.start()
     sid = None
@@ -152,7 +158,7 @@ async def test_a_graceful_stop_interrupts_the_turn(fake_model, crash_root, workd
         async with connect(daemon.socket) as c:
             events = await events_of(c, sid)
     finally:
-        daemon.stop()
+        daemon.close()
         if sid is not None:
             kill_session_processes(sid)
     evs = turn_events(events, t1)

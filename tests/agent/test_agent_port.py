@@ -228,7 +228,9 @@ async def test_start_steer_and_their_refusals(tmp_path):
             driver.steer("early")
         assert no_turn.value.data == {"code": "NO_TURN"}
         turn_id = driver.start("hi")
-        await _until(lambda: "step/start" in port.types())  # the model "streams" slowly
+        # the model "streams" slowly: wait for its first word (a step/start alone can come
+        # before any text, and then no partial answer is recorded)
+        await _until(lambda: port.turn_lane.turn and port.turn_lane.turn["text"])
         with pytest.raises(errors.TurnBusy) as busy:
             driver.start("again")
         assert busy.value.data == {"code": "TURN_RUNNING", "turnId": turn_id}
@@ -246,3 +248,101 @@ async def test_start_steer_and_their_refusals(tmp_path):
     assert port.types() == ["turn/start", "message/user", "step/start", "message/assistant",
                             "step/end", *["message/user"] * 16, "turn/end"]
     assert port.log[3].data["partial"] is True
+
+
+@pytest.mark.parametrize("autojump_clock", [trio.testing.MockClock(autojump_threshold=0)])
+async def test_a_detaching_stop_leaves_a_waiting_turn_open_and_resume_goes_on(tmp_path,
+                                                                            autojump_clock):
+    """``stop("detach")`` while the step waits for its call records nothing (the turn stays
+    open, a queued steer is kept); a new port with the same log takes the turn up
+    (``resume_turn``), waits for the call's result and runs the next step to ``completed``."""
+    from dshd.agent.resume import resumable_turns, resume_turn
+
+    script = _script(tmp_path, {"text": "go", "toolCalls": [
+        {"name": "bash", "arguments": {"command": "sleep 100"}}]}, {"text": "done"})
+    async with trio.open_nursery() as nursery:
+        port = FakePort(nursery, script)
+        driver = TurnDriver.of(port)
+        turn_id = driver.start("hi")
+        await _until(lambda: port.started)
+        (call,) = port.started
+        driver.steer("and then this")
+        driver.stop("detach")
+        await _until(lambda: driver.turn is None)
+    assert port.types() == ["turn/start", "message/user", "step/start", "message/assistant",
+                            "tool/call", "message/user"]
+    assert port.turn_lane.turn is None and port.cancelled == []
+    assert resumable_turns(port.log, {call}) == {turn_id}
+
+    async with trio.open_nursery() as nursery:
+        after = FakePort(nursery, script)
+        after.log = list(port.log)
+        after.propose_call(call, "bash")
+        assert await resume_turn(after, after.log, turn_id) is True
+        await _until(lambda: after.turn_lane.turn is not None)
+        assert after.turn_lane.turn["state"] == "waiting-tools"
+        assert await resume_turn(after, after.log, turn_id) is False  # one turn at a time
+        after.finish(call)
+        await _until(lambda: after.end() is not None)
+    assert after.end() == {"turnId": turn_id, "reason": "completed"}
+    assert after.types()[6:] == ["tool/result", "step/end", "step/start", "message/assistant",
+                                 "step/end", "turn/end"]
+    assert [e.data["stepId"] for e in after.log if e.type == "step/start"] == ["s1", "s2"]
+    assert after.log[-3].data["text"] == "done" and after.turn_lane.turn is None
+
+
+@pytest.mark.parametrize("autojump_clock", [trio.testing.MockClock(autojump_threshold=0)])
+@pytest.mark.parametrize("policy", ["detach", "cancel"])
+async def test_a_stop_during_the_model_request_ends_the_turn_interrupted(tmp_path, autojump_clock,
+                                                                         policy):
+    script = _script(tmp_path, {"text": "a long answer " * 20, "paceMs": 1000})
+    async with trio.open_nursery() as nursery:
+        port = FakePort(nursery, script)
+        driver = TurnDriver.of(port)
+        turn_id = driver.start("hi")
+        await _until(lambda: port.turn_lane.turn and port.turn_lane.turn["text"])
+        driver.stop(policy)
+        await _until(lambda: port.end() is not None)
+    assert port.end() == {"turnId": turn_id, "reason": "interrupted",
+                          "message": "dshd stopped during the turn"}
+
+
+@pytest.mark.parametrize("autojump_clock", [trio.testing.MockClock(autojump_threshold=0)])
+async def test_a_cancelling_stop_of_a_waiting_turn_still_ends_it(tmp_path, autojump_clock):
+    script = _script(tmp_path, {"text": "go", "toolCalls": [
+        {"name": "bash", "arguments": {"command": "sleep 100"}}]}, {"text": "done"})
+    async with trio.open_nursery() as nursery:
+        port = FakePort(nursery, script)
+        driver = TurnDriver.of(port)
+        driver.start("hi")
+        await _until(lambda: port.started)
+        driver.stop("cancel")
+        await _until(lambda: port.end() is not None)
+    assert port.end()["reason"] == "interrupted" and port.cancelled == list(port.started)
+
+
+@pytest.mark.parametrize("autojump_clock", [trio.testing.MockClock(autojump_threshold=0)])
+async def test_a_resumed_turn_can_be_cancelled(tmp_path, autojump_clock):
+    """turn.cancel on a resumed turn cancels the call it waits for (through the port) and
+    ends the turn ``cancelled``, with its open step closed first."""
+    from dshd.agent.resume import resume_turn
+
+    turn, call = "t-1", "m-1"
+    log = [Ev(0, "turn/start", {"turnId": turn}),
+           Ev(1, "message/user", {"turnId": turn, "text": "hi"}),
+           Ev(2, "step/start", {"turnId": turn, "stepId": "s1"}),
+           Ev(3, "message/assistant", {"turnId": turn, "stepId": "s1", "text": "go",
+                                       "toolCalls": [{"callId": call, "name": "bash",
+                                                      "arguments": "{}"}]}),
+           Ev(4, "tool/call", {"callId": call, "name": "bash", "turnId": turn})]
+    async with trio.open_nursery() as nursery:
+        port = FakePort(nursery, _script(tmp_path, {"text": "never asked"}))
+        port.log = list(log)
+        port.propose_call(call, "bash")
+        assert await resume_turn(port, port.log, turn) is True
+        await _until(lambda: port.turn_lane.turn is not None)
+        assert TurnDriver.of(port).cancel() is True
+        await _until(lambda: port.end() is not None)
+    assert port.cancelled == [call]
+    assert port.types()[5:] == ["tool/result", "step/end", "turn/end"]
+    assert port.end() == {"turnId": turn, "reason": "cancelled"}

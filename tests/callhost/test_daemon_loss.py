@@ -4,6 +4,8 @@ record, and the exit record says why. ``keep`` leaves the command running."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.callhost import helpers
@@ -49,7 +51,44 @@ def test_keep_leaves_the_command_running_after_the_connection_closed(tmp_path):
 def test_on_daemon_loss_must_be_terminate_or_keep(tmp_path, value):
     directory = tmp_path / "call"
     directory.mkdir(mode=0o700)
-    import json
     spec = helpers.make_spec(directory, ["true"], on_daemon_loss=value)
     ready, _ = helpers.run_main(directory, json.dumps(spec).encode())
     assert ready["ok"] is False and "on_daemon_loss" in ready["error"], ready
+
+
+def test_a_new_daemon_attaches_after_the_first_connection_closed(tmp_path):
+    """``keep`` (HOST.md §7): the host runs on with no daemon; a second ``attach`` (the next
+    daemon) gets the current extent, then the ``exit`` event; one after the end gets the
+    record at once."""
+    run = helpers.start_host(tmp_path, ["sh", "-c", "echo one; read x; echo two; exit 4"],
+                             on_daemon_loss="keep", stdin="pipe")
+    first = run.connect()
+    assert first.request("attach")["ok"] is True
+    run.wait_output(b"one\n")
+    first.close()
+    second = run.connect(secret=json.loads((run.dir / "host.json").read_text())["secret"])
+    state = second.request("attach")["state"]
+    assert state["state"] == "running" and state["endOffset"] == len(b"one\n"), state
+    second.write(b"go\n")
+    record = second.next_event("exit")["record"]
+    assert record["exitCode"] == 4 and record["totalBytes"] == len(b"one\ntwo\n"), record
+    second.close()
+    third = run.connect()
+    reply = third.request("attach")
+    assert reply["state"]["state"] == "exited" and reply["state"]["record"] == record
+    assert third.next_event("exit")["record"] == record
+
+
+def test_host_json_holds_what_a_new_daemon_needs_and_only_its_owner_reads_it(tmp_path):
+    run = helpers.start_host(tmp_path, ["sh", "-c", SCRIPT], on_daemon_loss="keep",
+                             daemon={"completeness": "full"})
+    path = run.dir / "host.json"
+    record = json.loads(path.read_text())
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert record["pid"] == run.pid and record["secret"] == run.spec["secret"]
+    assert record["token"] == run.spec["token"] and record["tokenVar"] == "DSH_RUN"
+    assert isinstance(record["commandPid"], int) and record["onDaemonLoss"] == "keep"
+    assert record["daemon"] == {"completeness": "full"}
+    control = run.connect(secret=record["secret"])
+    assert control.request("terminate", grace=2.0, reason="cancelled")["ok"] is True
+    assert run.wait_record()["reason"] == "cancelled"

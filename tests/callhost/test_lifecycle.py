@@ -213,6 +213,22 @@ def test_a_spec_it_cannot_use_is_answered_and_nothing_starts(tmp_path):
     assert ready["ok"] is False and "0700" in ready["error"], ready
 
 
+def test_a_torn_spec_whose_runner_is_gone_leaves_one_line_in_host_log(tmp_path):
+    """A daemon killed while it wrote the spec: the host cannot answer either (its stdout's
+    reader is gone); host.log says why in one line, not two tracebacks."""
+    log_path = tmp_path / "host.log"
+    r, w = os.pipe()
+    os.close(r)  # the runner's end of the ready pipe: gone
+    with open(log_path, "wb") as log:
+        proc = subprocess.run([os.sys.executable, "-I", "-S", helpers.MAIN], input=b'{"ver',
+                              stdout=w, stderr=log, timeout=30)
+    os.close(w)
+    text = log_path.read_text()
+    assert proc.returncode == 2
+    assert "Traceback" not in text and len(text.splitlines()) == 1, text
+    assert "not JSON" in text, text
+
+
 def test_a_log_that_cannot_be_written_stops_the_command_with_a_message(tmp_path):
     directory = tmp_path / "call"
     directory.mkdir(mode=0o700)

@@ -61,7 +61,8 @@ def start_dshd(prefix: str = "dsh-cl-") -> DshdProcess:
 
 
 def stop_dshd(daemon: DshdProcess) -> None:
-    daemon.stop()
+    """Stop the daemon and end every call host it left (hosts outlive a daemon's stop)."""
+    daemon.close()
     shutil.rmtree(daemon.root, ignore_errors=True)
 
 

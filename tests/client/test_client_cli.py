@@ -312,6 +312,13 @@ def test_run_help_documents_the_exit_status():
         assert line in text
 
 
+@pytest.mark.parametrize("command", ["run", "attach", "wait"])
+def test_help_says_that_close_outages_share_the_reconnect_budget(command):
+    text = " ".join(CliRunner().invoke(cli, [command, "--help"]).output.split())
+    assert ("An outage that begins less than 5 s after dshd came back shares the earlier "
+            "outage's budget") in text, text
+
+
 # ---------------------------------------------------------------------- the fake peer
 @pytest.fixture
 async def fake(nursery):

@@ -3,8 +3,10 @@ that never ran or whose outcome is unknown, dshd dying under ``run`` (a real dsh
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import signal
 import socket as _socket
 import tempfile
 
@@ -141,6 +143,9 @@ async def test_wait_for_a_call_dshd_crashed_under_exits_75(own_dshd, tmp_path):
                 if "started" in str(output.get("content")):
                     break
     own_dshd.kill9()
+    host = json.loads((own_dshd.state_dir / "sessions" / sid / "calls" / cid / "host.json")
+                      .read_text())
+    os.kill(int(host["pid"]), signal.SIGKILL)  # its call host dies too: the outcome is lost
     own_dshd.start()  # opening the session repairs it: TOOL_OUTCOME_UNKNOWN
     proc = await dsh(own_dshd.socket, "wait", sid, cid)
     assert proc.returncode == 75, proc.stderr
@@ -148,20 +153,22 @@ async def test_wait_for_a_call_dshd_crashed_under_exits_75(own_dshd, tmp_path):
 
 
 async def test_dshd_dying_under_run_says_how_to_learn_the_outcome(own_dshd, tmp_path):
-    run = await Live(tmp_path, "run").start(own_dshd.socket, "run", "--call-id", "k3", "--",
+    run = await Live(tmp_path, "run").start(own_dshd.socket, "run", "--call-id", "k3",
+                                            "--reconnect-timeout", "1", "--",
                                             "echo started; sleep 100", cwd=tmp_path)
     try:
         await run.until("session ")
         with trio.fail_after(20):
             while "started" not in run.out:
                 await trio.sleep(0.02)
-        own_dshd.kill9()
-        assert await run.wait() == 75  # outcome unknown
+        own_dshd.kill9()  # and it stays away: past --reconnect-timeout, the outcome is unknown
+        assert await run.wait() == 75
     finally:
         run.kill()
     sid = run.err.split("session ", 1)[1].split()[0]
-    assert run.err.splitlines()[-2:] == [
-        "dsh: dshd closed the connection",
-        f"dsh: after restarting dshd, `dsh wait {sid} k3` shows what became of the call",
-    ]
+    last = run.err.splitlines()[-3:]
+    assert last[0] == "dsh: lost dshd; reconnecting (up to 1 s)…", run.err
+    assert last[1].startswith("dsh: dshd did not come back within 1 s (--reconnect-timeout; "
+                              "last attempt: dshd is not running at "), run.err
+    assert last[2] == f"dsh: after restarting dshd, `dsh wait {sid} k3` shows what became of the call"
     assert "Traceback" not in run.err

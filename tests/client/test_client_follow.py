@@ -137,7 +137,7 @@ def test_without_totals_unambiguous_output_is_exact(text, moves):
 
 
 # ---------------------------------------------------------------------- CallOutput
-def _tool(text: str, total: int) -> dict:
+def _tool(text: str, total: int, truncated: bool = False) -> dict:
     return {
         "name": "bash",
         "args": {"command": "x"},
@@ -146,7 +146,8 @@ def _tool(text: str, total: int) -> dict:
         "output": {
             "content": [{"type": "text", "text": text}],
             "details": {},
-            "truncation": {"truncated": False, "truncatedBy": None, "totalBytes": total,
+            "truncation": {"truncated": truncated, "truncatedBy": "bytes" if truncated else None,
+                           "totalBytes": total,
                            "totalLines": 0, "maxBytes": 51200, "maxLines": 2000},
         },
     }
@@ -155,6 +156,7 @@ def _tool(text: str, total: int) -> dict:
 LANE = {"session": {"sessionId": "s"}, "tools": {}, "approvals": {}, "recent": [], "turn": None}
 TEXT = list(text_path("c1"))
 TOTAL = ["tools", "c1", "output", "truncation", "totalBytes"]
+TRUNCATED = ["tools", "c1", "output", "truncation", "truncated"]
 
 
 def _drive(batches):
@@ -171,7 +173,8 @@ def test_call_output_follows_appends_and_slides_exactly():
         [["s", ["tools", "c1"], _tool("", 0)]],
         [["a", TEXT, "ab\n"], ["s", TOTAL, 3]],
         [["a", TEXT, "ab\n"], ["s", TOTAL, 6]],
-        [["t", TEXT, 3], ["a", TEXT, "ab\n"], ["s", TOTAL, 9]],          # slide; repetitive
+        [["t", TEXT, 3], ["a", TEXT, "ab\n"], ["s", TOTAL, 9],          # slide; repetitive
+         ["s", TRUNCATED, True]],
         [["a", TEXT, "end"], ["p", ["recent"], 0, 0, [{"callId": "c1", "exitCode": 0}]],
          ["d", ["tools", "c1"]]],
     ]
@@ -187,7 +190,7 @@ def test_call_output_after_resubscribe_prints_only_what_is_new():
     assert w.update(m.last_ops, m.value) == "one\ntwo\n"
     # A resubscribe: a new stream, whose base shows the window slid and grown.
     m.reset()
-    m.feed(0, [["r", dict(LANE, tools={"c1": _tool("two\nthree\n", 14)})]])
+    m.feed(0, [["r", dict(LANE, tools={"c1": _tool("two\nthree\n", 14, truncated=True)})]])
     assert w.update(m.last_ops, m.value) == "three\n"
     # Then the call settles in a new base: not in sync; the final result gives the tail.
     m.reset()
@@ -200,8 +203,8 @@ def test_call_output_after_resubscribe_prints_only_what_is_new():
 def test_call_output_replaced_text_resyncs():
     batches = [
         [["r", dict(LANE, tools={"c1": _tool("abc", 3)})]],
-        [["s", TEXT, "cdef"], ["s", TOTAL, 6]],                 # an s on the text itself
-        [["s", ["tools", "c1", "output"], _tool("efgh", 8)["output"]]],  # a parent replaced
+        [["s", TEXT, "cdef"], ["s", TOTAL, 6], ["s", TRUNCATED, True]],  # an s on the text
+        [["s", ["tools", "c1", "output"], _tool("efgh", 8, True)["output"]]],  # its parent
     ]
     w, printed = _drive(batches)
     assert printed == "abcdefgh"
@@ -225,6 +228,49 @@ def test_call_that_settled_before_it_was_seen_is_settled_via_recent():
     assert w.update(m.last_ops, m.value) == ""
     assert w.settled
     assert w.finish("all of it\n") == "all of it\n"
+
+
+# "a\0" then "\0\0\xff\xfea\0\0\0": 8 raw bytes since "a" that clean to 7 ("\ufffd\ufffda"),
+# while the whole window is 8 -- a fit the totals would believe. The window is complete.
+CLEANED = "a\ufffd\ufffda"
+
+
+def test_a_complete_window_is_not_reprinted_when_cleaning_fits_the_totals():
+    batches = [
+        [["r", dict(LANE, tools={"c1": _tool("a", 2)})]],
+        [["a", TEXT, CLEANED[1:]], ["s", TOTAL, 10]],
+    ]
+    w, printed = _drive(batches)
+    assert printed == CLEANED
+    assert w.finish(CLEANED, 10, truncated=False) == ""
+
+
+def test_a_complete_result_is_not_reprinted_when_cleaning_fits_the_totals():
+    m, w = Mirror(), CallOutput("c1")
+    m.feed(0, [["r", dict(LANE, tools={"c1": _tool("a", 2)})]])
+    assert w.update(m.last_ops, m.value) == "a"
+    # The call leaves the lane in the flush of its last output: the result has the rest.
+    m.feed(1, [["p", ["recent"], 0, 0, [{"callId": "c1", "exitCode": 0}]],
+               ["d", ["tools", "c1"]]])
+    assert w.update(m.last_ops, m.value) == "" and w.settled
+    assert w.finish(CLEANED, 10, truncated=False) == CLEANED[1:]
+    assert w.printed_bytes == len(CLEANED.encode())
+
+
+def test_a_complete_base_after_a_resubscribe_prints_only_its_rest():
+    m, w = Mirror(), CallOutput("c1")
+    m.feed(0, [["r", dict(LANE, tools={"c1": _tool("a", 2)})]])
+    assert w.update(m.last_ops, m.value) == "a"
+    m.reset()
+    m.feed(0, [["r", dict(LANE, tools={"c1": _tool(CLEANED, 10)})]])
+    assert w.update(m.last_ops, m.value) == CLEANED[1:]
+
+
+def test_a_cut_window_still_goes_by_the_totals():
+    f = Follower()
+    assert f.resync("y\ny\n", total_bytes=4, complete=True) == "y\ny\n"
+    assert f.resync("y\ny\n", total_bytes=6) == "y\n"  # slid: the totals tell
+    assert f.resync("y\ny\nz", total_bytes=7, complete=True) == "z"
 
 
 # ---------------------------------------------------------------------- through the real producer
@@ -275,6 +321,7 @@ def test_call_output_through_tracker_encoder_and_mirror_prints_everything_once(s
             state["unflushed"] += len(chunk)
             tracker.set_text(TEXT, state["full"][-WINDOW:])
             tracker.set(TOTAL, utf8(state["full"]))
+            tracker.set(TRUNCATED, len(state["full"]) > WINDOW)  # with the slide, as dshd does
         elif kind == "flush":
             flush()
         else:  # a resubscribe: a new stream, a fresh encoder and mirror state, a base batch
@@ -289,7 +336,7 @@ def test_call_output_through_tracker_encoder_and_mirror_prints_everything_once(s
     flush()
     assert watcher.settled
     full = state["full"]
-    tail = watcher.finish(full[-WINDOW:], utf8(full))
+    tail = watcher.finish(full[-WINDOW:], utf8(full), len(full) > WINDOW)
     assert "".join(printed) + tail == full
     assert watcher.printed_bytes == utf8(full)
 
@@ -304,7 +351,8 @@ def test_identical_slide_is_invisible_to_ops_but_not_to_totals():
     assert watcher.update(mirror.last_ops, mirror.value) == "ab\nab\n"
     tracker.set_text(TEXT, "ab\nab\n")      # slid by "ab\n", appended "ab\n": same text
     tracker.set(TOTAL, 9)
+    tracker.set(TRUNCATED, True)
     ops = tracker.flush()
-    assert ops == [["s", TOTAL, 9]]         # no text op at all
+    assert [op for op in ops if op[1] == TEXT] == []  # no text op at all
     mirror.feed(1, encoder.encode(ops))
     assert watcher.update(mirror.last_ops, mirror.value) == "ab\n"

@@ -15,7 +15,7 @@ import os
 
 import msgspec
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from protocol.mirror import Mirror
@@ -264,6 +264,14 @@ def test_attach_prints_everything_from_the_first_window_on(run, attach_after):
 
 @settings(max_examples=300, deadline=None)
 @given(runs(UNCLEAN))
+# Cleaning shrank (NULs) and grew (U+FFFD) the text by the same bytes: the totals fitted a
+# reprint of the whole window. The call leaves the lane with its last output (the result
+# gives the tail), or the lane appends it.
+@example((b"a\x00\x00\x00\xff\xfea\x00\x00\x00", [b"a\x00", b"\x00\x00\xff\xfea\x00\x00\x00"],
+          ShellOutputLimits(max_bytes=10, max_lines=1), ["write", "publish"], False))
+@example((b"a\x00\x00\x00\xff\xfea\x00\x00\x00", [b"a\x00", b"\x00\x00\xff\xfea\x00\x00\x00"],
+          ShellOutputLimits(max_bytes=10, max_lines=1), ["write", "publish", "write", "publish"],
+          False))
 def test_cleaned_output_is_never_printed_twice(run):
     """Output dshd cleaned (NUL, \\r, C0, invalid UTF-8) before the spill: what was printed
     live is the cleaned start, the rest comes raw from the spill file -- nothing twice."""

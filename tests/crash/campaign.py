@@ -23,10 +23,22 @@ is kept in a ledger; the checks compare the ledger, the marker files and the log
 * **Logs open.** seq is dense from 0, no tracked session is listed ``damaged``, the offline
   reader never reports corruption, and after the final graceful stop no log is torn.
 
+* **Calls outlive the daemon (issue 13).** A kill -9 leaves every running call in its call
+  host (HOST.md §7): the next daemon re-adopts it or settles it from its exit record. So a
+  call without a ``tool/result`` after a restart is legal while the daemon has it running
+  (``tool.wait`` with a short timeout says so), and every such call must settle before the
+  final check. Besides the short calls, every other round (and any round with fewer than two
+  running) starts a **long call** (``sleep`` 12–20 s, then a random exit code); in half the rounds (the odd ones) the kill waits until
+  at least one long call has been running for ``long_age`` (10) s -- by its marker's mtime,
+  the moment its command started -- and is still running. After the restarts at least
+  ``long_real_share`` (99%) of those calls must settle with their real exit code, none may
+  run twice (its marker has one line) and none may be lost (no result at the end).
+
 The kill lands at a uniformly random moment of the round (sometimes while the daemon still
-opens and repairs the sessions). After each kill every process whose command line carries the
-campaign's token (the tools: each runs in its own process group) is SIGKILLed by process group
-before the next start. Use it from a test with a few iterations, or as a script:
+opens and repairs the sessions). Tools are no longer killed after a kill: they run on and are
+re-adopted. Only at the very end, every process whose command line or environment carries
+the campaign's token is SIGKILLed, and every live call host under the state dir is ended
+(:func:`end_live_hosts`). Use it from a test with a few iterations, or as a script:
 ``python tests/crash/campaign.py --iterations 300`` (exit status 1 when a violation was found).
 """
 
@@ -51,8 +63,9 @@ from protocol.mirror import MirrorBroken
 from client.transport import DshClientError
 from dshd.storage import SessionLog, read_log
 from dshd.storage.errors import StorageError
+from dshd.execution.hostlink import end_host, host_alive, host_record
 from dshd.testing import DshdProcess
-from protocol.rpc import RpcError
+from protocol.rpc import TIMEOUT as WAIT_TIMEOUT, RpcError
 
 OUTCOME_UNKNOWN = "TOOL_OUTCOME_UNKNOWN"
 NOT_STARTED = "TOOL_NOT_STARTED"
@@ -110,6 +123,18 @@ def kill_marked(token: str, timeout: float = 5.0) -> int:
     return len(found)
 
 
+def end_live_hosts(state_dir: Path) -> int:
+    """End every *live* call host under ``state_dir`` (``hostlink.end_host``); how many.
+    (``DshdProcess.close`` also sweeps the token carriers of every dead host, one ``/proc``
+    scan per call dir: minutes for a campaign's thousands of calls; ``kill_marked`` sweeps
+    the campaign's token once instead.)"""
+    ended = 0
+    for call_dir in sorted(Path(state_dir).glob("sessions/*/calls/*")):
+        if host_alive(host_record(call_dir)):
+            ended += end_host(call_dir)
+    return ended
+
+
 # ----------------------------------------------------------------------------- ledger
 @dataclass
 class SessionRecord:
@@ -127,7 +152,22 @@ class SessionRecord:
     announced: set[str] = field(default_factory=set)
     #: callIds whose repair result was already counted.
     counted: set[str] = field(default_factory=set)
+    #: callIds with a tool/call and no tool/result at the last open: running (re-adopted).
+    pending: set[str] = field(default_factory=set)
     dirty: bool = True
+
+
+@dataclass
+class LongCall:
+    """A long call: its session, the exit code it must settle with, how long it sleeps."""
+
+    sid: str
+    code: int
+    seconds: int
+    #: time.time() when its tool.run was answered (its tool/call durable).
+    sent_at: float = 0.0
+    #: Its tool/result was seen (by its waiter or by a verification after a restart).
+    settled: bool = False
 
 
 @dataclass
@@ -148,6 +188,14 @@ class Summary:
     stream_batches: int = 0
     orphan_session_dirs: int = 0
     markers: int = 0
+    long_calls: int = 0
+    long_kills: int = 0
+    long_hit: int = 0
+    long_real: int = 0
+    long_unknown: int = 0
+    long_twice: int = 0
+    long_lost: int = 0
+    adopted_seen: int = 0
     seconds: float = 0.0
     stopped_early: bool = False
     violations: list[str] = field(default_factory=list)
@@ -166,6 +214,13 @@ class Summary:
             f"leftover tool processes killed={self.leftover_tools_killed} "
             f"stream batches={self.stream_batches} orphan session dirs={self.orphan_session_dirs}",
         ]
+        share = f"{100.0 * self.long_real / self.long_hit:.1f}%" if self.long_hit else "n/a"
+        out.append(
+            f"long calls: started={self.long_calls} kills while one ran >= 10 s="
+            f"{self.long_kills} calls running >= 10 s at a kill={self.long_hit}: settled with "
+            f"their real exit code={self.long_real} ({share}) TOOL_OUTCOME_UNKNOWN="
+            f"{self.long_unknown} ran twice={self.long_twice} lost={self.long_lost}; "
+            f"calls still running after a restart (re-adopted)={self.adopted_seen}")
         if self.stopped_early:
             out.append("INCOMPLETE: stopped at the time budget")
         out.append(f"violations={len(self.violations)}")
@@ -184,6 +239,8 @@ class Campaign:
         working_set: int = 3,
         workers_per_session: int = 2,
         iteration_timeout: float = 60.0,
+        long_age: float = 10.0,
+        long_real_share: float = 0.99,
         progress: int = 0,
         log=print,
     ) -> None:
@@ -194,6 +251,13 @@ class Campaign:
         self.working_set = working_set
         self.workers_per_session = workers_per_session
         self.iteration_timeout = iteration_timeout
+        self.long_age = long_age
+        self.long_real_share = long_real_share
+        #: callId -> LongCall, and the long calls that ran >= long_age s at some kill.
+        self.long: dict[str, LongCall] = {}
+        self.long_hit: set[str] = set()
+        #: callId -> its tool/result, from the offline read after the final stop.
+        self.final_results: dict[str, dict] = {}
         self.log = log
         self.progress = progress
         self.token = "dshcrash" + secrets.token_hex(6)
@@ -254,10 +318,10 @@ class Campaign:
                              f"unknown={s.outcome_unknown} violations={len(s.violations)} "
                              f"{time.monotonic() - started:.0f}s")
                 self.daemon.kill9()
-                self.summary.leftover_tools_killed += kill_marked(self.token)
             await self.final_check()
         finally:
             self.daemon.kill9()
+            end_live_hosts(self.daemon.state_dir)
             self.summary.leftover_tools_killed += kill_marked(self.token)
             self.summary.seconds = time.monotonic() - started
             self.summary.sessions = len(self.sessions)
@@ -273,14 +337,59 @@ class Campaign:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.drive, it)
             await trio.sleep(delay)
+            if it % 2 == 1:  # half the rounds: kill while a long call has run >= long_age s
+                hit = await self.wait_for_old_long_calls()
+                self.long_hit |= hit
+                self.summary.long_kills += 1 if hit else 0
             self.daemon.kill9()
             self.summary.kills += 1
             if self._opening:
                 self.summary.kills_while_opening += 1
-            self.summary.leftover_tools_killed += kill_marked(self.token)
             await trio.sleep(0.05)  # responses already on the wire still count
             nursery.cancel_scope.cancel()
         await self.after_kill(it)
+
+    def long_running(self) -> int:
+        """How many durable long calls are not settled and have time left (or are about to start:
+        durable for less than 5 s without its marker; one that never started settles
+        ``TOOL_OUTCOME_UNKNOWN``, and a verification marks it settled)."""
+        now, running = time.time(), 0
+        for cid, call in self.long.items():
+            rec = self.sessions.get(call.sid)
+            if rec is None or cid in rec.acked or call.settled:
+                continue
+            try:
+                running += now < (self.markers / cid).stat().st_mtime + call.seconds - 2.0
+            except FileNotFoundError:
+                running += now - call.sent_at < 5.0
+        return running
+
+    def old_long_calls(self) -> set[str]:
+        """Long calls whose command has run >= long_age s (marker mtime) and still runs (it
+        sleeps a whole number of seconds more; a margin of 1 s for the kill to land)."""
+        now, found = time.time(), set()
+        for cid, call in self.long.items():
+            rec = self.sessions.get(call.sid)
+            if rec is None or cid in rec.acked or call.settled:
+                continue
+            try:
+                started = (self.markers / cid).stat().st_mtime
+            except FileNotFoundError:
+                continue
+            if now - started >= self.long_age and now < started + call.seconds - 1.0:
+                found.add(cid)
+        return found
+
+    async def wait_for_old_long_calls(self) -> set[str]:
+        """Wait (bounded: the round's budget less 20 s) until a long call is old enough."""
+        bound = max(self.iteration_timeout - 20.0, self.long_age + 10.0)
+        with trio.move_on_after(bound):
+            while not (hit := self.old_long_calls()):
+                await trio.sleep(0.05)
+            return hit
+        self.violation(f"no long call reached {self.long_age} s within {bound} s "
+                       "(none started?)")
+        return set()
 
     async def after_kill(self, it: int) -> None:
         """While the daemon is dead: read the logs (never corrupt), sometimes announce a call."""
@@ -334,7 +443,7 @@ class Campaign:
                 for exc in group.exceptions:
                     self.violation(f"unexpected RPC error while the daemon ran: {exc!r}")
 
-    async def verify(self, it: int, *, final: bool = False) -> None:
+    async def verify(self, it: int, *, final: bool = False, settled: bool = False) -> None:
         targets = [r for r in self.sessions.values() if r.dirty or final]
         if not targets:
             return
@@ -349,9 +458,23 @@ class Campaign:
                     elif "damaged" in info:
                         self.violation(f"{rec.sid}: listed damaged: {info['damaged']}")
             for rec in targets:
-                await self.verify_session(c, rec, it)
+                await self.verify_session(c, rec, it, settled=settled)
 
-    async def verify_session(self, c, rec: SessionRecord, it: int) -> None:
+    async def check_running(self, c, rec: SessionRecord, cid: str) -> None:
+        """A call with no result after a restart must be running in the daemon (re-adopted):
+        ``tool.wait`` with a short timeout answers -32010, or its result if it just ended."""
+        try:
+            await c.wait(rec.sid, cid, timeout=0.01)
+        except RpcError as exc:
+            if exc.code != WAIT_TIMEOUT:
+                self.violation(f"{rec.sid}: call {cid} has no tool/result and is not running: "
+                               f"{exc.code} {exc.message}")
+                return
+        rec.pending.add(cid)
+        self.summary.adopted_seen += 1
+
+    async def verify_session(self, c, rec: SessionRecord, it: int, *,
+                             settled: bool = False) -> None:
         sid = rec.sid
         try:
             await c.get_session(sid)  # opens for write: torn-tail fix + repair closers, flushed
@@ -383,10 +506,13 @@ class Campaign:
                 policies += 1
         if policies < rec.policy_acks:
             self.violation(f"{sid}: {rec.policy_acks} policy changes acknowledged, {policies} in log")
+        rec.pending = set()
         for cid, n in calls.items():
             if n != 1:
                 self.violation(f"{sid}: call {cid} has {n} tool/call events (re-run?)")
-            if len(results.get(cid, [])) != 1:
+            if not results.get(cid) and not settled:
+                await self.check_running(c, rec, cid)
+            elif len(results.get(cid, [])) != 1:
                 self.violation(f"{sid}: call {cid} has {len(results.get(cid, []))} tool/result")
         for cid, rs in results.items():
             if cid not in calls and cid not in rec.announced:
@@ -418,6 +544,8 @@ class Campaign:
                 self.violation(f"{sid}: {cid} settled unexpectedly: {res.get('errorCode')} "
                                f"{res.get('content', '')[:200]}")
         for cid, rs in results.items():
+            if cid in self.long:
+                self.long[cid].settled = True
             self.summary.results_checked += 1 if cid not in rec.counted else 0
             code = rs[0].get("errorCode")
             if cid not in rec.counted:
@@ -429,12 +557,12 @@ class Campaign:
                 elif code == NOT_STARTED:
                     self.summary.not_started += 1
         rec.durable = events
-        rec.dirty = False
+        rec.dirty = bool(rec.pending)  # a re-adopted call settles later: look again
         # Idempotency: re-send tool.run for calls that reached the log (must not run again) and
         # for calls that never became durable (safe to retry: they run now, once).
         unknown = [cid for cid in calls if results.get(cid, [{}])[0].get("errorCode") == OUTCOME_UNKNOWN
                    and cid in rec.sent]
-        done = [cid for cid in calls if cid not in unknown and cid in rec.sent]
+        done = [cid for cid in calls if cid not in unknown and cid in rec.sent and results.get(cid)]
         again = unknown[-3:] + self.rng.sample(done, min(1, len(done)))
         for cid in again:
             before = self.marker_lines(cid)
@@ -482,6 +610,8 @@ class Campaign:
                 nursery.start_soon(self.guard, self.stream, rec)
                 for w in range(self.workers_per_session):
                     nursery.start_soon(self.guard, self.worker, rec, it, w)
+            if it % 2 == 0 or self.long_running() < 2:
+                nursery.start_soon(self.guard, self.long_worker, self.rng.choice(live), it)
 
     async def guard(self, fn, *args) -> None:
         try:
@@ -509,6 +639,25 @@ class Campaign:
                 rec.acked[cid] = result
                 self.summary.calls_acked += 1
 
+    async def long_worker(self, rec: SessionRecord, it: int) -> None:
+        """One long call: marker, 12–20 s of sleep, its output, a random exit code."""
+        self._n += 1
+        cid = f"L{it}n{self._n}{secrets.token_hex(2)}"
+        call = LongCall(rec.sid, self.rng.randint(0, 9), self.rng.randint(12, 20))
+        command = (f"printf '%s\\n' {cid} >> {self.markers}/{cid}; sleep {call.seconds}; "
+                   f"echo out-{cid}; exit {call.code}; : {self.token}")
+        async with connect(self.daemon.socket, "crash-campaign") as c:
+            rec.sent[cid] = command
+            self.summary.calls_sent += 1
+            await c.run_tool(rec.sid, command, call_id=cid, approved=True)
+            call.sent_at = time.time()
+            self.long[cid] = call  # durable now: its tool/call is in the log
+            self.summary.long_calls += 1
+            result = await c.wait(rec.sid, cid)
+            rec.acked[cid] = result
+            call.settled = True
+            self.summary.calls_acked += 1
+
     async def stream(self, rec: SessionRecord) -> None:
         async with connect(self.daemon.socket, "crash-campaign") as c:
             sub = await c.subscribe(rec.sid)
@@ -521,6 +670,8 @@ class Campaign:
         with trio.move_on_after(self.iteration_timeout) as scope:
             try:
                 await self.verify(self.summary.iterations, final=True)
+                await self.settle_pending()
+                await self.verify(self.summary.iterations, final=True, settled=True)
             except (RpcError, *CLIENT_GONE) as exc:
                 self.violation(f"final verification failed: {exc!r}")
         if scope.cancelled_caught:
@@ -529,6 +680,42 @@ class Campaign:
         if rc != 0:
             self.violation(f"graceful stop exited {rc}\n{self.daemon.log_tail(10)}")
         self.offline_check()
+        self.long_figures()
+
+    async def settle_pending(self) -> None:
+        """Wait for every call still running after the last restart (long calls: <= 20 s)."""
+        async with connect(self.daemon.socket, "crash-campaign") as c:
+            for rec in self.sessions.values():
+                for cid in sorted(rec.pending):
+                    await c.wait(rec.sid, cid)
+                rec.dirty = True
+
+    def long_figures(self) -> None:
+        """The long calls that ran >= long_age s at a kill: real exit code, once, not lost."""
+        s = self.summary
+        s.long_hit = len(self.long_hit)
+        for cid in sorted(self.long_hit):
+            call = self.long[cid]
+            res = self.final_results.get(cid)
+            lines = self.marker_lines(cid)
+            if lines is not None and len(lines) > 1:
+                s.long_twice += 1
+                self.violation(f"long call {cid} ran {len(lines)} times")
+            if res is None:
+                s.long_lost += 1
+                self.violation(f"long call {cid} has no tool/result at the end (lost)")
+            elif res.get("errorCode") == OUTCOME_UNKNOWN:
+                s.long_unknown += 1
+            elif res.get("exitCode") == call.code and not res.get("errorCode"):
+                s.long_real += 1
+                if f"out-{cid}" not in res.get("content", ""):
+                    self.violation(f"long call {cid} settled without its output")
+            else:
+                self.violation(f"long call {cid} settled {res.get('exitCode')} "
+                               f"{res.get('errorCode')}, not its exit code {call.code}")
+        if s.long_hit and s.long_real < self.long_real_share * s.long_hit:
+            self.violation(f"only {s.long_real} of {s.long_hit} long calls settled with their "
+                           f"real exit code (< {100 * self.long_real_share:.0f}%)")
 
     def offline_check(self) -> None:
         """After a graceful stop: every log reads clean; markers match logs globally."""
@@ -548,6 +735,8 @@ class Campaign:
             if read.torn:
                 self.violation(f"{d.name}: torn after a graceful stop")
             ids = [e.data.get("callId") for e in read.events if e.type == "tool/call"]
+            self.final_results.update({e.data.get("callId"): e.data for e in read.events
+                                       if e.type == "tool/result"})
             results = [e.data.get("callId") for e in read.events if e.type == "tool/result"]
             called.update(ids)
             if len(ids) != len(set(ids)):

@@ -65,8 +65,9 @@ import trio.testing
 from dshd.config import Config, ModelConfig
 from dshd.execution.sandbox import probe
 from dshd.daemon import Daemon
-from dshd.server import peer_gone, serve_stream, stop_gracefully
+from dshd.server import peer_gone, serve_stream, stop_gracefully, stop_sessions
 from dshd.storage.lock import DaemonLock
+from dshd.testing import end_hosts
 from protocol.apply import apply, is_base
 from protocol.codec import Decoder
 
@@ -418,16 +419,26 @@ class DaemonUnderTest:
             async with trio.open_nursery() as outer:
                 self._outer = outer
                 await outer.start(self.daemon.registry.run)
+                await self.daemon.registry.resume_unsettled()  # as serve does before accepting
                 async with trio.open_nursery() as handlers:
                     self._handlers = handlers
                     task_status.started(self)
                     await trio.sleep_forever()
         finally:
             lock.release()
+            # Call hosts outlive a daemon that detaches on stop: end every one it left.
+            end_hosts(self.state_dir)
             self.stopped.set()
 
+    async def stop_sessions(self) -> None:
+        """The sessions' share of a graceful stop alone (``dshd.server.stop_sessions``):
+        what a test checks before :meth:`stop` ends the call hosts a detaching stop left."""
+        assert self.daemon is not None
+        await stop_sessions(self.daemon)
+
     async def stop(self) -> None:
-        """Graceful stop as ``serve`` does it on SIGTERM (module doc)."""
+        """Graceful stop as ``serve`` does it on SIGTERM (module doc); then every call host
+        a detaching stop left is ended (``dshd.testing.end_hosts``)."""
         assert self.daemon is not None and self._handlers and self._outer
         await stop_gracefully(self.daemon)
         self._handlers.cancel_scope.cancel()

@@ -1,13 +1,26 @@
-"""Graceful stop with calls in every state (PROTOCOL.md §3.6, EXEC.md §1, STORAGE.md §5):
-each call settles with the code of the state it was in, durably, so a restarted daemon reads
-the results from the log with nothing left for the crash repair. Harness: ``conftest.py``."""
+"""Graceful stop with calls in every state (PROTOCOL.md §3.6, EXEC.md §1, STORAGE.md §5).
+
+With ``on_stop = "cancel"`` each call settles with the code of the state it was in, durably,
+so a restarted daemon reads the results from the log with nothing left for the crash repair.
+With ``on_stop = "detach"`` (the default, HOST.md §7) a running call and a call waiting for
+approval are left for the next daemon: nothing is recorded for them. Harness: ``conftest.py``."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import trio
 
+from dshd.storage.reader import read_log
+
 from .conftest import running_daemon
+
+
+@pytest.fixture
+def daemon_overrides() -> dict:
+    """The old stop unless a test says otherwise (``on_stop = "cancel"``)."""
+    return {"on_stop": "cancel"}
 
 
 def output(lane, call_id: str) -> str:
@@ -83,7 +96,7 @@ async def test_shutdown_ends_a_running_turn_interrupted(daemon, daemon_clock, nu
         assert result["errorCode"] == "APPROVAL_CANCELLED"
 
 
-@pytest.mark.parametrize("daemon_overrides", [{"kill_grace_seconds": 30.0,
+@pytest.mark.parametrize("daemon_overrides", [{"kill_grace_seconds": 30.0, "on_stop": "cancel",
                                                "stop_timeout_seconds": 10.0}])
 async def test_a_call_that_ignores_term_cannot_stretch_the_stop(daemon, daemon_clock, nursery,
                                                                 tmp_path, daemon_overrides):
@@ -122,3 +135,90 @@ async def test_a_stop_sends_every_answer_in_flight(daemon, daemon_clock, nursery
     assert all(a is not None for a in answers), (
         f"{sum(a is None for a in answers)} of 20 answers were dropped at the stop")
     assert {a["result"]["errorCode"] for a in answers} == {"TOOL_CANCELLED"}
+
+
+@pytest.mark.parametrize("daemon_overrides", [{"on_stop": "detach"}])
+async def test_a_request_during_a_detaching_stop_does_not_reopen_the_session(
+        daemon, daemon_clock, nursery, daemon_overrides):
+    """A client still connected during the stop names the session after it closed (a
+    ``tool.wait``, a reconnecting answerer): it is told the daemon stops (-32014), and the
+    session is not opened again -- a reopened one re-asked its pending approval in the dying
+    daemon and cancelled it at its end (``approval/decided cancelled``), so the call never ran
+    after the restart."""
+    wire = await daemon.connect(approvals=True, nursery=nursery)
+    sid = await daemon.create_session(wire, approvalPolicy="ask")
+    lane = await wire.subscribe(sid)
+    asking = await wire.run(sid, f"touch {daemon.workdir / 'ran'}", approved=False)
+    await wire.wait_lane(lane, lambda l: l.approval_for(asking), "the approval request")
+    session = daemon.daemon.registry.open[sid]
+    answers: list = []
+
+    async def stop() -> None:
+        await daemon.stop_sessions()
+
+    async with trio.open_nursery() as stopping:
+        stopping.start_soon(stop)
+        await session.finished.wait()
+        answers.append(await wire.error("session.get", {"sessionId": sid}))
+    await daemon.stop()
+    [err] = answers
+    assert err.code == -32014 and "stopping" in err.message, err
+    events = read_log(daemon.state_dir / "sessions" / sid, sid).events
+    assert not [e for e in events if e.type == "approval/decided"], events
+
+
+@pytest.mark.parametrize("daemon_overrides", [{"on_stop": "detach"}])
+async def test_a_detaching_stop_leaves_running_and_asking_calls(daemon, daemon_clock, nursery,
+                                                                fsync_gate, daemon_overrides):
+    """``on_stop = "detach"``: the running call's host runs on with no ``tool/result`` and no
+    ``terminate``; the asking call's ``approval/asked`` stays undecided (no ``cancelled``);
+    the call in the barrier (nothing ran) is aborted as before."""
+    wire = await daemon.connect(approvals=True, nursery=nursery)
+    sid = await daemon.create_session(wire, approvalPolicy="ask")
+    lane = await wire.subscribe(sid)
+    marker = daemon.workdir / "ran"
+    running = await wire.run(sid, "echo started; sleep 1000")
+    await wire.wait_lane(lane, lambda l: "started" in output(l, running), "the running call")
+    asking = await wire.run(sid, f"touch {marker}", approved=False)
+    await wire.wait_lane(lane, lambda l: l.approval_for(asking), "the approval request")
+    slow = await daemon.create_session(wire)
+    fsync_gate.hold(slow)
+    in_barrier = await wire.run(slow, f"touch {marker}")
+    await fsync_gate.wait_held()
+    call_dir = daemon.state_dir / "sessions" / sid / "calls" / running
+    host = json.loads((call_dir / "host.json").read_text())
+    assert host["onDaemonLoss"] == "keep"
+    alive_after_stop = []
+
+    async def stop() -> None:
+        await daemon.stop_sessions()
+        alive_after_stop.append(proc_alive(host))
+
+    async with trio.open_nursery() as stopping:
+        stopping.start_soon(stop)
+        # The slow session has applied the stop (its barrier call is cancelled) before its
+        # disk answers: checkpoints only, no virtual time (a held fsync's thread stops it).
+        sessions = list(daemon.daemon.registry.open.values())
+        while not all(s._calls.stopping for s in sessions):
+            await trio.lowlevel.checkpoint()
+        fsync_gate.release()
+    await daemon.stop()
+    assert alive_after_stop == [True], "the detached call's host must run on"
+    assert not marker.exists()
+    events = read_log(daemon.state_dir / "sessions" / sid, sid).events
+    assert [e.data["callId"] for e in events if e.type == "tool/result"] == []
+    [asked] = [e.data for e in events if e.type == "approval/asked"
+               and e.data["callId"] == asking]
+    assert not [e for e in events if e.type == "approval/decided"
+                and e.data["approvalId"] == asked["approvalId"]]
+    slow_events = read_log(daemon.state_dir / "sessions" / slow, slow).events
+    [aborted] = [e.data for e in slow_events if e.type == "tool/result"]
+    assert aborted["callId"] == in_barrier
+    assert aborted["errorCode"] == "ABORTED_BEFORE_DISPATCH"
+
+
+def proc_alive(record: dict) -> bool:
+    from dshd.callhost import tree
+
+    st = tree.proc_stat(record["pid"])
+    return st is not None and st.start_time == record["startTime"]

@@ -3,6 +3,8 @@ root, since a Unix socket path is limited to 107 bytes), a workspace, and log he
 
 from __future__ import annotations
 
+import signal
+
 import shutil
 import tempfile
 from pathlib import Path
@@ -29,7 +31,7 @@ def daemon(root):
     try:
         yield d
     finally:
-        d.kill9()
+        d.close(signal.SIGKILL)
 
 
 @pytest.fixture

@@ -118,4 +118,4 @@ async def test_full_disk_fails_closed_and_recovers(root, tmpfs_state, workdir, t
             assert (await c.wait(sid, four))["exitCode"] == 0
         assert daemon.stop(signal.SIGTERM) == 0
     finally:
-        daemon.kill9()
+        daemon.close(signal.SIGKILL)

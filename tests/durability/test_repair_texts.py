@@ -39,6 +39,8 @@ async def _kill_while_running(daemon, workdir, token) -> tuple[str, str]:
             while not (sidecar.exists() and b"second-line" in sidecar.read_bytes()):
                 await trio.sleep(0.05)
     daemon.kill9()
+    # The call host outlives the daemon (HOST.md §7): its death too makes the outcome unknown.
+    daemon.kill_hosts()
     kill_marked(token)  # an orphaned tool, if the sandbox did not take it down with dshd
     daemon.start()
     return sid, cid

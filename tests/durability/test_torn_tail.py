@@ -11,7 +11,7 @@ import pytest
 from client.api import connect
 from dshd.storage import read_log
 
-from .helpers import OUTCOME_UNKNOWN_TEXT, all_events, as_dicts, assert_paired, frames, log_path
+from .helpers import all_events, as_dicts, assert_paired, frames, log_path
 
 
 @pytest.mark.parametrize("cut", [3, 9], ids=["checksum-cut", "block-cut"])
@@ -49,10 +49,11 @@ async def test_torn_tail_keeps_complete_records_and_continues(daemon, workdir, c
         if cut == 3:
             assert after == before and result["content"] == "last\n"
         else:
-            # Crash repair closed the call whose result was torn off; it is never re-run.
+            # The call whose result was torn off is settled again from its host's exit
+            # record (HOST.md §7: real exit code, a note); it is never re-run.
             assert [e["type"] for e in after[len(kept):]] == ["tool/result"]
-            assert result["errorCode"] == "TOOL_OUTCOME_UNKNOWN" and result["isError"] is True
-            assert result["content"].startswith(OUTCOME_UNKNOWN_TEXT)
+            assert result["exitCode"] == 0 and "errorCode" not in result, result
+            assert result["content"] == "last\n" and "call host" in result["message"]
         assert await all_events(c, other) == other_before
         # The next call lands after the kept records, and is durable once tool.wait answers.
         nxt = await c.run_tool(sid, "echo next", approved=True)
@@ -91,7 +92,9 @@ async def test_torn_plain_log_line(root, workdir):
         async with connect(daemon.socket) as c:
             after = await all_events(c, sid)
             assert after[:-1] == before[:-1]
-            assert after[-1]["data"]["errorCode"] == "TOOL_OUTCOME_UNKNOWN"
+            # Settled again from the host's exit record (HOST.md §7), not lost.
+            assert after[-1]["data"]["exitCode"] == before[-1]["data"]["exitCode"]
+            assert "call host" in after[-1]["data"]["message"]
             nxt = await c.run_tool(sid, "echo again", approved=True)
             assert (await c.wait(sid, nxt))["exitCode"] == 0
             final = await all_events(c, sid)
@@ -99,4 +102,4 @@ async def test_torn_plain_log_line(root, workdir):
         read = read_log(path.parent, sid)
         assert not read.torn and as_dicts(read.events) == final
     finally:
-        daemon.kill9()
+        daemon.close(signal.SIGKILL)

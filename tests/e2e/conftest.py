@@ -58,7 +58,7 @@ def running_daemon(config: str = "", extra_args: tuple[str, ...] = (), prefix: s
         d.start()
         yield d
     finally:
-        d.stop()
+        d.close()
         shutil.rmtree(root, ignore_errors=True)
 
 

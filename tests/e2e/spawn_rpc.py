@@ -113,5 +113,5 @@ class Daemon(DshdProcess):
         return self
 
     def __exit__(self, *exc) -> None:
-        self.stop()
+        self.close()  # the daemon and every call host it left (HOST.md §7)
         shutil.rmtree(self.root, ignore_errors=True)

@@ -48,7 +48,7 @@ def tiny_daemon():
     try:
         yield d
     finally:
-        d.stop()
+        d.close()
         shutil.rmtree(root, ignore_errors=True)
 
 

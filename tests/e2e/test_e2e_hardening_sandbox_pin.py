@@ -253,4 +253,4 @@ def test_a_session_created_through_a_symlink_stores_the_resolved_directory(tmp_p
         assert (real / "made").read_text() == "x\n"
         w.close()
     finally:
-        d.stop()
+        d.close()

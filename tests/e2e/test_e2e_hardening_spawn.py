@@ -110,8 +110,10 @@ def test_a_command_ignoring_term_is_killed_with_its_whole_tree(provider_daemon, 
 
 
 def test_daemon_stop_runs_the_commands_term_trap(workdir):
+    """Under ``on_stop = "cancel"`` a daemon stop ends a call with TERM first (its trap runs);
+    the default ``"detach"`` leaves it running (tests/daemon/test_restart.py, issue 13)."""
     for provider in PROVIDERS:
-        with Daemon(f'sandbox_provider = "{provider}"\n') as d:
+        with Daemon(f'sandbox_provider = "{provider}"\non_stop = "cancel"\n') as d:
             rpc = d.rpc()
             sid = rpc.session(workdir)
             out = workdir / f"trap-{provider}"
@@ -219,7 +221,7 @@ def test_pass_env_refuses_dshs_own_variables(workdir):
         with pytest.raises(RuntimeError, match=r"DSH_.*pass_env\[0\]"):
             d.start()
     finally:
-        d.stop()
+        d.close()
 
 
 def _as_big(user, socket_path: Path, requests: list, scratch: Path) -> list:

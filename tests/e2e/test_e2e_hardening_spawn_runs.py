@@ -59,8 +59,11 @@ def test_stopping_a_call_spares_another_sessions_call_with_the_same_call_id(prov
 
 
 def test_a_landlock_command_dies_with_a_killed_daemon(workdir):
+    """Under ``on_stop = "cancel"`` (a host spec with ``on_daemon_loss = "terminate"``) a
+    killed daemon's command dies; the default ``"detach"`` keeps it for the next daemon to
+    adopt (tests/daemon/test_restart.py, issue 13)."""
     tag = f"dsh-pdeath-{os.getpid()}-{time.monotonic_ns()}"
-    with Daemon('sandbox_provider = "landlock"\n') as d:
+    with Daemon('sandbox_provider = "landlock"\non_stop = "cancel"\n') as d:
         rpc = d.rpc()
         sid = rpc.session(workdir)
         # The shell itself writes the marker: killing it (not just its sleep) prevents it.

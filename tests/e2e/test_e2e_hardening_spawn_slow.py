@@ -51,7 +51,7 @@ def test_dsh_run_of_a_15_s_silent_command_exits_with_its_code(workdir):
         r = d.dsh("run", "--", "sh", "-c", "sleep 15; echo done; exit 7", cwd=str(workdir),
                   timeout=120)
     finally:
-        d.stop()
+        d.close()
         shutil.rmtree(root, ignore_errors=True)
     assert r.returncode == 7, (r.returncode, r.stdout, r.stderr)
     assert "done" in r.stdout

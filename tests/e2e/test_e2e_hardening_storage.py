@@ -112,7 +112,7 @@ async def test_a_crashed_session_settles_its_calls_and_reopens(root, workdir, mo
         assert calls == [first, sleeper, tripper, after] and set(results) == set(calls)
         assert results[sleeper] == long  # the result the client got is the one on disk
     finally:
-        daemon.stop()
+        daemon.close()
     crashed = [e for e in log_lines(daemon) if e.get("event") == "session.crashed"]
     assert len(crashed) == 1 and crashed[0]["session"] == a
     assert "InjectedFault" in crashed[0]["error"]

@@ -61,7 +61,7 @@ async def test_a_moved_state_directory_stops_session_create_and_open(daemon, wor
             assert sorted(os.listdir(state / "sessions")) == [theirs]
             assert second.proc.poll() is None
         finally:
-            second.stop()
+            second.close()
     moved = _events(daemon.log_path, "storage.state_dir_moved")
     assert len(moved) == 1 and str(state) in moved[0]["reason"], moved
     assert daemon.proc.poll() is None

@@ -116,5 +116,5 @@ def test_sighup_applies_reloadable_keys_and_refuses_fixed_ones(short_dir, workdi
         assert _sessions(d)[third_id]["approvalPolicy"] == "never"
         assert d.running
     finally:
-        d.stop()
+        d.close()
         notify.close()

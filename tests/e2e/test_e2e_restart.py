@@ -60,7 +60,9 @@ async def test_log_is_plain_jsonl_under_zstdcat(daemon, workdir):
     assert results and results[0]["data"]["content"] == "on disk\n"
 
 
-async def test_graceful_stop_cancels_running_calls(daemon, workdir):
+async def test_graceful_stop_detaches_running_calls(daemon, workdir):
+    """A SIGTERM (``on_stop = "detach"``, the default) leaves the call running under its host;
+    the restarted daemon adopts it (HOST.md §7) and a cancel then ends it."""
     async with connect(daemon.socket) as c:
         sid = await c.create_session(str(workdir))
         cid = await c.run_tool(sid, "echo started; sleep 100", approved=True)
@@ -72,6 +74,8 @@ async def test_graceful_stop_cancels_running_calls(daemon, workdir):
     assert daemon.stop(signal.SIGTERM) == 0
     daemon.start()
     async with connect(daemon.socket) as c:
+        assert (await c.get_session(sid))["running"] == 1  # adopted: still running
+        assert await c.cancel(sid, cid) is True
         result = await c.wait(sid, cid)
     assert result["errorCode"] == "TOOL_CANCELLED" and result["isError"] is True
     assert result["content"].startswith("started\n")

@@ -92,7 +92,7 @@ def low_fd_daemon():
     try:
         yield d
     finally:
-        d.stop()
+        d.close()
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -100,7 +100,7 @@ async def test_forced_none_provider_fails_closed(workdir, outside):
             cid = await c.run_tool(free, f"touch {marker}", approved=True)
             assert (await c.wait(free, cid))["exitCode"] == 0 and marker.exists()
     finally:
-        d.stop()
+        d.close()
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -118,7 +118,7 @@ async def test_forced_landlock_is_partial_and_still_confines(workdir, outside):
         assert (workdir / "in").exists() and not (outside / "out").exists()
         assert result["details"]["sandbox"] == {"provider": "landlock", "completeness": "partial"}
     finally:
-        d.stop()
+        d.close()
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -70,7 +70,7 @@ def system_daemon():
     try:
         yield d, member, stranger, mine, secret
     finally:
-        d.stop()
+        d.close()
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -121,6 +121,8 @@ def test_units_are_well_formed(scope, short_dir):
     assert d["WatchdogSec"] == "30" and d["ExecReload"] == "/bin/kill -HUP $MAINPID"
     # The one stop budget: stop_timeout_seconds' default (10 s) plus the 5 s margin.
     assert d["TimeoutStopSec"] == "15" == str(unit_timeout_stop_sec())
+    # A stop or restart signals dshd alone: running calls' hosts stay (HOST.md §7, on_stop).
+    assert d["KillMode"] == "process"
     assert d["ExecStart"].startswith(str(Path(sys.executable).parent / "dshd"))
     assert ("--system" in d["ExecStart"]) == (scope == "system")
     # Tools run in workspaces anywhere (/tmp too) and full-access tools inherit the namespaces.

@@ -60,7 +60,7 @@ def peer():
         yield p, root
         p.sock.close()
     finally:
-        daemon.stop()
+        daemon.close()
         shutil.rmtree(root, ignore_errors=True)
 
 

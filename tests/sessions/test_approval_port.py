@@ -15,6 +15,7 @@ import trio
 from dshd import errors
 from dshd.results import CallFailed
 from dshd.sessions.approval import ApprovalDesk
+from dshd.storage.errors import StorageError
 
 
 @dataclass
@@ -35,6 +36,7 @@ class FakePort:
         self.events: list[tuple[str, dict]] = []
         self.shown: dict[str, object] = {}
         self.changed = trio.Event()
+        self.durable = -1
 
     def record(self, type_: str, data: dict) -> int:
         if type_ == self.fail_on:
@@ -42,7 +44,14 @@ class FakePort:
         self.events.append((type_, data))
         return len(self.events) - 1
 
+    async def wait_durable(self, seq: int) -> None:
+        await trio.lowlevel.checkpoint()
+        if self.fail_on == "durable":
+            raise StorageError("fsync says no")
+        self.durable = max(self.durable, seq)
+
     def show_approval(self, approval_id, request) -> None:
+        assert self.durable >= seq_of(self.events, approval_id), "shown before it was durable"
         self.shown[approval_id] = request
         self.changed.set()
 
@@ -51,6 +60,12 @@ class FakePort:
 
     def decided(self) -> list[tuple[str, str]]:
         return [(d["outcome"], d["by"]) for t, d in self.events if t == "approval/decided"]
+
+
+def seq_of(events: list[tuple[str, dict]], approval_id: str) -> int:
+    """Seq (index) of the ``approval/asked`` of ``approval_id``; -1 for a re-ask's (logged)."""
+    return next((i for i, (t, d) in enumerate(events)
+                 if t == "approval/asked" and d["approvalId"] == approval_id), -1)
 
 
 async def _gate(desk: ApprovalDesk, call: FakeCall) -> str:
@@ -134,6 +149,17 @@ async def test_an_audit_that_cannot_be_recorded_rejects():
         port = FakePort(fail_on=fail_on)
         assert await _gate(ApprovalDesk(port, "s-1"), FakeCall(approved=True)) == \
             "APPROVAL_REJECTED"
+
+
+async def test_an_ask_that_cannot_be_made_durable_rejects_without_showing_it():
+    """A request is shown only once its ``approval/asked`` is durable (so a kill -9 cannot
+    lose a request a person saw); when the flush fails, the call is rejected unseen."""
+    port = FakePort(fail_on="durable")
+    desk = ApprovalDesk(port, "s-1")
+    desk.answerer_joined("sub-1")
+    with trio.fail_after(5):  # liveness: a gate that shows it would wait for a decision
+        assert await _gate(desk, FakeCall()) == "APPROVAL_REJECTED"
+    assert port.decided() == [("rejected", "policy")] and not port.changed.is_set()
 
 
 def test_an_unknown_approval_is_not_found():
