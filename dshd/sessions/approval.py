@@ -216,12 +216,7 @@ class ApprovalDesk:
         else:
             await self._ask(p, ApprovalRequest(call.call_id, call.name, summary,
                                                time.time_ns() // 1_000_000), asked_seq)
-        assert p.outcome is not None and p.by is not None
-        if not self._record(p):
-            raise refused("audit")
-        if p.outcome == "allowed-once":
-            return
-        raise refused(p.why or p.outcome)
+        self._conclude(p)
 
     async def reask(self, call: GateCall, approval_id: str, *, grace: float) -> None:
         """Ask ``approval_id`` again after a restart (module doc: re-ask); ``grace`` seconds
@@ -239,12 +234,16 @@ class ApprovalDesk:
                 nursery.start_soon(self._grace, p)
                 await self._ask(p, request)
                 nursery.cancel_scope.cancel()
+        self._conclude(p)
+
+    def _conclude(self, p: _Pending) -> None:
+        """Record the decision; return on ``allowed-once``, else raise its CallFailed (an
+        audit that cannot be recorded rejects: there is no unrecorded grant)."""
         assert p.outcome is not None and p.by is not None
         if not self._record(p):
             raise refused("audit")
-        if p.outcome == "allowed-once":
-            return
-        raise refused(p.why or p.outcome)
+        if p.outcome != "allowed-once":
+            raise refused(p.why or p.outcome)
 
     async def _grace(self, p: _Pending) -> None:
         """At the end of a re-ask's grace, no answerer attached → unavailable."""

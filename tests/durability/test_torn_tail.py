@@ -42,10 +42,11 @@ async def test_torn_tail_keeps_complete_records_and_continues(daemon, workdir, c
 
     daemon.start()
     async with connect(daemon.socket) as c:
+        # The torn-off call settles in a task of the reopened session: its result first.
+        result = await c.wait(sid, last)
         after = await all_events(c, sid)
         assert after[: len(kept)] == kept
         assert_paired(after)
-        result = await c.wait(sid, last)
         if cut == 3:
             assert after == before and result["content"] == "last\n"
         else:
@@ -90,6 +91,7 @@ async def test_torn_plain_log_line(root, workdir):
         path.write_bytes(data[:-7])  # the last line (the tool/result) loses its end
         daemon.start()
         async with connect(daemon.socket) as c:
+            await c.wait(sid, cid)  # settled again in a task of the reopened session
             after = await all_events(c, sid)
             assert after[:-1] == before[:-1]
             # Settled again from the host's exit record (HOST.md §7), not lost.
