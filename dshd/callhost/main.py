@@ -99,17 +99,8 @@ def host_record(spec: dict, pid: int, start_time: int, command_pid: int | None) 
         "uid": spec["user"]["uid"] if spec["user"] else os.geteuid(),
         "commandPid": command_pid, "killGrace": spec["kill_grace"],
         "onDaemonLoss": spec["on_daemon_loss"], "daemon": spec["daemon"],
-        "bootId": _boot_id(),
+        "bootId": tree.boot_id(),
     }
-
-
-def _boot_id() -> str | None:
-    """This boot's id: a ``host.json`` of an earlier boot names a pid of nobody's call."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
-            return f.read(64).decode("ascii", "replace").strip()
-    except OSError:
-        return None
 
 
 def _host(spec: dict) -> int:

@@ -43,6 +43,16 @@ class ProcStat:
         self.ppid, self.pgid, self.comm, self.start_time = ppid, pgid, comm, start_time
 
 
+def boot_id() -> str | None:
+    """This boot's id (``/proc/sys/kernel/random/boot_id``): a pid and start time recorded in
+    an earlier boot name nobody's process now."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+            return f.read(64).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+
+
 def proc_stat(pid: int | str) -> ProcStat | None:
     """The stat of a live (not zombie) process; None when it is gone or a zombie."""
     try:

@@ -110,14 +110,6 @@ def host_record(directory: Path) -> dict | None:
     return value if ok else None
 
 
-def _boot_id() -> str | None:
-    try:
-        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
-            return f.read(64).decode("ascii", "replace").strip()
-    except OSError:
-        return None
-
-
 def _is_call_host(pid: int) -> bool:
     """``pid`` runs as this uid and is a call host (``.../callhost/main.py`` in its argv)."""
     try:
@@ -142,7 +134,7 @@ def host_alive(record: dict | None) -> bool:
     if not isinstance(pid, int) or pid <= 1 or not isinstance(start_time, int):
         return False
     boot = record.get("bootId")
-    if boot is not None and boot != _boot_id():
+    if boot is not None and boot != tree.boot_id():
         return False
     st = tree.proc_stat(pid)
     return st is not None and st.start_time == start_time and _is_call_host(pid)
