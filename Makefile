@@ -82,7 +82,7 @@ stop:
 	else echo "stopped dshd (pid $$pid)"; fi
 
 test: install-test
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q -n 4 --dist loadfile
 
 bench: install-test
 	$(BIN)/python -m bench
