@@ -124,6 +124,23 @@ def output_reaches(rpc: Rpc, sid: str, cid: str, line: str) -> bool:
     return f"\n{line}\n" in "\n" + base64.b64decode(r["data"]).decode()
 
 
+def stopped_with_dead_host(d: Daemon, work: Path, printed: str) -> tuple[str, str, dict]:
+    """A loop call that has printed ``printed``, the daemon stopped (detach), then its host
+    SIGKILLed while no daemon runs and the command's processes ended as an operator would
+    (Landlock and none leave them running a moment): ``(sid, cid, host.json)``."""
+    rpc = d.rpc()
+    sid = rpc.session(work)
+    cid = start_loop(rpc, sid, work, n=400, code=0, pause=0.2)
+    wait_for(lambda: output_reaches(rpc, sid, cid, printed), f"the loop printed {printed}")
+    record = host_json(d, sid, cid)
+    rpc.close()
+    assert d.stop(signal.SIGTERM) == 0
+    os.kill(record["pid"], signal.SIGKILL)
+    wait_for(lambda: not host_alive(record), "the host is gone")
+    tree.kill_tree(-1, None, None, f"{record['tokenVar']}={record['token']}", os.geteuid())
+    return sid, cid, record
+
+
 def restart(d: Daemon, how: str) -> None:
     if how == "sigterm":
         assert d.stop(signal.SIGTERM) == 0
@@ -204,17 +221,7 @@ def test_a_host_killed_while_the_daemon_was_down_is_outcome_unknown(restartable,
     """The host died too (kill -9 while no daemon ran): ``TOOL_OUTCOME_UNKNOWN`` with the last
     window -- the pending-output sidecar's, or without one the tail of the call's own log."""
     d = restartable()
-    rpc = d.rpc()
-    sid = rpc.session(work)
-    cid = start_loop(rpc, sid, work, n=200, code=0, pause=0.2)
-    wait_for(lambda: output_reaches(rpc, sid, cid, "3"), "the loop printed 3")
-    record = host_json(d, sid, cid)
-    rpc.close()
-    assert d.stop(signal.SIGTERM) == 0
-    os.kill(record["pid"], signal.SIGKILL)
-    wait_for(lambda: not host_alive(record), "the host is gone")
-    # Its command may run on a moment (Landlock, none): end it as an operator would.
-    tree.kill_tree(-1, None, None, f"{record['tokenVar']}={record['token']}", os.geteuid())
+    sid, cid, _ = stopped_with_dead_host(d, work, "3")
     if sidecar == "lost":
         (d.state_dir / "sessions" / sid / "pending" / f"{cid}.ops.jsonl").unlink(missing_ok=True)
     d.start()
@@ -246,16 +253,7 @@ def test_a_stale_host_json_with_a_reused_pid_is_never_adopted(restartable, work)
     ``startTime`` differs): the call is not adopted (TOOL_OUTCOME_UNKNOWN) and the unrelated
     process is left alone."""
     d = restartable()
-    rpc = d.rpc()
-    sid = rpc.session(work)
-    cid = start_loop(rpc, sid, work, n=200, code=0, pause=0.2)
-    wait_for(lambda: output_reaches(rpc, sid, cid, "1"), "the loop printed 1")
-    record = host_json(d, sid, cid)
-    rpc.close()
-    assert d.stop(signal.SIGTERM) == 0
-    os.kill(record["pid"], signal.SIGKILL)
-    wait_for(lambda: not host_alive(record), "the host is gone")
-    tree.kill_tree(-1, None, None, f"{record['tokenVar']}={record['token']}", os.geteuid())
+    sid, cid, record = stopped_with_dead_host(d, work, "1")
     stranger = subprocess.Popen(["sleep", "300"])
     try:
         path = call_dir(d, sid, cid) / "host.json"

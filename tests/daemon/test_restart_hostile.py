@@ -25,23 +25,8 @@ from dshd.execution.hosted import HostStartError, connect
 
 from .test_restart import (
     LIVENESS, call_dir, host_alive, host_json, output_reaches, restartable, start_loop,  # noqa: F401
-    wait_for, work,  # noqa: F401
+    stopped_with_dead_host, wait_for, work,  # noqa: F401
 )
-
-
-def _stopped_with_dead_host(d, rpc, work: Path) -> tuple[str, str, dict]:
-    """A loop call, the daemon stopped (detach), its host SIGKILLed and its tree swept:
-    ``(sid, cid, host.json)``."""
-    sid = rpc.session(work)
-    cid = start_loop(rpc, sid, work, n=400, code=0, pause=0.2)
-    wait_for(lambda: output_reaches(rpc, sid, cid, "1"), "the loop printed 1")
-    record = host_json(d, sid, cid)
-    rpc.close()
-    assert d.stop(signal.SIGTERM) == 0
-    os.kill(record["pid"], signal.SIGKILL)
-    wait_for(lambda: not host_alive(record), "the host is gone")
-    tree.kill_tree(-1, None, None, f"{record['tokenVar']}={record['token']}", os.geteuid())
-    return sid, cid, record
 
 
 def _carriers(token: str) -> list[int]:
@@ -65,7 +50,7 @@ def test_a_host_json_naming_a_live_process_that_is_no_call_host_is_never_signall
     a token variable that every process of the user carries: neither the process nor the
     user's other processes are signalled, and the call is unknown."""
     d = restartable()
-    sid, cid, record = _stopped_with_dead_host(d, d.rpc(), work)
+    sid, cid, record = stopped_with_dead_host(d, work, "1")
     env = {**os.environ, "DSH_FORGED": "x"}
     stranger = subprocess.Popen(["sleep", "300"], env=env)
     bystander = subprocess.Popen(["sleep", "300"], env=env)
