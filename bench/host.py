@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pstats
 import random
 import resource
 import statistics
@@ -50,7 +51,7 @@ import trio
 
 from client.api import connect
 
-from .dshd_proc import ROOT, BenchDaemon
+from .dshd_proc import ROOT, BenchDaemon, top_frames
 from .streaming import _check_window, throughput_rig
 
 GiB = 1 << 30
@@ -65,6 +66,8 @@ COMMANDS = {
 }
 #: Goals of issue 14 (CPU-s per GiB; wall ratio against the shell pipeline).
 GOAL_RATIO, GOAL_CPU, GOAL_DAEMON_CPU = 1.2, 1.0, 0.2
+#: The host's profiling hook (dshd.callhost.host.PROFILE_ENV).
+HOST_PROFILE_ENV = "DSH_HOST_PROFILE"
 
 
 def build_log(size: int, seed: int = 14) -> bytes:
@@ -176,11 +179,17 @@ async def _our_round(d: BenchDaemon, driver, sid: str, watchers, cmd: str, size:
         part.unlink()  # so that no later run pays for this one's writeback
 
 
-async def bench_throughput(sources: list[str], size: int, rounds: int) -> dict:
+async def bench_throughput(sources: list[str], size: int, rounds: int,
+                           profile: Path | None = None) -> dict:
     """Every source, ``rounds`` interleaved rounds (sources in turn; within a round the
-    baseline and ours alternate which goes first), one daemon with 3 mirrors."""
+    baseline and ours alternate which goes first), one daemon with 3 mirrors. ``profile``: a
+    directory; the daemon runs under py-spy (``daemon.raw``) and every host under cProfile
+    (``host-PID.prof``): the figures then include the profilers' overhead."""
     figs = {w: {k: [] for k in ("base", "ours", "daemon", "host", "tee")} for w in sources}
-    with BenchDaemon() as d:
+    if profile is not None:
+        profile.mkdir(parents=True, exist_ok=True)
+        os.environ[HOST_PROFILE_ENV] = str(profile)  # the daemon passes it to its hosts
+    with BenchDaemon(profile=None if profile is None else profile / "daemon.raw") as d:
         spill = d.dir / "baseline.spill"
         buildlog = d.dir / "buildlog.txt"
         buildlog.write_bytes(build_log(BUILDLOG_BYTES))
@@ -290,6 +299,25 @@ def bench_start(ref: str, rounds: int) -> dict:
             "base_median": b, "ours_median": o, "overhead_ms": (o - b) * 1000}
 
 
+def print_profile(where: Path, n: int = 14) -> None:
+    """The daemon's heaviest leaf frames (py-spy) and the hosts' heaviest functions by own
+    time (cProfile, all hosts of the run merged)."""
+    print("profile, daemon (py-spy, share of busy samples, own time):")
+    for share, frame in top_frames(where / "daemon.raw", n):
+        print(f"  {share:6.1%}  {frame}")
+    hosts = sorted(where.glob("host-*.prof"))
+    if not hosts:
+        print("profile, hosts: none written (is the host's environment the daemon's?)")
+        return
+    stats = pstats.Stats(*map(str, hosts))
+    rows = sorted(stats.stats.items(), key=lambda kv: kv[1][2], reverse=True)[:n]
+    total = sum(v[2] for v in stats.stats.values()) or 1.0
+    print(f"profile, {len(hosts)} host(s) (cProfile, own time, {total:.2f} s in all):")
+    for (file, line, func), (_cc, calls, own, _cum, _callers) in rows:
+        print(f"  {own / total:6.1%}  {own:7.3f} s  {calls:8d} calls  {func} "
+              f"({os.path.basename(file)}:{line})")
+
+
 def _spread(values: list[float]) -> str:
     return f"[{min(values):.3f} .. {max(values):.3f}]"
 
@@ -336,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="throughput sources (default: all)")
     p.add_argument("--size-mib", type=int, help="bytes per throughput run (default 1024)")
     p.add_argument("--rounds", type=int, help="throughput rounds (default 3, at least 1)")
+    p.add_argument("--profile", type=Path, help="a directory: throughput with the daemon under "
+                   "py-spy and the hosts under cProfile; prints the heaviest frames")
     args = p.parse_args(argv)
     size, rounds = (32 << 20, 1) if args.quick else (GiB, 3)
     if args.size_mib is not None:
@@ -345,8 +375,11 @@ def main(argv: list[str] | None = None) -> int:
     only = args.only or ["throughput", "idle", "start"]
     rows = []
     if "throughput" in only:
-        results = trio.run(bench_throughput, args.source or list(COMMANDS), size, rounds)
+        results = trio.run(bench_throughput, args.source or list(COMMANDS), size, rounds,
+                           args.profile)
         rows += _print_throughput(results, size, rounds)
+        if args.profile is not None:
+            print_profile(args.profile)
     if "idle" in only:
         r = trio.run(bench_idle, 3 if args.quick else 10)
         print(f"idle: {r['n']} hosts running `sleep 60`: VmRSS {r['rss_kib'] / 1024:.1f} MiB per "
