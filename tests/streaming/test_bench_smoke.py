@@ -67,3 +67,14 @@ def test_host_bench_throughput_smoke(capsys) -> None:
         assert f"throughput {which}: 2 MiB" in out
         assert f"{which} daemon+host CPU-s/GiB" in out
     assert "median [min..max]" in out
+
+
+def test_hostpath_bench_quick(capsys) -> None:
+    """Every write-path variant moves every byte and counts every line (the bench checks each
+    run against ``bytes.count`` of the source and raises on a difference)."""
+    from bench import hostpath
+
+    assert hostpath.main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    for variant in ("host", "readv", "splice", "nocount"):
+        assert f"seq       {variant}" in out and f"buildlog  {variant}" in out
