@@ -32,9 +32,10 @@ A request the state does not allow is refused with a code (``not-running`` after
 ``no-stdin``, ``bad-request``); nothing a connection sends can stop the host.
 
 The host's CPU per GiB of output is set by the work per byte (the pipe read, the line count,
-the log write: read + count + write measured 1.3-1.5 CPU-s/GiB of `seq` on the 2-core VM of
-issue 14, the count ~0.6 of it), not by Python: its own frames are ~5% of a cProfile of a
-flood. ``DSH_HOST_PROFILE=<dir>`` (:data:`PROFILE_ENV`, benches only) runs the loop under
+the log write), not by Python: its own frames are ~5% of a cProfile of a flood. On the 2-core
+VM of issue 14 (``python -m bench.hostpath``) this loop costs 1.7 CPU-s/GiB of `seq` and 1.2
+of a build log, the count 0.8 and 0.4 of it; ``readv`` into one buffer and ``splice`` + a
+``pread`` to count both cost more (2.2 and 1.8). ``DSH_HOST_PROFILE=<dir>`` (:data:`PROFILE_ENV`, benches only) runs the loop under
 cProfile and leaves ``host-<pid>.prof`` there.
 """
 
