@@ -9,6 +9,7 @@ BENCHES: list[str] = [
     "durability",  # SessionLog: durable events/s, group commit, flush latency vs bare fsync
     "streaming",  # live views: throughput, latency, wire bytes, memory, fan-out, codec ops/s
     "host",  # the call host: 1 GiB throughput and CPU, RSS per idle host, call start-up
+    "hostpath",  # the host's write path, variant by variant (read/readv/splice, the count)
     "wire_fuzz",  # daemon.status latency idle vs under malformed input on 20 connections
 ]
 
@@ -17,5 +18,6 @@ QUICK_ARGV: dict[str, list[str]] = {
     "durability": ["--events", "200"],
     "streaming": ["--quick"],
     "host": ["--quick"],
+    "hostpath": ["--quick"],
     "wire_fuzz": ["--seconds", "3"],
 }

@@ -44,3 +44,37 @@ def test_microbench_quick() -> None:
     assert r["batches"] > 100
     assert set(r["rates"]) == {"produce", "encode", "decode", "apply"}
     assert all(rate > 0 for rate in r["rates"].values())
+
+
+def test_host_bench_build_log_is_mixed_and_deterministic() -> None:
+    from bench.host import build_log
+
+    data = build_log(1 << 20)
+    assert len(data) == 1 << 20 and data == build_log(1 << 20)
+    text = data.decode("utf-8", "replace")
+    assert "\r" in text and "\x1b[" in text and "‘" in text and "✓" in text
+    assert 50 < len(data) / data.count(b"\n") < 400  # lines of a build, not one blob
+
+
+def test_host_bench_throughput_smoke(capsys) -> None:
+    """The real daemon, host and 3 mirrors on every source (the bench checks the totals and
+    every mirror's window itself, and raises on a difference); figures are not asserted."""
+    from bench import host
+
+    assert host.main(["--only", "throughput", "--size-mib", "2", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    for which in ("seq", "base64", "buildlog"):
+        assert f"throughput {which}: 2 MiB" in out
+        assert f"{which} daemon+host CPU-s/GiB" in out
+    assert "median [min..max]" in out
+
+
+def test_hostpath_bench_quick(capsys) -> None:
+    """Every write-path variant moves every byte and counts every line (the bench checks each
+    run against ``bytes.count`` of the source and raises on a difference)."""
+    from bench import hostpath
+
+    assert hostpath.main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    for variant in ("host", "readv", "splice", "nocount"):
+        assert f"seq       {variant}" in out and f"buildlog  {variant}" in out
