@@ -111,3 +111,60 @@ class LogMemory:
 
 
 SnapshotState = Callable[[], dict]
+
+
+def payloads_of(header_line: bytes | None, pending: list, fix: list) -> list:
+    """The frames of one write: the header (first write), the torn-tail records, then the
+    buffered lines, each snapshot in a frame of its own (a callable of its offset)."""
+    payloads: list = [] if header_line is None else [header_line]
+    if fix:
+        payloads.append(b"".join(line for _, line in fix))
+    run: list[bytes] = []
+    for _, line, _ in pending:
+        if isinstance(line, PendingSnapshot):
+            if run:
+                payloads.append(b"".join(run))
+                run = []
+            payloads.append(line.payload)
+        else:
+            run.append(line)
+    if run:
+        payloads.append(b"".join(run))
+    return payloads
+
+
+class MemoryViews:
+    """The read-only views `writer.SessionLog` gives of its `LogMemory` (``self._memory``)."""
+
+    _memory: LogMemory
+
+    @property
+    def tail(self) -> list[Event]:
+        """The events after the last durable snapshot (durable or not; snapshots excluded)."""
+        return self._memory.tail
+
+    @property
+    def repair_state(self) -> RepairState:
+        """The crash-repair fold through ``last_seq`` (do not change it: `RepairState.copy`)."""
+        return self._memory.repair
+
+    @property
+    def settings(self) -> dict:
+        """``approvalPolicy``/``sandbox``/``owner`` as logged through ``last_seq`` (None:
+        never logged)."""
+        return self._memory.settings
+
+    @property
+    def snapshot(self) -> dict | None:
+        """The owner's dict of the last durable snapshot (None: none yet)."""
+        return self._memory.snapshot
+
+    @property
+    def snapshot_seq(self) -> int:
+        """Seq of the last durable snapshot (-1: none)."""
+        return self._memory.snapshot_seq
+
+    @property
+    def snapshot_offset(self) -> int | None:
+        """Byte offset of the last durable snapshot's frame (None: none)."""
+        return self._memory.snapshot_offset

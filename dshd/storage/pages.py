@@ -297,17 +297,18 @@ def iter_all(session_dir: Path, session_id: str) -> Iterator[Event]:
         os.close(fd)
 
 
-def open_read(fd: int, session_dir: Path, session_id: str, path: Path, compression: str,
-              read_all, parse_log):
+def open_read(fd: int, session_id: str, path: Path, compression: str, read_all, parse_log,
+              summary_offset: int | None = None):
     """The `reader.LogRead` an open for write needs: from the last snapshot (found by the
-    trailer walk, else the summary's ``snapshotOffset``), else the whole log; in fold mode
+    trailer walk, else ``summary_offset``: the summary's ``snapshotOffset``, validated here),
+    else the whole log; in fold mode
     (the events after the last snapshot, the repair and settings folds)."""
     size = os.fstat(fd).st_size
     if compression == "zstd" and size:
         view = LogView(fd, size, session_id, path)
         try:
             header, header_end, _ = read_header(view)
-            found = last_snapshot(view, header_end) or _summary_snapshot(view, session_dir)
+            found = last_snapshot(view, header_end) or _snapshot_or_none(view, summary_offset)
         except (LogCorrupt, LogTooNew):
             found = None  # the whole read below names the damage
         if found is not None:
@@ -319,10 +320,7 @@ def open_read(fd: int, session_dir: Path, session_id: str, path: Path, compressi
                      fold=True)
 
 
-def _summary_snapshot(view: LogView, session_dir: Path) -> tuple[int, Event] | None:
-    from .summary import summary_snapshot_offset
-
-    offset = summary_snapshot_offset(session_dir, view.session_id)
+def _snapshot_or_none(view: LogView, offset: int | None) -> tuple[int, Event] | None:
     if offset is None:
         return None
     try:

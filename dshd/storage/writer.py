@@ -48,7 +48,6 @@ session directory removed or replaced) does not happen: `StorageWriteError` (cau
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-import os
 from pathlib import Path
 from typing import Any
 
@@ -68,13 +67,14 @@ from .format import (
     new_event,
     now_ms,
 )
+from .closing import ClosingMixin
 from .lock import HeldLock, claim
 from .logfile import LogFile, open_log
-from .memory import LogMemory, PendingSnapshot
-from .pages import iter_all, read_events
+from .memory import LogMemory, MemoryViews, PendingSnapshot, payloads_of
+from .opening import compat_events, repair_on_open, retire_settled_sidecars
+from .pages import read_events
 from .reader import LogRead, session_dir_for
-from .repair import DEFAULT_LIMITS, RepairState, repair_closers, unresolved_calls
-from .sidecar import PENDING_DIR, SUFFIX, pending_windows, retire_settled
+from .repair import RepairState
 from .summary import summary_dict, write_summary
 from .threads import run_sync
 
@@ -86,7 +86,7 @@ DEFAULT_SNAPSHOT_EVERY = 10_000
 SUMMARY_EVERY = 5.0
 
 
-class SessionLog:
+class SessionLog(ClosingMixin, MemoryViews):
     """One writer per session (STORAGE.md §4). Build with `create` or `open_for_write`.
 
     Public state (read-only for callers): ``header`` (`Header`), ``events`` (every event,
@@ -137,6 +137,7 @@ class SessionLog:
         #: (seq, line or a pending snapshot, trio time appended)
         self._pending: list[tuple[int, bytes | PendingSnapshot, float]] = []
         self._summary_at: float | None = None  # trio time of the last summary write
+        self._summary_seq = self.durable_seq if read is None else None  # the seq it covers
         self._pending_since: float | None = None
 
         self._write_lock = trio.Lock()
@@ -231,42 +232,14 @@ class SessionLog:
                   snapshot_state=snapshot_state)
         try:
             if repair:
-                await log._repair(output_limits, resume, plan)
-            await log._retire_settled_sidecars()
+                await repair_on_open(log, output_limits, resume, plan)
+            await retire_settled_sidecars(log)
             log._snapshots_allowed = True
         except BaseException:
             with trio.CancelScope(shield=True):
                 await log._close_files()
             raise
         return log
-
-    async def _repair(self, limits: tuple[int, int] | None, resume, plan_of) -> None:
-        if plan_of is not None:
-            plan = await plan_of(self.repair_state)
-        else:
-            plan = await resume(self.events) if resume is not None else None
-        self.resume_plan = plan
-        state = self.repair_state
-        windows = await run_sync(pending_windows, self.session_dir, unresolved_calls(state))
-        if plan is not None:
-            windows = {**plan.windows, **windows}  # a checkpointed window wins
-        keep = {} if plan is None else {"keep_calls": plan.keep_calls, "keep_turns": plan.keep_turns,
-                                        "keep_approvals": plan.keep_approvals}
-        at = now_ms()
-        for type_, data in repair_closers(state.copy(), windows, limits or DEFAULT_LIMITS, **keep):
-            self.append(type_, data, time_ms=at)
-        if not self._durable_through(self.last_seq):
-            await self.flush()
-
-    async def _retire_settled_sidecars(self) -> None:
-        """Unlink the sidecars of calls that are not open (their result is durable)."""
-        unsure = {ev.data.get("callId") for ev in self._memory.tail
-                  if ev.seq > self.durable_seq and ev.type == "tool/result"}
-        open_ = self._memory.repair.calls
-        settled = [cid for cid in await run_sync(_sidecar_ids, self.session_dir)
-                   if cid not in open_ and cid not in unsure]
-        if settled:
-            await run_sync(retire_settled, self.session_dir, settled)
 
     # --- appending and flushing -----------------------------------------------------------
 
@@ -424,31 +397,13 @@ class SessionLog:
         if self._compat is not None:
             self._compat.append(snap.event(-1))
 
-    def _payloads(self, pending: list, fix: list) -> list:
-        payloads: list = []
-        if not self._published:
-            payloads.append(encode_line(self.header))
-        if fix:
-            payloads.append(b"".join(line for _, line in fix))
-        run: list[bytes] = []
-        for _, line, _ in pending:
-            if isinstance(line, PendingSnapshot):  # its own frame
-                if run:
-                    payloads.append(b"".join(run))
-                    run = []
-                payloads.append(line.payload)
-            else:
-                run.append(line)
-        if run:
-            payloads.append(b"".join(run))
-        return payloads
-
     async def _write_locked(self, *, closing: bool = False) -> None:
         self._maybe_snapshot(force=closing)
         pending = list(self._pending)
         fix = list(self._fix)
         settings = self._memory.settings  # through the last event of this write
-        payloads = self._payloads(pending, fix)
+        payloads = payloads_of(None if self._published else encode_line(self.header),
+                               pending, fix)
         self.write_started = trio.current_time()
         try:
             if self._published:
@@ -493,7 +448,7 @@ class SessionLog:
 
     async def _write_summary(self, settings: dict) -> None:
         """Rewrite summary.json for what is durable (derived: a failure is only logged)."""
-        self._summary_at = trio.current_time()
+        self._summary_at, self._summary_seq = trio.current_time(), self.durable_seq
         summary = summary_dict(self.header, settings, self.durable_seq, self.durable_bytes,
                                self._memory.snapshot_offset)
         try:
@@ -501,111 +456,7 @@ class SessionLog:
         except OSError as e:
             log.warning("storage.summary_failed", session=self.session_id, error=str(e))
 
-    # --- closing --------------------------------------------------------------------------
-
-    async def _close_files(self) -> None:
-        async with self._write_lock:  # a write in flight finishes before its fd closes
-            try:
-                self._file.close(remove_unpublished_dir=self._discarded)
-            finally:
-                if self._claims is not None:
-                    self._claims.discard(self.session_id)
-                self._closed = True
-                self._closing = True
-                self._notify()
-
-    async def _final_write(self) -> None:
-        """The close's write: what is buffered, a snapshot when events were written since the
-        last one, and the summary (STORAGE.md §4, §7)."""
-        if self._discarded:
-            return
-        memory = self._memory
-        async with self._write_lock:
-            snapshot = (self._published and self._snapshot_state is not None
-                        and self._snapshots_allowed and self.snapshot_every > 0
-                        and self.last_seq > memory.last_snapshot_seq)
-            if self._pending or self._fix or snapshot:
-                await self._write_locked(closing=True)
-            elif self._published and self._failed is None:
-                await self._write_summary(memory.settings)
-
-    def discard_unpublished(self) -> bool:
-        """Give up a log whose first durable write never happened (STORAGE.md §4).
-
-        `create` does no I/O, so until the log is published nobody was promised anything:
-        when the first flush failed (the caller answered "storage failure"), the owner calls
-        this so that `aclose` writes nothing and the session does not appear later. Returns
-        True when the log was unpublished: its buffer is dropped, further appends raise
-        `StorageError`, and `aclose` writes nothing; it releases the lock and removes the
-        session directory if this handle made it. Returns False, changing nothing, when the
-        log is published (its events are someone's truth: they stay).
-        """
-        if self._published:
-            return False
-        self._discarded = True
-        self._pending.clear()
-        self._fix.clear()
-        self._pending_since = None
-        self._closing = True
-        self._notify()
-        return True
-
-    async def aclose(self, *, timeout: float = 30.0) -> None:
-        """Final flush, then release the lock and close the file (idempotent).
-
-        The flush runs shielded, bounded by ``timeout`` seconds; its error
-        (`StorageWriteError`) is raised after everything is closed: events still buffered
-        then are lost, and the caller is told. The `run` task returns.
-        """
-        if self._closed:
-            return
-        self._closing = True
-        self._notify()
-        error: BaseException | None = None
-        with trio.CancelScope(shield=True):
-            try:
-                with trio.move_on_after(timeout) as scope:
-                    await self._final_write()
-                if scope.cancelled_caught:
-                    error = StorageWriteError(
-                        f"session {self.session_id}: the final flush did not finish in {timeout} s"
-                    )
-            except StorageError as e:
-                error = e
-            finally:
-                await self._close_files()
-        if error is not None:
-            raise error
-
     # --- introspection --------------------------------------------------------------------
-
-    @property
-    def tail(self) -> list[Event]:
-        """The events after the last durable snapshot (durable or not; snapshots excluded)."""
-        return self._memory.tail
-
-    @property
-    def repair_state(self) -> RepairState:
-        """The crash-repair fold through `last_seq` (read-only: copy it to change it)."""
-        return self._memory.repair
-
-    @property
-    def settings(self) -> dict:
-        """``approvalPolicy``/``sandbox``/``owner`` as logged through `last_seq` (None: never)."""
-        return self._memory.settings
-
-    @property
-    def snapshot(self) -> dict | None:
-        """The owner's dict of the last durable snapshot (None: none yet)."""
-        return self._memory.snapshot
-
-    @property
-    def snapshot_seq(self) -> int:
-        return self._memory.snapshot_seq
-
-    @property
-    def snapshot_offset(self) -> int | None:
-        return self._memory.snapshot_offset
 
     def set_snapshot_state(self, snapshot_state: Callable[[], dict] | None) -> None:
         """Give (or take back) the owner's snapshot callback (STORAGE.md §7)."""
@@ -615,23 +466,14 @@ class SessionLog:
         """Durable events with seq > ``after_seq`` from disk, verified (`pages.read_events`);
         sync: run it in a worker thread. The non-durable tail is in `tail`."""
         return read_events(self.session_dir, self.session_id, after_seq, limit,
-                           snapshot_offset=self._memory.snapshot_offset,
-                           end=self.durable_bytes)
+                           snapshot_offset=self.snapshot_offset, end=self.durable_bytes)
 
     @property
     def events(self) -> list[Event]:
         """DEPRECATED (room sessions moves to `tail`/`read_events`/`repair_state`): every
         event, read from disk once on first use and kept appended from then on."""
         if self._compat is None:
-            first = self._memory.tail[0].seq if self._memory.tail else self.last_seq + 1
-            disk: list[Event] = []
-            if self._published and first > 0:
-                disk = [ev for ev in iter_all(self.session_dir, self.session_id)
-                        if ev.seq < first]
-            self._compat = disk + list(self._memory.tail)
-            if len(self._compat) != self.last_seq + 1:  # a pending snapshot at the end
-                self._compat += [p.event(-1) for _, p, _ in self._pending
-                                 if isinstance(p, PendingSnapshot)]
+            self._compat = compat_events(self)
         return self._compat
 
     def statistics(self) -> dict:
@@ -655,10 +497,3 @@ class SessionLog:
             "closed": self._closed,
         }
 
-
-def _sidecar_ids(session_dir: Path) -> list[str]:
-    try:
-        names = os.listdir(session_dir / PENDING_DIR)
-    except OSError:
-        return []
-    return [n[: -len(SUFFIX)] for n in names if n.endswith(SUFFIX)]
