@@ -1,48 +1,45 @@
-"""The one write handle of a session log: append, coalesce, group-commit, recover (STORAGE.md §4, §5).
+"""The one write handle of a session log: append, coalesce, group-commit, snapshot, recover (STORAGE.md §4, §5, §7).
 
 Theory of operation: a `SessionLog` owns the log for its whole life -- through a
-`logfile.LogFile`, which holds the file descriptor and the session lock and does the blocking
-writes (frames, pwrite + fsync, truncate-back, publishing by ``link``). ``append`` is
-synchronous and in memory only: it gives the event the next seq, encodes its line at once (so
-a value JSON cannot carry fails the caller, not a later write) and puts it in the buffer.
-Nothing is durable until a write has fsynced it:
+`logfile.LogFile`, which holds the fd and the session lock and does the blocking writes
+(frames, pwrite + fsync, truncate-back, publishing by ``link``). ``append`` is synchronous and
+in memory only: it gives the event the next seq, encodes its line at once (a value JSON cannot
+carry fails the caller, not a later write), folds it (`memory.LogMemory`: the tail since the
+last snapshot, the repair and settings folds) and buffers it. Nothing is durable until a
+write has fsynced it:
 
-- **flush()** writes everything buffered as ONE frame (plain: one run of lines) and returns
-  the durable seq once ``fsync`` has returned. Writes are serialised by one lock; a flusher
-  first notes the seq it needs, and if the write that held the lock already covered it, it
-  returns without writing: concurrent flushers share one fsync (group commit).
-- **run()** is the coalescing task the owner starts in its nursery: buffered events go out at
-  most ``coalesce`` seconds after the *first* of them was appended (later appends do not push
-  the deadline). It exits when `aclose` starts.
+- **flush()** writes everything buffered as ONE frame (plain: one run of lines) -- plus, when
+  ``snapshot_every`` events have passed since the last snapshot and the owner gave
+  ``snapshot_state``, a ``log/snapshot`` in a frame of its own after it, in the same append --
+  and returns the durable seq once ``fsync`` has returned. Writes are serialised by one lock;
+  a flusher whose seq the write holding the lock already covered returns without writing
+  (group commit). Once a snapshot is durable the events before it leave memory. The same
+  worker-thread call rewrites ``summary.json`` after a snapshot, at close, and at most every
+  `SUMMARY_EVERY` seconds (`summary.py`).
+- **run()** is the coalescing task: buffered events go out at most ``coalesce`` seconds after
+  the *first* of them (later appends do not push the deadline). It exits when `aclose` starts.
 - **Failure**: a failed write leaves the file as it was (`LogFile` truncates back), the batch
   stays buffered, timed writes pause, and every ``flush()`` retries and raises
-  `StorageWriteError` until one succeeds. Callers fail closed. A caller whose change must not
-  happen after all (a settings change answered "storage failure") takes its events back with
-  `retract` while they are still the unwritten tail.
+  `StorageWriteError` until one succeeds. Callers fail closed; a change that must not happen
+  after all is taken back with `retract` while it is the unwritten tail.
 - **Publishing** (a log made by `create`, which does no I/O): the first write makes the
   directories, takes the session lock and links the log into place (`LogFile.publish`).
 - **Opening** (`open_for_write`): the session lock is taken *before* the log is read, through
-  the fd that will write it (`logfile.open_log`). A torn tail's kept records are events that
-  are not yet durable: the first write truncates the torn bytes, fsyncs, and re-appends them
-  as their own frame before the new batch. With ``repair=True`` the crash closers
-  (`repair.repair_closers`) are appended and flushed before the handle is returned, and the
-  pending-output sidecars of calls whose ``tool/result`` is durable are unlinked.
+  the fd that will write it, from the last snapshot on (`logfile.open_log`, `pages.py`). A
+  torn tail's kept records are not yet durable: the first write truncates the torn bytes,
+  fsyncs, and re-appends them. With ``repair=True`` the resume plan and the crash closers run
+  (`opening.py`); closing is `closing.py`.
 
-Progress report: ``write_started`` is the trio time the write in flight (pwrite + fsync, or the
-publish) began, None when none is in flight. The service watchdog reads it to tell a writer
-that makes progress from one stuck in fsync (``dshd.service``).
-
-Blocking file work runs in a worker thread (`threads.run_sync`: never abandoned on cancel, so a
-write in flight always finishes and the in-memory state matches the file). A worker thread that
-cannot be started (the user's process limit: a fork bomb elsewhere) is a failed write like any
-other: `StorageWriteError` naming the limit, the batch kept, the next flush retries.
+``write_started`` is the trio time the write in flight began (None: none); the service
+watchdog reads it to tell a writer that makes progress from one stuck in fsync. Blocking file
+work runs in a worker thread (`threads.run_sync`: never abandoned on cancel); a thread that
+cannot be started (the user's process limit) is a failed write like any other.
 
 One writer per session: across processes the session lock (`lock.HeldLock`, held by the
-`LogFile`); inside one process the flocks refuse a second handle too, and the optional
-``claims`` set (one per daemon, owned by whoever owns the sessions; no module-level registry)
-refuses it before any file is touched. A write under a lost lock (``session.lock`` or the
-session directory removed or replaced) does not happen: `StorageWriteError` (cause
-`LockLost`) says so, and the log says so once (``storage.lock_lost``).
+`LogFile`); inside one process the flocks, and the optional ``claims`` set (one per daemon,
+owned by whoever owns the sessions), refuse a second handle before any file is touched. A
+write under a lost lock (``session.lock`` or the directory removed or replaced) does not
+happen: `StorageWriteError` (cause `LockLost`), logged once (``storage.lock_lost``).
 """
 
 from __future__ import annotations
@@ -75,7 +72,7 @@ from .opening import compat_events, repair_on_open, retire_settled_sidecars
 from .pages import read_events
 from .reader import LogRead, session_dir_for
 from .repair import RepairState
-from .summary import summary_dict, write_summary
+from .summary import summary_dict, write_summary, write_then_summarise
 from .threads import run_sync
 
 log = structlog.get_logger("dshd.storage")
@@ -378,38 +375,30 @@ class SessionLog(ClosingMixin, MemoryViews):
 
     def _maybe_snapshot(self, force: bool = False) -> None:
         """Append a snapshot as the next seq when one is due (STORAGE.md §7)."""
-        memory = self._memory
-        if (self._snapshot_state is None or not self._snapshots_allowed
-                or self.snapshot_every == 0 or self.last_seq <= memory.last_snapshot_seq):
+        if not self._snapshots_allowed:
             return
-        if not (force or memory.due(self.last_seq, self.snapshot_every)):
-            return
-        try:
-            session = self._snapshot_state()
-            if not isinstance(session, dict):
-                raise TypeError(f"snapshot_state() returned {type(session).__name__}")
-        except Exception as e:  # the owner's bug: no snapshot, the log goes on
-            log.error("storage.snapshot_state_failed", session=self.session_id, error=repr(e))
-            return
-        snap = memory.take_snapshot(self.last_seq + 1, now_ms(), session)
-        self.last_seq = snap.seq
-        self._pending.append((snap.seq, snap, trio.current_time()))
-        if self._compat is not None:
-            self._compat.append(snap.event(-1))
+        snap = self._memory.maybe_snapshot(self.last_seq, self.snapshot_every, force,
+                                           self._snapshot_state, self.session_id)
+        if snap is not None:
+            self.last_seq = snap.seq
+            self._pending.append((snap.seq, snap, trio.current_time()))
+            if self._compat is not None:
+                self._compat.append(snap.event(-1))
 
     async def _write_locked(self, *, closing: bool = False) -> None:
         self._maybe_snapshot(force=closing)
         pending = list(self._pending)
         fix = list(self._fix)
-        settings = self._memory.settings  # through the last event of this write
         payloads = payloads_of(None if self._published else encode_line(self.header),
                                pending, fix)
+        snapped = [line for _, line, _ in pending if isinstance(line, PendingSnapshot)]
+        last = pending[-1][0] if pending else fix[-1][0] if fix else self.durable_seq
+        summary = (self._summary_of(self._memory.settings, last, snapped)
+                   if snapped or closing or self._summary_due() else None)
+        write = self._file.append if self._published else self._file.publish
         self.write_started = trio.current_time()
         try:
-            if self._published:
-                await run_sync(self._file.append, payloads)
-            else:
-                await run_sync(self._file.publish, payloads)
+            summary_error = await run_sync(write_then_summarise, write, payloads, summary)
         except (OSError, LockHeld, LockLost, zstandard.ZstdError) as e:
             self._failed = e
             self._write_errors += 1
@@ -433,15 +422,26 @@ class SessionLog(ClosingMixin, MemoryViews):
         elif fix:
             self.durable_seq = fix[-1][0]
         self.durable_bytes = self._file.size
-        snapped = [line for _, line, _ in pending if isinstance(line, PendingSnapshot)]
         for snap in snapped:
             self._memory.snapshot_durable(snap)
         self._pending_since = self._pending[0][2] if self._pending else None
         self._failed = None
         self._lock_lost = False
+        if summary is not None:
+            self._summary_at, self._summary_seq = trio.current_time(), self.durable_seq
+            if summary_error is not None:
+                log.warning("storage.summary_failed", session=self.session_id,
+                            error=str(summary_error))
         self._notify()
-        if snapped or closing or self._summary_due():
-            await self._write_summary(settings)
+
+    def _summary_of(self, settings: dict, last_seq: int, snapped: list) -> Callable[[int], dict]:
+        """The summary of this write, given the file size after it (written in its thread)."""
+        header, before = self.header, self._memory.snapshot_offset
+
+        def summary(size: int) -> dict:
+            offset = snapped[-1].offset if snapped else before
+            return summary_dict(header, settings, last_seq, size, offset)
+        return summary
 
     def _summary_due(self) -> bool:
         return self._summary_at is None or trio.current_time() - self._summary_at >= SUMMARY_EVERY
@@ -496,4 +496,5 @@ class SessionLog(ClosingMixin, MemoryViews):
             "published": self._published,
             "closed": self._closed,
         }
+
 
