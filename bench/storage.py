@@ -48,9 +48,15 @@ from dshd.storage.summary import summary_dict, write_summary
 from .dshd_proc import ROOT, BenchDaemon
 
 OPEN_GOAL_S, OPEN_GOAL_MB, LIST_GOAL_S = 2.0, 100.0, 0.3
-_OUTPUT = "\n".join(
-    f"[{i:3d}/400] cc -O2 -c src/module_{i}.c -o build/module_{i}.o  warning: unused ‘x’"
-    for i in range(5))
+_WARN = ["unused variable ‘x’", "implicit fallthrough", "comparison of distinct pointer types",
+         "‘buf’ may be used uninitialized", "format ‘%d’ expects ‘int’"]
+
+
+def _output(i: int) -> str:
+    """~400 bytes of build-log-like output, different for every call."""
+    return "\n".join(
+        f"[{(i * 7 + k) % 400:3d}/400] cc -O2 -c src/m{(i * 31 + k) % 1009}.c  "
+        f"warning: {_WARN[(i + k) % 5]} [{i * 13 + k}]" for k in range(5))
 
 
 def _turn(i: int) -> list[tuple[str, dict]]:
@@ -65,7 +71,7 @@ def _turn(i: int) -> list[tuple[str, dict]]:
                                "toolCalls": [{"callId": c, "name": "bash", "arguments": args}]}),
         ("tool/call", {"callId": c, "name": "bash", "arguments": args, "turnId": t,
                        "stepId": s}),
-        ("tool/result", {"callId": c, "isError": False, "content": f"{_OUTPUT} #{i}",
+        ("tool/result", {"callId": c, "isError": False, "content": _output(i),
                          "details": {"exitCode": 0}, "exitCode": 0}),
         ("step/end", {"turnId": t, "stepId": s}),
         ("message/assistant", {"turnId": t, "text": f"target {i % 97} builds; 5 warnings"}),
@@ -74,11 +80,15 @@ def _turn(i: int) -> list[tuple[str, dict]]:
 
 
 async def _build(state_dir: Path, sid: str, n_events: int, every: int) -> None:
+    """A log of ``n_events`` through the real writer. The last ``min(5000, n/4)`` events come
+    after the last snapshot (no snapshot at close: as after a crash), so an open has a real
+    tail to verify and keep."""
     header = Header(id=sid, createdAt=1_700_000_000_000, cwd="/srv/bench", title=sid)
     turns = {"n": 0}
     log = SessionLog.create(state_dir, sid, header, snapshot_every=every,
                             snapshot_state=lambda: {"turns": turns["n"]})
     log.append("session/owner", {"uid": os.getuid()}, ignorable=True)
+    tail_from = n_events - min(5_000, n_events // 4)
     i = 0
     while log.last_seq + 1 < n_events:
         for type_, data in _turn(i):
@@ -86,6 +96,8 @@ async def _build(state_dir: Path, sid: str, n_events: int, every: int) -> None:
         turns["n"] = i = i + 1
         if i % 222 == 0:  # ~2,000 events per flush
             await log.flush()
+        if log.last_seq >= tail_from:
+            log.set_snapshot_state(None)
     await log.aclose()
 
 
