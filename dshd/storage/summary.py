@@ -30,7 +30,8 @@ from .reader import find_log, parse_log
 from .snapshot import EMPTY_SETTINGS, SNAPSHOT_TYPE, fold_settings
 
 __all__ = ["SUMMARY_NAME", "SessionSummary", "fold_settings", "read_summary",
-           "summary_dict", "summary_snapshot_offset", "write_summary", "write_then_summarise"]
+           "summarising", "summary_dict", "summary_snapshot_offset", "write_summary",
+           "write_then_summarise"]
 
 SUMMARY_NAME = "summary.json"
 _MAX_SUMMARY_BYTES = 64 * 1024
@@ -198,6 +199,16 @@ def _from_log(fd: int, size: int, session_id: str, path: Path, compression: str
             last = ev.seq
     return SessionSummary(session_id, header.title, header.cwd, header.createdAt, settings,
                           last, size, offset)
+
+
+def summarising(write, summary):
+    """`write_then_summarise` of ``write`` and ``summary`` as a function of the payloads,
+    named as ``write`` is (the worker thread is named after the work: ``append``,
+    ``publish``)."""
+    def work(payloads: list) -> OSError | None:
+        return write_then_summarise(write, payloads, summary)
+    work.__name__ = write.__name__
+    return work
 
 
 def write_then_summarise(write, payloads: list, summary) -> OSError | None:

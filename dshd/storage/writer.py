@@ -72,7 +72,7 @@ from .opening import compat_events, repair_on_open, retire_settled_sidecars
 from .pages import read_events
 from .reader import LogRead, session_dir_for
 from .repair import RepairState
-from .summary import summary_dict, write_summary, write_then_summarise
+from .summary import summarising, summary_dict, write_summary
 from .threads import run_sync
 
 log = structlog.get_logger("dshd.storage")
@@ -398,7 +398,7 @@ class SessionLog(ClosingMixin, MemoryViews):
         write = self._file.append if self._published else self._file.publish
         self.write_started = trio.current_time()
         try:
-            summary_error = await run_sync(write_then_summarise, write, payloads, summary)
+            summary_error = await run_sync(summarising(write, summary), payloads)
         except (OSError, LockHeld, LockLost, zstandard.ZstdError) as e:
             self._failed = e
             self._write_errors += 1
