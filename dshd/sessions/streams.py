@@ -124,7 +124,7 @@ class Publisher:
         *,
         before_flush: Callable[[], None],
         interval: float = 0.010,
-        rate: float = 4 * 1024 * 1024,
+        rate: float = 2 * 1024 * 1024,
         small_bytes: int = SMALL_BATCH_BYTES,
     ) -> None:
         self.tracker = tracker
