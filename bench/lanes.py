@@ -17,15 +17,17 @@ rounds (never a best-of), with the issue's goal and "met"/"NOT met".
   floor: pipe + wake-up on the same loaded machine). Daemon CPU over the steady window is
   printed beside it (``/proc/PID/stat``).
 * **leave** (goal ≤ 50 ms): a call settles and the time from ``tool.wait``'s answer to the
-  mirror showing it in ``recent`` (negative: the mirror saw it first) is taken in three
+  mirror showing it in ``recent`` (negative: the mirror saw it first) is taken in four
   situations: an idle lane (the baseline); right after a ~1 MiB batch (21 calls burst 50 KB of
-  base64 each at one instant, just before the probe call exits: their windows are the batch);
-  a call with a 1 MiB argument; and a call whose own output is a 1 MiB burst.
+  base64 each at one instant T, the probe call exits 0.2 s after T, inside that batch's byte
+  pause; the bench fails when less than 256 KiB of windows had reached the mirror by then); a
+  call with a 1 MiB argument; and a call whose own output is a 1 MiB burst.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -36,9 +38,12 @@ import trio
 
 from client.api import Client, connect
 
-from .dshd_proc import BenchDaemon
+from .dshd_proc import BenchDaemon, top_frames
 
 MiB = 1024 * 1024
+#: The interpreter the benches' tool programs run with: this one's real binary, no site (a
+#: ``python3`` on PATH may be a version manager's shell shim costing ~100 ms per start).
+PY = f"{os.path.realpath(sys.executable)} -I -S"
 #: The goals of the issue's table.
 GOAL_P50_MS, GOAL_P99_MS, GOAL_LEAVE_MS = 10.0, 50.0, 50.0
 
@@ -72,7 +77,7 @@ def _last_lines(text: str, n: int) -> list[str]:
 
 
 def _stamp_cmd(t0: float, lines: int) -> str:
-    return f"python3 -c '{STAMP_PROG}' {t0:.6f} {lines}"
+    return f"{PY} -c '{STAMP_PROG}' {t0:.6f} {lines}"
 
 
 # ------------------------------------------------------------------------------ latency
@@ -136,6 +141,7 @@ async def _lane_latency(d: BenchDaemon, driver: Client, watcher: Client, n: int,
         cancel.cancel()
 
     c0 = cpu_at = None
+    own0 = time.process_time()
     with trio.fail_after(start_margin + seconds + 120):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(drive, nursery.cancel_scope)
@@ -158,20 +164,22 @@ async def _lane_latency(d: BenchDaemon, driver: Client, watcher: Client, n: int,
                         stamp = int(x)
                         if stamp >= ready_ns[0]:
                             lat.append((now - stamp) / 1e6)
-    cpu = (d.cpu_seconds() - c0) / (time.perf_counter() - cpu_at) if c0 is not None else 0.0
+    wall = time.perf_counter() - cpu_at if cpu_at is not None else 0.0
+    cpu = (d.cpu_seconds() - c0) / wall if c0 is not None else 0.0
+    own = (time.process_time() - own0) / wall if wall else 0.0
     for result in results:
         if result["isError"]:
             raise AssertionError(f"a stamp call failed: {result['content']}")
     await sub.aclose()
     if not lat:
         raise AssertionError("no line reached the mirror in the steady window")
-    return {"lat": lat, "missed": missed, "batches": batches, "cpu": cpu}
+    return {"lat": lat, "missed": missed, "batches": batches, "cpu": cpu, "own": own}
 
 
 async def bench_latency(counts: list[int], rounds: int, seconds: float,
-                        config: dict | None = None) -> dict:
+                        config: dict | None = None, profile: Path | None = None) -> dict:
     out: dict[int, dict] = {}
-    with BenchDaemon(config) as d:
+    with BenchDaemon(config, profile=profile) as d:
         async with connect(d.socket, "lanes-driver") as driver, \
                 connect(d.socket, "lanes-mirror") as watcher:
             for n in counts:
@@ -188,7 +196,8 @@ async def bench_latency(counts: list[int], rounds: int, seconds: float,
                                                  "p99": _pct(x["lat"], 99),
                                                  "max": max(x["lat"]), "lines": len(x["lat"]),
                                                  "missed": x["missed"],
-                                                 "batches": x["batches"], "cpu": x["cpu"]})
+                                                 "batches": x["batches"], "cpu": x["cpu"],
+                                                 "own": x["own"]})
                 out[n] = runs
     return out
 
@@ -232,20 +241,22 @@ async def _leave_once(driver: Client, sid: str, w: LeaveWatcher, command: str) -
 
 
 async def _after_big_batch(driver: Client, sid: str, w: LeaveWatcher, blob: Path,
-                           bursts: int) -> float:
+                           bursts: int) -> tuple[float, int]:
     """``bursts`` calls each print 50 KB at one instant T (then stay running a while); the
-    probe call exits just after T: ms from its tool.wait answer to its leaving the lane."""
+    probe call exits 0.2 s after T, inside the byte pause of their batch (~0.5 s for 1 MiB at
+    the default rate): ms from its tool.wait answer to its leaving the lane, and the window
+    bytes the mirror showed when it left."""
     at = time.time() + 1.5 + bursts * 0.04
-    wait_until = f"python3 -c 'import time; time.sleep(max(0, {at:.6f} - time.time()))'"
+    wait_until = f"{PY} -c 'import time; time.sleep(max(0, {at:.6f} - time.time()))'"
     big = [await driver.run_tool(sid, f"{wait_until}; cat {blob}; sleep 1.5")
            for _ in range(bursts)]
-    probe = f"{wait_until}; sleep 0.05"
-    ms = await _leave_once(driver, sid, w, probe)
-    if w.window_bytes < bursts * 40_000:
-        raise AssertionError(f"the big batch did not reach the mirror ({w.window_bytes} B)")
+    ms = await _leave_once(driver, sid, w, f"{wait_until}; sleep 0.2")
+    shown = w.window_bytes
+    if shown < 256 * 1024:
+        raise AssertionError(f"no big batch reached the mirror before the probe left ({shown} B)")
     for cid in big:
         await driver.wait(sid, cid)
-    return ms
+    return ms, shown
 
 
 async def bench_leave(rounds: int, bursts: int) -> dict:
@@ -262,16 +273,19 @@ async def bench_leave(rounds: int, bursts: int) -> dict:
             await sub.next_view()
             w = LeaveWatcher(sub)
             big_arg = "true " + "#" * MiB
+            windows: list[int] = []
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(w.run)
                 for _ in range(rounds):
                     runs["idle"].append(await _leave_once(driver, sid, w, "true"))
-                    runs["big batch"].append(await _after_big_batch(driver, sid, w, blob, bursts))
+                    ms, shown = await _after_big_batch(driver, sid, w, blob, bursts)
+                    runs["big batch"].append(ms)
+                    windows.append(shown)
                     runs["1 MiB argument"].append(await _leave_once(driver, sid, w, big_arg))
                     runs["1 MiB output"].append(await _leave_once(
                         driver, sid, w, "head -c 786432 /dev/urandom | base64 -w 76"))
                 nursery.cancel_scope.cancel()
-    return runs
+    return {"runs": runs, "windows": windows}
 
 
 # ------------------------------------------------------------------------------ report
@@ -293,7 +307,8 @@ def report_latency(r: dict) -> list[str]:
         lines.append(
             f"             lines/round {[x['lines'] for x in o]}, missed "
             f"{[x['missed'] for x in o]}, batches {[x['batches'] for x in o]}, daemon CPU "
-            f"{_spread([100 * x['cpu'] for x in o])} % of a core")
+            f"{_spread([100 * x['cpu'] for x in o])} %, the mirror client "
+            f"{_spread([100 * x['own'] for x in o])} % of a core")
         if n == 100:
             ok = statistics.median(p50s) <= GOAL_P50_MS and statistics.median(p99s) <= GOAL_P99_MS
             lines.append(f"  goal (100 calls): p50 <= {GOAL_P50_MS:g} ms, p99 <= "
@@ -301,9 +316,12 @@ def report_latency(r: dict) -> list[str]:
     return lines
 
 
-def report_leave(r: dict) -> list[str]:
+def report_leave(result: dict) -> list[str]:
+    r = result["runs"]
     lines = ["leave: ms from tool.wait's answer to the mirror showing the call in recent "
              "(median (min-max); negative: the mirror saw it first)"]
+    lines.append(f"  (big batch: the mirror showed {_spread([x / 1e6 for x in result['windows']])}"
+                 " MB of running calls' windows when the probe left)")
     base = r["idle"]
     for name, values in r.items():
         tag = "baseline" if name == "idle" else f"vs idle {statistics.median(values) - statistics.median(base):+.1f} ms"
@@ -321,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calls", type=int, action="append", help="call counts (repeat)")
     p.add_argument("--rounds", type=int, default=None)
     p.add_argument("--seconds", type=float, default=None, help="steady seconds per round")
+    p.add_argument("--profile", type=Path, default=None, metavar="FILE",
+                   help="run the latency daemon under py-spy; its raw profile goes to FILE")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a dshd config value for the latency daemon (e.g. publish_rate_bytes)")
     args = p.parse_args(argv)
@@ -334,7 +354,12 @@ def main(argv: list[str] | None = None) -> int:
             if name == "latency":
                 config = {k: float(v) if "." in v else int(v)
                           for k, v in (x.split("=", 1) for x in args.set)}
-                lines = report_latency(trio.run(bench_latency, counts, rounds, seconds, config))
+                lines = report_latency(trio.run(bench_latency, counts, rounds, seconds, config,
+                                                args.profile))
+                if args.profile is not None:
+                    lines += [f"  profile {args.profile} (inclusive, top 25):"] + [
+                        f"    {share:6.1%}  {frame}"
+                        for share, frame in top_frames(args.profile, 25, own=False)]
             else:
                 lines = report_leave(trio.run(bench_leave, rounds if not args.quick else 1,
                                               5 if args.quick else 21))

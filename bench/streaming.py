@@ -59,6 +59,7 @@ import trio
 from client.api import Client, connect
 
 from .dshd_proc import BenchDaemon, StalledReader, top_frames
+from .lanes import PY
 from .wire import build_log, microbench, wire_efficiency
 
 BENCHES = ["throughput", "latency", "wire", "memory", "fanout", "micro"]
@@ -220,7 +221,7 @@ def _stamp_tool(lines: int, *, exact: bool = True) -> str:
                 f"for i in range({lines}):\n"
                 "    sys.stdout.write(str(time.time_ns())+'\\n'); sys.stdout.flush()\n"
                 "    time.sleep(0.01)\n")
-    return f"python3 -c \"{prog}\""
+    return f"{PY} -c \"{prog}\""
 
 
 async def _baseline_latency(lines: int) -> list[float]:
@@ -347,7 +348,7 @@ async def bench_wire_real(lines: int, bulk_size: int) -> dict:
                 await trio.to_thread.run_sync(reader.subscribe, sid)
                 await trio.to_thread.run_sync(reader.read_batch, 10.0)  # its base batch
                 out["line rate"] = await _wire_case(
-                    driver, sid, reader, f'python3 -c "{LINE_RATE_PROG}" {small}',
+                    driver, sid, reader, f'{PY} -c "{LINE_RATE_PROG}" {small}',
                     small.stat().st_size, lines * 0.01)
                 out["bulk"] = await _wire_case(driver, sid, reader, f"cat {bulk}",
                                                bulk.stat().st_size, 0)
