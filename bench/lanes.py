@@ -27,6 +27,7 @@ rounds (never a best-of), with the issue's goal and "met"/"NOT met".
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -38,7 +39,7 @@ import trio
 
 from client.api import Client, connect
 
-from .dshd_proc import BenchDaemon, top_frames
+from .dshd_proc import ROOT, BenchDaemon, top_frames
 
 MiB = 1024 * 1024
 #: The interpreter the benches' tool programs run with: this one's real binary, no site (a
@@ -63,8 +64,22 @@ def _pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
 
 
-def _spread(values: list[float]) -> str:
-    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+def _spread(values: list[float], digits: int = 2) -> str:
+    return (f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}-"
+            f"{max(values):.{digits}f})")
+
+
+def host_cpu_seconds(d: BenchDaemon) -> float:
+    """User + system CPU so far of the daemon's live call hosts (pids from their host.json)."""
+    total = 0
+    for record in d.state_dir.glob("sessions/*/calls/*/host.json"):
+        try:
+            pid = json.loads(record.read_text())["pid"]
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, ValueError, KeyError):
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def _last_lines(text: str, n: int) -> list[str]:
@@ -140,16 +155,28 @@ async def _lane_latency(d: BenchDaemon, driver: Client, watcher: Client, n: int,
         await trio.sleep(0.3)  # the last batches reach the mirror
         cancel.cancel()
 
-    c0 = cpu_at = None
-    own0 = time.process_time()
+    cpu: dict[str, float] = {}
+
+    async def sample_cpu() -> None:
+        """CPU shares (of a core) of the daemon, the call hosts and this mirror client over
+        the steady window: from ``ready`` to just before the last lines."""
+        while ready_ns[0] == 1 << 62:
+            await trio.sleep(0.05)
+        await trio.sleep(max(0.0, ready_ns[0] / 1e9 - time.time()))
+        a = (d.cpu_seconds(), host_cpu_seconds(d), time.process_time(), time.perf_counter())
+        await trio.sleep(max(0.5, t0 + lines * 0.01 - time.time() - 0.3))
+        b = (d.cpu_seconds(), host_cpu_seconds(d), time.process_time(), time.perf_counter())
+        wall = b[3] - a[3]
+        cpu.update(daemon=(b[0] - a[0]) / wall, hosts=(b[1] - a[1]) / wall,
+                   client=(b[2] - a[2]) / wall)
+
     with trio.fail_after(start_margin + seconds + 120):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(drive, nursery.cancel_scope)
+            nursery.start_soon(sample_cpu)
             async for view in sub:
                 now = time.time_ns()
                 batches += 1
-                if c0 is None and now >= ready_ns[0]:
-                    c0, cpu_at = d.cpu_seconds(), time.perf_counter()
                 for cid, tool in view["tools"].items():
                     out = tool["output"]
                     total = out["truncation"]["totalLines"]
@@ -164,22 +191,20 @@ async def _lane_latency(d: BenchDaemon, driver: Client, watcher: Client, n: int,
                         stamp = int(x)
                         if stamp >= ready_ns[0]:
                             lat.append((now - stamp) / 1e6)
-    wall = time.perf_counter() - cpu_at if cpu_at is not None else 0.0
-    cpu = (d.cpu_seconds() - c0) / wall if c0 is not None else 0.0
-    own = (time.process_time() - own0) / wall if wall else 0.0
     for result in results:
         if result["isError"]:
             raise AssertionError(f"a stamp call failed: {result['content']}")
     await sub.aclose()
     if not lat:
         raise AssertionError("no line reached the mirror in the steady window")
-    return {"lat": lat, "missed": missed, "batches": batches, "cpu": cpu, "own": own}
+    return {"lat": lat, "missed": missed, "batches": batches, "cpu": cpu}
 
 
 async def bench_latency(counts: list[int], rounds: int, seconds: float,
-                        config: dict | None = None, profile: Path | None = None) -> dict:
+                        config: dict | None = None, profile: Path | None = None,
+                        root: Path = ROOT) -> dict:
     out: dict[int, dict] = {}
-    with BenchDaemon(config, profile=profile) as d:
+    with BenchDaemon(config, profile=profile, root=root) as d:
         async with connect(d.socket, "lanes-driver") as driver, \
                 connect(d.socket, "lanes-mirror") as watcher:
             for n in counts:
@@ -196,8 +221,7 @@ async def bench_latency(counts: list[int], rounds: int, seconds: float,
                                                  "p99": _pct(x["lat"], 99),
                                                  "max": max(x["lat"]), "lines": len(x["lat"]),
                                                  "missed": x["missed"],
-                                                 "batches": x["batches"], "cpu": x["cpu"],
-                                                 "own": x["own"]})
+                                                 "batches": x["batches"], **x["cpu"]})
                 out[n] = runs
     return out
 
@@ -259,10 +283,10 @@ async def _after_big_batch(driver: Client, sid: str, w: LeaveWatcher, blob: Path
     return ms, shown
 
 
-async def bench_leave(rounds: int, bursts: int) -> dict:
+async def bench_leave(rounds: int, bursts: int, root: Path = ROOT) -> dict:
     runs: dict[str, list[float]] = {"idle": [], "big batch": [], "1 MiB argument": [],
                                     "1 MiB output": []}
-    with BenchDaemon() as d, trio.fail_after(60 + rounds * 60):
+    with BenchDaemon(root=root) as d, trio.fail_after(60 + rounds * 60):
         blob = d.dir / "blob.b64"
         subprocess.run(f"head -c 38400 /dev/urandom | base64 -w 76 > {blob}", shell=True,
                        check=True)
@@ -307,8 +331,9 @@ def report_latency(r: dict) -> list[str]:
         lines.append(
             f"             lines/round {[x['lines'] for x in o]}, missed "
             f"{[x['missed'] for x in o]}, batches {[x['batches'] for x in o]}, daemon CPU "
-            f"{_spread([100 * x['cpu'] for x in o])} %, the mirror client "
-            f"{_spread([100 * x['own'] for x in o])} % of a core")
+            f"{_spread([100 * x.get('daemon', 0) for x in o], 0)} %, call hosts "
+            f"{_spread([100 * x.get('hosts', 0) for x in o], 0)} %, the mirror client "
+            f"{_spread([100 * x.get('client', 0) for x in o], 0)} % of a core")
         if n == 100:
             ok = statistics.median(p50s) <= GOAL_P50_MS and statistics.median(p99s) <= GOAL_P99_MS
             lines.append(f"  goal (100 calls): p50 <= {GOAL_P50_MS:g} ms, p99 <= "
@@ -339,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calls", type=int, action="append", help="call counts (repeat)")
     p.add_argument("--rounds", type=int, default=None)
     p.add_argument("--seconds", type=float, default=None, help="steady seconds per round")
+    p.add_argument("--root", type=Path, default=ROOT, metavar="DIR",
+                   help="the source tree whose dshd runs (e.g. an export of main, to compare)")
     p.add_argument("--profile", type=Path, default=None, metavar="FILE",
                    help="run the latency daemon under py-spy; its raw profile goes to FILE")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -355,14 +382,14 @@ def main(argv: list[str] | None = None) -> int:
                 config = {k: float(v) if "." in v else int(v)
                           for k, v in (x.split("=", 1) for x in args.set)}
                 lines = report_latency(trio.run(bench_latency, counts, rounds, seconds, config,
-                                                args.profile))
+                                                args.profile, args.root))
                 if args.profile is not None:
                     lines += [f"  profile {args.profile} (inclusive, top 25):"] + [
                         f"    {share:6.1%}  {frame}"
                         for share, frame in top_frames(args.profile, 25, own=False)]
             else:
                 lines = report_leave(trio.run(bench_leave, rounds if not args.quick else 1,
-                                              5 if args.quick else 21))
+                                              5 if args.quick else 21, args.root))
         except Exception as exc:  # noqa: BLE001 - one broken bench must not hide the other
             import traceback
 
