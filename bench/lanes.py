@@ -69,17 +69,20 @@ def _spread(values: list[float], digits: int = 2) -> str:
             f"{max(values):.{digits}f})")
 
 
-def host_cpu_seconds(d: BenchDaemon) -> float:
-    """User + system CPU so far of the daemon's live call hosts (pids from their host.json)."""
-    total = 0
-    for record in d.state_dir.glob("sessions/*/calls/*/host.json"):
+def host_cpu_seconds(d: BenchDaemon, session_id: str) -> dict[int, float]:
+    """User + system CPU so far of each live call host of the session, by pid (from host.json;
+    a pid counts only while its command line is a call host: pids of ended hosts are reused)."""
+    out: dict[int, float] = {}
+    for record in d.state_dir.glob(f"sessions/{session_id}/calls/*/host.json"):
         try:
             pid = json.loads(record.read_text())["pid"]
+            if b"callhost/main.py" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                continue
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except (OSError, ValueError, KeyError):
             continue
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
+        out[pid] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
 
 
 def _last_lines(text: str, n: int) -> list[str]:
@@ -163,11 +166,12 @@ async def _lane_latency(d: BenchDaemon, driver: Client, watcher: Client, n: int,
         while ready_ns[0] == 1 << 62:
             await trio.sleep(0.05)
         await trio.sleep(max(0.0, ready_ns[0] / 1e9 - time.time()))
-        a = (d.cpu_seconds(), host_cpu_seconds(d), time.process_time(), time.perf_counter())
+        a = (d.cpu_seconds(), host_cpu_seconds(d, sid), time.process_time(), time.perf_counter())
         await trio.sleep(max(0.5, t0 + lines * 0.01 - time.time() - 0.3))
-        b = (d.cpu_seconds(), host_cpu_seconds(d), time.process_time(), time.perf_counter())
+        b = (d.cpu_seconds(), host_cpu_seconds(d, sid), time.process_time(), time.perf_counter())
         wall = b[3] - a[3]
-        cpu.update(daemon=(b[0] - a[0]) / wall, hosts=(b[1] - a[1]) / wall,
+        hosts = sum(b[1][pid] - a[1][pid] for pid in a[1].keys() & b[1].keys())
+        cpu.update(daemon=(b[0] - a[0]) / wall, hosts=hosts / wall, hosts_seen=len(a[1]),
                    client=(b[2] - a[2]) / wall)
 
     with trio.fail_after(start_margin + seconds + 120):
@@ -332,7 +336,9 @@ def report_latency(r: dict) -> list[str]:
             f"             lines/round {[x['lines'] for x in o]}, missed "
             f"{[x['missed'] for x in o]}, batches {[x['batches'] for x in o]}, daemon CPU "
             f"{_spread([100 * x.get('daemon', 0) for x in o], 0)} %, call hosts "
-            f"{_spread([100 * x.get('hosts', 0) for x in o], 0)} %, the mirror client "
+            f"{_spread([100 * x.get('hosts', 0) for x in o], 0)} % (per host "
+            f"{_spread([100 * x.get('hosts', 0) / max(1, x.get('hosts_seen', 0)) for x in o], 1)}"
+            f" %), the mirror client "
             f"{_spread([100 * x.get('client', 0) for x in o], 0)} % of a core")
         if n == 100:
             ok = statistics.median(p50s) <= GOAL_P50_MS and statistics.median(p99s) <= GOAL_P99_MS

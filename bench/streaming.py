@@ -523,7 +523,7 @@ def _sizes(quick: bool) -> dict:
         return {"tp_size": 32 * MiB, "tp_rounds": 1, "lat_lines": 200, "wire_size": 256 * 1024, "wire_lines": 100,
                 "mem_calls": 8, "stall": 4.0, "fan_subs": 50, "fan_size": 16 * MiB,
                 "fan_rounds": 1, "micro_lines": 1000, "micro_seconds": 0.1}
-    return {"tp_size": 256 * MiB, "tp_rounds": 2, "lat_lines": 1000, "wire_size": 4 * MiB, "wire_lines": 500,
+    return {"tp_size": 256 * MiB, "tp_rounds": 3, "lat_lines": 1000, "wire_size": 4 * MiB, "wire_lines": 500,
             "mem_calls": 8, "stall": 10.0, "fan_subs": 200, "fan_size": 256 * MiB,
             "fan_rounds": 3, "micro_lines": 4000, "micro_seconds": 0.5}
 
