@@ -14,14 +14,18 @@ rounds (never a best-of), with the issue's goal and "met"/"NOT met".
   (new lines of a call are the last ``totalLines`` growth of its window). Lines stamped before
   every call had started (plus a short settling time) are left out: the figures are of the
   steady state. Baseline: the same N programs read straight from pipes by this process (the
-  floor: pipe + wake-up on the same loaded machine). Daemon CPU over the steady window is
-  printed beside it (``/proc/PID/stat``).
+  floor: pipe + wake-up on the same loaded machine). The CPU shares of the daemon, of the
+  session's call hosts (pids from their ``host.json``) and of the mirror client over the
+  steady window are printed beside it (``/proc/PID/stat``): at 50-100 calls the hosts take
+  the machine's cores. ``--root`` runs another source tree's daemon (an export of main, say)
+  for a before/after comparison.
 * **leave** (goal ≤ 50 ms): a call settles and the time from ``tool.wait``'s answer to the
   mirror showing it in ``recent`` (negative: the mirror saw it first) is taken in four
   situations: an idle lane (the baseline); right after a ~1 MiB batch (21 calls burst 50 KB of
   base64 each at one instant T, the probe call exits 0.2 s after T, inside that batch's byte
-  pause; the bench fails when less than 256 KiB of windows had reached the mirror by then); a
-  call with a 1 MiB argument; and a call whose own output is a 1 MiB burst.
+  pause; the bench fails when less than 256 KiB of windows (5 windows in --quick) had reached
+  the mirror by then); a call with a 1 MiB argument; and a call whose own output is a 1 MiB
+  burst.
 """
 
 from __future__ import annotations
@@ -280,7 +284,7 @@ async def _after_big_batch(driver: Client, sid: str, w: LeaveWatcher, blob: Path
            for _ in range(bursts)]
     ms = await _leave_once(driver, sid, w, f"{wait_until}; sleep 0.2")
     shown = w.window_bytes
-    if shown < 256 * 1024:
+    if shown < min(256 * 1024, bursts * 40_000):  # at least ~5 windows (quick) or 256 KiB
         raise AssertionError(f"no big batch reached the mirror before the probe left ({shown} B)")
     for cid in big:
         await driver.wait(sid, cid)
