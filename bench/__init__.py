@@ -12,6 +12,7 @@ BENCHES: list[str] = [
     "hostpath",  # the host's write path, variant by variant (read/readv/splice, the count)
     "wire_fuzz",  # daemon.status latency idle vs under malformed input on 20 connections
     "storage",  # open (repair) of 10k/100k/1M-event logs: wall, RSS; listing 10,000 sessions
+    "lanes",  # 1-100 concurrent calls: write -> mirror latency; lane leave after a big batch
 ]
 
 #: Arguments each bench gets under ``python -m bench --quick`` (a smoke run with small sizes).
@@ -22,4 +23,5 @@ QUICK_ARGV: dict[str, list[str]] = {
     "hostpath": ["--quick"],
     "wire_fuzz": ["--seconds", "3"],
     "storage": ["--quick"],
+    "lanes": ["--quick"],
 }
