@@ -173,6 +173,10 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     #: A re-asked approval (pending across a restart) waits this long for an answerer to
     #: attach before it is ``unavailable``, seconds: 0 .. 86400 (room asks).
     reask_grace_seconds: Annotated[float, msgspec.Meta(ge=0, le=86_400)] = 120.0
+    # -- sessions room (issue 14): an open session's bounded memory ------------------------
+    #: Settled tool results an open session keeps in memory (an LRU), counts: 16 .. 65536; a
+    #: ``tool.wait`` on an older one reads it back from the log by its seq.
+    results_cache: Annotated[int, msgspec.Meta(ge=16, le=65_536)] = 1024
     #: Log output: "auto" (console on a TTY, JSON otherwise), "console" or "json".
     log_format: Literal["auto", "console", "json"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
