@@ -44,3 +44,20 @@ def test_microbench_quick() -> None:
     assert r["batches"] > 100
     assert set(r["rates"]) == {"produce", "encode", "decode", "apply"}
     assert all(rate > 0 for rate in r["rates"].values())
+
+
+def test_soak_quick(capsys) -> None:
+    """bench.soak --quick: a real daemon, real clients; the printout has its figures and the
+    work it did (rounds > 0), and the arithmetic of the verdict is the goal's."""
+    from bench import QUICK_ARGV, soak
+
+    assert soak.main(QUICK_ARGV["soak"]) == 0
+    out = capsys.readouterr().out
+    assert "SHORT soak" in out and "baseline (idle daemon, same run)" in out
+    assert " 0 rounds" not in out and "goal: flat within +-20 % after warm-up" in out
+    r = soak.report([(0, 100), (10, 100), (20, 121), (30, 110)], 50, warmup=10)
+    assert r["warmup_kib"] == 100 and r["max_kib"] == 121 and not r["met"]
+    assert soak.report([(10, 100), (20, 100), (30, 101)], 50, warmup=10)["met"]
+    # a slow leak that a short soak measures within 20 % fails by its trend
+    leak = soak.report([(10, 100), (20, 105), (30, 110)], 50, warmup=10)
+    assert leak["max_deviation_percent"] == 10 and not leak["met"]
