@@ -45,6 +45,9 @@ Theory of operation:
   at admission, before the gate, and gets the empty file ``settled`` once its ``tool/result``
   is durable (best effort: a lost one only makes the next start open the session once). The
   daemon's start opens every session with a call dir without it (``dshd.sessions.registry``).
+* **Bounded memory.** What the table knows of settled calls is their entry in the exact call
+  index and, for the last ``results_cache``, their result (``dshd.sessions.call_index``);
+  ``tool.wait`` on an older one reads its ``tool/result`` back from the log by its seq.
 * **After a restart** the session's resume plan (``dshd.sessions.resume``) brings calls back:
   :meth:`CallTable.adopt` (a live host, or its exit record: ``dshd.sessions.resumed``) and
   :meth:`CallTable.reask` (an approval that was pending).

@@ -8,8 +8,13 @@ Theory of operation:
   turns, started through :meth:`spawn`). Work therefore lives as long as the session, never as
   long as the connection that asked for it: a client that disconnects never stops a tool.
 * The log (``dshd.storage.SessionLog``) is the truth; everything in memory is derived from it
-  and rebuilt on open (policy, sandbox mode, env, owner, settled results, the lane's
-  ``recent``). The jobs are split: ``calls`` (admission, gate → barrier → exec → settle, the
+  and rebuilt on open from the last ``log/snapshot``'s ``session`` dict (:meth:`snapshot_state`
+  gives it to the writer) and the events after it (policy, sandbox mode, env, owner, the known
+  call ids, the lane's ``recent``). Memory is bounded whatever the session's length: the
+  writer's tail, the unsettled calls, the pending approvals, ``RECENT_MAX`` recent calls, an
+  LRU of ``results_cache`` settled results and the compact call index
+  (``dshd.sessions.call_index``); older events, results and the model's history are read
+  back from disk and verified (``dshd.sessions.logview``; damage marks it ``damaged``). The jobs are split: ``calls`` (admission, gate → barrier → exec → settle, the
   results), ``lane`` (the lane view), ``approval`` (the gate), ``barrier``, ``streams`` (the
   publisher and subscriptions). This module keeps the lifetime, the settings, the
   subscriptions and **the port**: the methods other rooms use (handlers, the service
@@ -192,19 +197,16 @@ class Session:
         return self._log.write_started
 
     async def events(self, after_seq: int, limit: int) -> list:
-        """Events with seq > after_seq, oldest first, unflushed tail included; older ones are
-        read from disk and verified (``dshd.sessions.logview``; LogCorrupt marks the session
-        damaged). The ``log/snapshot`` events are the daemon's own: left out (a seq hole)."""
+        """Events with seq > after_seq, oldest first, unflushed tail included, old ones from
+        disk; no ``log/snapshot`` (``LogView.events``; LogCorrupt marks the session damaged)."""
         return await self._view.events(after_seq, limit)
 
     async def history(self) -> list:
-        """The session's conversation events, oldest first (``dshd.agent.history`` builds the
-        model's messages from them), read from disk and the tail (``LogView.history``)."""
+        """The conversation's events, oldest first, from disk and the tail (the agent's)."""
         return await self._view.history(HISTORY_TYPES)
 
     @property
-    def damaged(self) -> str | None:
-        """Why an old frame of the log is damaged (found by a read), or None."""
+    def damaged(self) -> str | None:  # why an old frame is damaged (found by a read), or None
         return self._view.damaged
 
     def record(self, type_: str, data: dict) -> int:
