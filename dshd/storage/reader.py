@@ -87,6 +87,7 @@ class LogRead(msgspec.Struct):
     #: The crash-repair fold and the settings fold through the last event read (fold reads).
     repair: RepairState | None = None
     settings: dict | None = None
+    last_seq: int = -1
 
 
 def session_dir_for(state_dir: Path, session_id: str) -> Path:
@@ -180,6 +181,7 @@ def parse_log(data: bytes, *, session_id: str, path: Path, compression: str,
         start=base,
         repair=lines.repair,
         settings=lines.settings,
+        last_seq=lines.next_seq - 1,
     )
 
 

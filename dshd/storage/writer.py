@@ -48,6 +48,7 @@ session directory removed or replaced) does not happen: `StorageWriteError` (cau
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+import os
 from pathlib import Path
 from typing import Any
 
@@ -69,14 +70,20 @@ from .format import (
 )
 from .lock import HeldLock, claim
 from .logfile import LogFile, open_log
+from .memory import LogMemory, PendingSnapshot
+from .pages import iter_all, read_events
 from .reader import LogRead, session_dir_for
-from .repair import DEFAULT_LIMITS, repair_closers, unresolved_calls
-from .sidecar import pending_windows, retire_settled
+from .repair import DEFAULT_LIMITS, RepairState, repair_closers, unresolved_calls
+from .sidecar import PENDING_DIR, SUFFIX, pending_windows, retire_settled
+from .summary import summary_dict, write_summary
 from .threads import run_sync
 
 log = structlog.get_logger("dshd.storage")
 
 DEFAULT_COALESCE = 0.200
+DEFAULT_SNAPSHOT_EVERY = 10_000
+#: Seconds between summary rewrites while durable events are not in it (STORAGE.md §7).
+SUMMARY_EVERY = 5.0
 
 
 class SessionLog:
@@ -90,11 +97,15 @@ class SessionLog:
 
     def __init__(self, *, state_dir: Path, session_id: str, header: Header, compression: str,
                  coalesce: float, claims: set[str] | None, read: LogRead | None = None,
-                 fd: int | None = None, lock: HeldLock | None = None) -> None:
+                 fd: int | None = None, lock: HeldLock | None = None,
+                 snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
+                 snapshot_state: Callable[[], dict] | None = None) -> None:
         if compression not in COMPRESSIONS:
             raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
         if coalesce < 0:
             raise ValueError("coalesce must be >= 0 seconds")
+        if snapshot_every < 0:
+            raise ValueError("snapshot_every must be >= 0 events")
         self.state_dir = Path(state_dir)
         self.session_id = session_id
         self.session_dir = session_dir_for(self.state_dir, session_id)
@@ -106,20 +117,26 @@ class SessionLog:
         self._lock_lost = False  # a lost lock was logged (once per episode)
         self._file = LogFile(self.session_dir, self.path, compression, fd=fd, lock=lock)
 
-        self.events: list[Event] = []
+        self._memory = LogMemory(read)
+        self.snapshot_every = snapshot_every
+        self._snapshot_state = snapshot_state
+        self._snapshots_allowed = read is None  # an open allows them once it has returned
+        self._compat: list[Event] | None = None  # the deprecated ``events`` (module doc)
         self.last_seq = -1
         self.durable_seq = -1
+        self.durable_bytes = 0
         self._published = read is not None
         self._fix: list[tuple[int, bytes]] = []  # torn-tail records to re-append
         if read is not None:
-            self.events = list(read.events)
-            self.last_seq = len(self.events) - 1
+            self.last_seq = read.last_seq
             self.durable_seq = self.last_seq - len(read.recovered)
             self._fix = [(ev.seq, encode_line(ev)) for ev in read.recovered]
-            self._file.size = read.valid_bytes
+            self._file.size = self.durable_bytes = read.valid_bytes
             if read.torn:
                 self._file.truncate_to = read.valid_bytes  # cut by the first write
-        self._pending: list[tuple[int, bytes, float]] = []  # (seq, line, trio time appended)
+        #: (seq, line or a pending snapshot, trio time appended)
+        self._pending: list[tuple[int, bytes | PendingSnapshot, float]] = []
+        self._summary_at: float | None = None  # trio time of the last summary write
         self._pending_since: float | None = None
 
         self._write_lock = trio.Lock()
@@ -148,8 +165,13 @@ class SessionLog:
         compression: str = "zstd",
         coalesce: float = DEFAULT_COALESCE,
         claims: set[str] | None = None,
+        snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
+        snapshot_state: Callable[[], dict] | None = None,
     ) -> SessionLog:
         """A handle for a new session log; no I/O (STORAGE.md §4).
+
+        ``snapshot_every``: events between snapshots (0: never); ``snapshot_state()``: the
+        owner's state for a snapshot (no snapshot is written without it; STORAGE.md §7).
 
         The first write publishes the log (temp ``O_EXCL`` + fsync + ``link`` + directory
         fsync); it fails with `StorageWriteError` if a log already exists or the session lock
@@ -163,7 +185,8 @@ class SessionLog:
             raise ValueError(f"header.id {header.id!r} differs from session id {session_id!r}")
         with claim(claims, session_dir, session_id):
             return cls(state_dir=state_dir, session_id=session_id, header=header,
-                       compression=compression, coalesce=coalesce, claims=claims)
+                       compression=compression, coalesce=coalesce, claims=claims,
+                       snapshot_every=snapshot_every, snapshot_state=snapshot_state)
 
     @classmethod
     async def open_for_write(
@@ -177,6 +200,9 @@ class SessionLog:
         repair: bool = False,
         output_limits: tuple[int, int] | None = None,
         resume: Callable[[list[Event]], Awaitable[Any]] | None = None,
+        plan: Callable[[RepairState], Awaitable[Any]] | None = None,
+        snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
+        snapshot_state: Callable[[], dict] | None = None,
     ) -> SessionLog:
         """Open an existing session log for writing (STORAGE.md §4, §5).
 
@@ -187,6 +213,10 @@ class SessionLog:
         ``resume(events)``: the daemon's resume plan (``dshd.sessions.resume``), awaited
         before the repair; what its ``keep_calls`` / ``keep_approvals`` / ``keep_turns`` name
         is not closed, its ``windows`` add to the sidecars' (kept as ``self.resume_plan``).
+        ``plan(repair_state)`` is the same with the `RepairState` instead of every event
+        (``resume`` is deprecated: it makes the handle read the whole log once). The log is
+        read from its last snapshot (STORAGE.md §7); ``snapshot_every``/``snapshot_state`` as
+        in `create` (no snapshot is taken before this returns).
         ``compression`` is informational: the format on disk wins (a config change applies to
         new sessions only). Raises `ValueError` (invalid id), `FileNotFoundError` (no session
         directory or no log), `LockHeld`, `LogCorrupt`, `LogTooNew`, `StorageWriteError`
@@ -197,39 +227,44 @@ class SessionLog:
             read, fd, lock = await run_sync(open_log, session_dir, session_id)
         log = cls(state_dir=state_dir, session_id=session_id, header=read.header,
                   compression=read.compression, coalesce=coalesce, claims=claims, read=read,
-                  fd=fd, lock=lock)
+                  fd=fd, lock=lock, snapshot_every=snapshot_every,
+                  snapshot_state=snapshot_state)
         try:
             if repair:
-                await log._repair(output_limits, resume)
+                await log._repair(output_limits, resume, plan)
             await log._retire_settled_sidecars()
+            log._snapshots_allowed = True
         except BaseException:
             with trio.CancelScope(shield=True):
                 await log._close_files()
             raise
         return log
 
-    async def _repair(self, limits: tuple[int, int] | None, resume) -> None:
-        plan = self.resume_plan = await resume(self.events) if resume is not None else None
-        windows = await run_sync(
-            pending_windows, self.session_dir, unresolved_calls(self.events))
+    async def _repair(self, limits: tuple[int, int] | None, resume, plan_of) -> None:
+        if plan_of is not None:
+            plan = await plan_of(self.repair_state)
+        else:
+            plan = await resume(self.events) if resume is not None else None
+        self.resume_plan = plan
+        state = self.repair_state
+        windows = await run_sync(pending_windows, self.session_dir, unresolved_calls(state))
         if plan is not None:
             windows = {**plan.windows, **windows}  # a checkpointed window wins
         keep = {} if plan is None else {"keep_calls": plan.keep_calls, "keep_turns": plan.keep_turns,
                                         "keep_approvals": plan.keep_approvals}
         at = now_ms()
-        for type_, data in repair_closers(self.events, windows, limits or DEFAULT_LIMITS, **keep):
+        for type_, data in repair_closers(state.copy(), windows, limits or DEFAULT_LIMITS, **keep):
             self.append(type_, data, time_ms=at)
         if not self._durable_through(self.last_seq):
             await self.flush()
 
     async def _retire_settled_sidecars(self) -> None:
-        settled = [
-            ev.data["callId"]
-            for ev in self.events
-            if ev.type == "tool/result"
-            and ev.seq <= self.durable_seq
-            and isinstance(ev.data.get("callId"), str)
-        ]
+        """Unlink the sidecars of calls that are not open (their result is durable)."""
+        unsure = {ev.data.get("callId") for ev in self._memory.tail
+                  if ev.seq > self.durable_seq and ev.type == "tool/result"}
+        open_ = self._memory.repair.calls
+        settled = [cid for cid in await run_sync(_sidecar_ids, self.session_dir)
+                   if cid not in open_ and cid not in unsure]
         if settled:
             await run_sync(retire_settled, self.session_dir, settled)
 
@@ -257,7 +292,9 @@ class SessionLog:
         event, line = new_event(self.last_seq + 1, type, data, ignorable=ignorable,
                                 time_ms=now_ms() if time_ms is None else time_ms)
         now = trio.current_time()
-        self.events.append(event)
+        self._memory.see(event)
+        if self._compat is not None:
+            self._compat.append(event)
         self.last_seq = event.seq
         self._pending.append((event.seq, line, now))
         if self._pending_since is None:
@@ -281,8 +318,12 @@ class SessionLog:
         count = last - first + 1
         if len(self._pending) < count or self._pending[-count][0] != first:
             return False
+        if any(isinstance(line, PendingSnapshot) for _, line, _ in self._pending[-count:]):
+            return False
         del self._pending[-count:]
-        del self.events[-count:]
+        self._memory.retract(first)
+        if self._compat is not None:
+            del self._compat[-count:]
         self.last_seq = first - 1
         self._pending_since = self._pending[0][2] if self._pending else None
         if not self._pending and not self._fix:
@@ -362,16 +403,52 @@ class SessionLog:
         finally:
             self._runner_active = False
 
-    async def _write_locked(self) -> None:
-        pending = list(self._pending)
-        fix = list(self._fix)
-        payloads: list[bytes] = []
+    def _maybe_snapshot(self, force: bool = False) -> None:
+        """Append a snapshot as the next seq when one is due (STORAGE.md §7)."""
+        memory = self._memory
+        if (self._snapshot_state is None or not self._snapshots_allowed
+                or self.snapshot_every == 0 or self.last_seq <= memory.last_snapshot_seq):
+            return
+        if not (force or memory.due(self.last_seq, self.snapshot_every)):
+            return
+        try:
+            session = self._snapshot_state()
+            if not isinstance(session, dict):
+                raise TypeError(f"snapshot_state() returned {type(session).__name__}")
+        except Exception as e:  # the owner's bug: no snapshot, the log goes on
+            log.error("storage.snapshot_state_failed", session=self.session_id, error=repr(e))
+            return
+        snap = memory.take_snapshot(self.last_seq + 1, now_ms(), session)
+        self.last_seq = snap.seq
+        self._pending.append((snap.seq, snap, trio.current_time()))
+        if self._compat is not None:
+            self._compat.append(snap.event(-1))
+
+    def _payloads(self, pending: list, fix: list) -> list:
+        payloads: list = []
         if not self._published:
             payloads.append(encode_line(self.header))
         if fix:
             payloads.append(b"".join(line for _, line in fix))
-        if pending:
-            payloads.append(b"".join(line for _, line, _ in pending))
+        run: list[bytes] = []
+        for _, line, _ in pending:
+            if isinstance(line, PendingSnapshot):  # its own frame
+                if run:
+                    payloads.append(b"".join(run))
+                    run = []
+                payloads.append(line.payload)
+            else:
+                run.append(line)
+        if run:
+            payloads.append(b"".join(run))
+        return payloads
+
+    async def _write_locked(self, *, closing: bool = False) -> None:
+        self._maybe_snapshot(force=closing)
+        pending = list(self._pending)
+        fix = list(self._fix)
+        settings = self._memory.settings  # through the last event of this write
+        payloads = self._payloads(pending, fix)
         self.write_started = trio.current_time()
         try:
             if self._published:
@@ -400,10 +477,29 @@ class SessionLog:
             self.durable_seq = pending[-1][0]
         elif fix:
             self.durable_seq = fix[-1][0]
+        self.durable_bytes = self._file.size
+        snapped = [line for _, line, _ in pending if isinstance(line, PendingSnapshot)]
+        for snap in snapped:
+            self._memory.snapshot_durable(snap)
         self._pending_since = self._pending[0][2] if self._pending else None
         self._failed = None
         self._lock_lost = False
         self._notify()
+        if snapped or closing or self._summary_due():
+            await self._write_summary(settings)
+
+    def _summary_due(self) -> bool:
+        return self._summary_at is None or trio.current_time() - self._summary_at >= SUMMARY_EVERY
+
+    async def _write_summary(self, settings: dict) -> None:
+        """Rewrite summary.json for what is durable (derived: a failure is only logged)."""
+        self._summary_at = trio.current_time()
+        summary = summary_dict(self.header, settings, self.durable_seq, self.durable_bytes,
+                               self._memory.snapshot_offset)
+        try:
+            await run_sync(write_summary, self.session_dir, summary)
+        except OSError as e:
+            log.warning("storage.summary_failed", session=self.session_id, error=str(e))
 
     # --- closing --------------------------------------------------------------------------
 
@@ -417,6 +513,21 @@ class SessionLog:
                 self._closed = True
                 self._closing = True
                 self._notify()
+
+    async def _final_write(self) -> None:
+        """The close's write: what is buffered, a snapshot when events were written since the
+        last one, and the summary (STORAGE.md §4, §7)."""
+        if self._discarded:
+            return
+        memory = self._memory
+        async with self._write_lock:
+            snapshot = (self._published and self._snapshot_state is not None
+                        and self._snapshots_allowed and self.snapshot_every > 0
+                        and self.last_seq > memory.last_snapshot_seq)
+            if self._pending or self._fix or snapshot:
+                await self._write_locked(closing=True)
+            elif self._published and self._failed is None:
+                await self._write_summary(memory.settings)
 
     def discard_unpublished(self) -> bool:
         """Give up a log whose first durable write never happened (STORAGE.md §4).
@@ -454,8 +565,7 @@ class SessionLog:
         with trio.CancelScope(shield=True):
             try:
                 with trio.move_on_after(timeout) as scope:
-                    if not self._durable_through(self.last_seq) and (self._pending or self._fix):
-                        await self.flush()
+                    await self._final_write()
                 if scope.cancelled_caught:
                     error = StorageWriteError(
                         f"session {self.session_id}: the final flush did not finish in {timeout} s"
@@ -468,6 +578,61 @@ class SessionLog:
             raise error
 
     # --- introspection --------------------------------------------------------------------
+
+    @property
+    def tail(self) -> list[Event]:
+        """The events after the last durable snapshot (durable or not; snapshots excluded)."""
+        return self._memory.tail
+
+    @property
+    def repair_state(self) -> RepairState:
+        """The crash-repair fold through `last_seq` (read-only: copy it to change it)."""
+        return self._memory.repair
+
+    @property
+    def settings(self) -> dict:
+        """``approvalPolicy``/``sandbox``/``owner`` as logged through `last_seq` (None: never)."""
+        return self._memory.settings
+
+    @property
+    def snapshot(self) -> dict | None:
+        """The owner's dict of the last durable snapshot (None: none yet)."""
+        return self._memory.snapshot
+
+    @property
+    def snapshot_seq(self) -> int:
+        return self._memory.snapshot_seq
+
+    @property
+    def snapshot_offset(self) -> int | None:
+        return self._memory.snapshot_offset
+
+    def set_snapshot_state(self, snapshot_state: Callable[[], dict] | None) -> None:
+        """Give (or take back) the owner's snapshot callback (STORAGE.md §7)."""
+        self._snapshot_state = snapshot_state
+
+    def read_events(self, after_seq: int, limit: int) -> list[Event]:
+        """Durable events with seq > ``after_seq`` from disk, verified (`pages.read_events`);
+        sync: run it in a worker thread. The non-durable tail is in `tail`."""
+        return read_events(self.session_dir, self.session_id, after_seq, limit,
+                           snapshot_offset=self._memory.snapshot_offset,
+                           end=self.durable_bytes)
+
+    @property
+    def events(self) -> list[Event]:
+        """DEPRECATED (room sessions moves to `tail`/`read_events`/`repair_state`): every
+        event, read from disk once on first use and kept appended from then on."""
+        if self._compat is None:
+            first = self._memory.tail[0].seq if self._memory.tail else self.last_seq + 1
+            disk: list[Event] = []
+            if self._published and first > 0:
+                disk = [ev for ev in iter_all(self.session_dir, self.session_id)
+                        if ev.seq < first]
+            self._compat = disk + list(self._memory.tail)
+            if len(self._compat) != self.last_seq + 1:  # a pending snapshot at the end
+                self._compat += [p.event(-1) for _, p, _ in self._pending
+                                 if isinstance(p, PendingSnapshot)]
+        return self._compat
 
     def statistics(self) -> dict:
         """Counters and state: ``last_seq``, ``durable_seq``, ``buffered`` (events not yet
@@ -489,3 +654,11 @@ class SessionLog:
             "published": self._published,
             "closed": self._closed,
         }
+
+
+def _sidecar_ids(session_dir: Path) -> list[str]:
+    try:
+        names = os.listdir(session_dir / PENDING_DIR)
+    except OSError:
+        return []
+    return [n[: -len(SUFFIX)] for n in names if n.endswith(SUFFIX)]
