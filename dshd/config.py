@@ -177,6 +177,10 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     #: Settled tool results an open session keeps in memory (an LRU), counts: 16 .. 65536; a
     #: ``tool.wait`` on an older one reads it back from the log by its seq.
     results_cache: Annotated[int, msgspec.Meta(ge=16, le=65_536)] = 1024
+    #: A ``log/snapshot`` every this many events (STORAGE.md §7; 0 = never), counts: 0 ..
+    #: 10,000,000. The key of room storage's interface (ISSUE14-iface.md), added here by room
+    #: sessions, which passes it to the writer: keep ONE definition when merging.
+    snapshot_every_events: Annotated[int, msgspec.Meta(ge=0, le=10_000_000)] = 10_000
     #: Log output: "auto" (console on a TTY, JSON otherwise), "console" or "json".
     log_format: Literal["auto", "console", "json"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"

@@ -218,6 +218,11 @@ class ResultCache:
             self._items.popitem(last=False)
 
 
+async def _no_disk(call_id: str, seq: int) -> dict:
+    raise LookupError(f"the result of call {call_id} (seq {seq}) is no longer in memory and "
+                      "this table has no log reader")
+
+
 class KnownCalls:
     """What a call table knows of its calls, bounded (module doc): the exact index, the
     results cache, and -- for the unsettled calls only -- their names, their logged
@@ -227,10 +232,10 @@ class KnownCalls:
     log (a worker thread; it verifies what it reads and raises ``LogCorrupt`` on damage)."""
 
     def __init__(self, capacity: int,
-                 read_result: Callable[[str, int], Awaitable[dict]]) -> None:
+                 read_result: Callable[[str, int], Awaitable[dict]] | None = None) -> None:
         self.index = CallIndex()
         self.cache = ResultCache(capacity)
-        self._read_result = read_result
+        self._read_result = read_result or _no_disk
         #: callId -> name, while the call has no result.
         self.names: dict[str, str] = {}
         #: callId -> its logged ``tool/call`` event, while it has no result.

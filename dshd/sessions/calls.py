@@ -92,11 +92,6 @@ SETTLED_MARKER = resumed.SETTLED_MARKER
 _json = msgspec.json.Encoder()
 
 
-async def _no_disk(call_id: str, seq: int) -> dict:
-    raise StorageError(f"the result of call {call_id} (seq {seq}) is no longer in memory and "
-                       "this table has no log reader")
-
-
 class CallTable:
     """Every call of one session: the running ones, the settled results, their waiters."""
 
@@ -115,7 +110,7 @@ class CallTable:
         self.fault = fault
         #: Every known call id, bounded memory (``dshd.sessions.call_index``); a result that
         #: fell out of the cache is read back through ``read_result`` (the session's).
-        self.known = KnownCalls(config.results_cache, read_result or _no_disk)
+        self.known = KnownCalls(config.results_cache, read_result)
         #: The session is stopping: no new calls; a cancelled command says "shutdown".
         self.stopping = False
 
@@ -414,6 +409,7 @@ class CallTable:
         finished (nothing will flush again). Raises ``errors.CallNotFound``, StorageError."""
         if call_id not in self.known:
             raise errors.CallNotFound(f"call {call_id} not found in session {self.host.id}")
+        found = False
         with trio.move_on_after(math.inf if timeout is None else timeout):
             if not self.known.is_settled(call_id):  # a settled, durable call answers even at
                 await self.known.waiter(call_id).wait()  # timeout 0 (a poll)
@@ -435,8 +431,9 @@ class CallTable:
                         "says what happened"
                     )
                 await self.log.wait_durable(seq)
-            return await self.known.result(call_id)  # the cache, else the log (LogCorrupt)
-        return None
+            found = True
+        # the cache, else the log (LogCorrupt): outside the timeout, which is for the settle
+        return await self.known.result(call_id) if found else None
 
     def cancel(self, call_id: str) -> bool:
         """Cancel a running call (module doc); False when it has settled. CallNotFound."""

@@ -52,7 +52,8 @@ from ..errors import SessionClosing, SessionLimit, SessionNotFound
 from ..paths import is_valid_id
 from ..storage.errors import LockHeld, StateDirMoved, StorageError
 from ..storage.format import Header
-from ..storage.reader import find_log, list_session_dirs, read_events
+from ..storage.pages import read_events
+from ..storage.reader import find_log, list_session_dirs
 from ..storage.summary import read_summary
 from ..storage.writer import SessionLog
 from ..execution.capture import ShellOutputLimits

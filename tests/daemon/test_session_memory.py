@@ -87,12 +87,15 @@ async def test_a_long_session_answers_events_waits_and_history_from_disk(
     async with running_daemon(tmp_path, daemon.config, daemon_clock) as again:
         reader = await again.connect(nursery=nursery)
         info = await reader.call("session.get", {"sessionId": sid})
-        assert info["lastSeq"] == _on_disk(again, sid)[-1]["seq"] and "damaged" not in info
+        last = read_log(again.state_dir / "sessions" / sid, sid).events[-1]
+        assert last.type == "log/snapshot"  # written at the clean close
+        assert info["lastSeq"] == last.seq and "damaged" not in info
         assert (await reader.wait(sid, ids[1], timeout=0))["content"] == "call 1\n"
         assert (await reader.wait(sid, ids[-1], timeout=0))["content"] == f"call {CALLS - 1}\n"
-        dup = await reader.error("tool.run", {"sessionId": sid, "name": "bash", "callId": ids[2],
-                                             "arguments": {"command": "echo again"}})
-        assert dup.code == -32602 or dup.code < 0  # refused: the id is known
+        # the id is known (the snapshot's call index): nothing runs again
+        dup = await reader.call("tool.run", {"sessionId": sid, "name": "bash", "callId": ids[2],
+                                            "arguments": {"command": "echo again"}})
+        assert dup == {"callId": ids[2], "existing": True}
         lane2 = await reader.subscribe(sid)
         recent = [r["callId"] for r in lane2.value["recent"]]
         assert recent == list(reversed(ids))[:len(recent)] and len(recent) == 20
