@@ -157,7 +157,8 @@ def absorb(log_: Any, calls: Any, approvals: Any) -> tuple[dict, list[RecentEntr
     if restored is not None:
         settings, calls.known.index, recent, decided = restored
         env = dict(settings.get("env") or {})
-        approvals.decided.update(decided)
+        for approval_id, outcome in decided.items():
+            approvals.remember(approval_id, str(outcome))
     for ev in log_.tail:
         type_, data = ev.type, ev.data
         if type_ == "approval/decided":
