@@ -174,9 +174,10 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     #: attach before it is ``unavailable``, seconds: 0 .. 86400 (room asks).
     reask_grace_seconds: Annotated[float, msgspec.Meta(ge=0, le=86_400)] = 120.0
     # -- sessions room (issue 14): an open session's bounded memory ------------------------
-    #: Settled tool results an open session keeps in memory (an LRU), counts: 16 .. 65536; a
-    #: ``tool.wait`` on an older one reads it back from the log by its seq.
-    results_cache: Annotated[int, msgspec.Meta(ge=16, le=65_536)] = 1024
+    #: Settled tool results an open session keeps in memory (an LRU), counts: 1 .. 65536; a
+    #: ``tool.wait`` on an older one reads it back from the log by its seq (the lane's
+    #: ``recent`` names the last 20; the cache serves the waits that follow a settle).
+    results_cache: Annotated[int, msgspec.Meta(ge=1, le=65_536)] = 32
     #: A ``log/snapshot`` every this many events (STORAGE.md §7; 0 = never), counts: 0 ..
     #: 10,000,000. The key of room storage's interface (ISSUE14-iface.md), added here by room
     #: sessions, which passes it to the writer: keep ONE definition when merging.
