@@ -11,6 +11,7 @@ BENCHES: list[str] = [
     "host",  # the call host: 1 GiB throughput and CPU, RSS per idle host, call start-up
     "wire_fuzz",  # daemon.status latency idle vs under malformed input on 20 connections
     "soak",  # daemon RSS over a churn soak (connect, subscribe, calls, abrupt disconnects)
+    "storage",  # open (repair) of 10k/100k/1M-event logs: wall, RSS; listing 10,000 sessions
 ]
 
 #: Arguments each bench gets under ``python -m bench --quick`` (a smoke run with small sizes).
@@ -19,5 +20,6 @@ QUICK_ARGV: dict[str, list[str]] = {
     "streaming": ["--quick"],
     "host": ["--quick"],
     "wire_fuzz": ["--seconds", "3"],
-    "soak": ["--seconds", "20", "--sample", "2", "--workers", "2"],
+    "soak": ["--seconds", "20", "--sample", "2", "--workers", "2", "--sessions", "6"],
+    "storage": ["--quick"],
 }

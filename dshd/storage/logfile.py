@@ -37,6 +37,7 @@ from .format import LOCK_NAME, LOG_NAME_PLAIN, LOG_NAME_ZSTD, encode_trailer
 from .lock import HeldLock
 from .pages import open_read
 from .reader import LogRead, find_log, parse_log
+from .summary import summary_snapshot_offset
 
 __all__ = ["LogFile", "ZSTD_LEVEL", "open_log"]
 
@@ -82,8 +83,8 @@ def open_log(session_dir: Path, session_id: str) -> tuple[LogRead, int, HeldLock
         path, compression = find_log(session_dir, session_id)
         fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
         try:
-            read = open_read(fd, session_dir, session_id, path, compression, _read_all,
-                             parse_log)
+            read = open_read(fd, session_id, path, compression, _read_all, parse_log,
+                             summary_snapshot_offset(session_dir, session_id))
         except BaseException:
             os.close(fd)
             raise

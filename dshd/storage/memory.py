@@ -16,10 +16,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .format import Event, encode_line
+import structlog
+
+from .format import Event, encode_line, now_ms
 from .reader import LogRead
 from .repair import RepairState
-from .snapshot import EMPTY_SETTINGS, SNAPSHOT_TYPE, fold_settings, snapshot_data
+from .snapshot import EMPTY_SETTINGS, SNAPSHOT_IGNORABLE, SNAPSHOT_TYPE, fold_settings
+
+log = structlog.get_logger("dshd.storage")
 
 
 class PendingSnapshot:
@@ -35,7 +39,7 @@ class PendingSnapshot:
         data = {"through": self.seq - 1, "verifiedThrough": offset, "prev": self.prev,
                 "repair": self.repair, "settings": dict(self.settings), "session": self.session}
         return Event(seq=self.seq, time=self.time_ms, type=SNAPSHOT_TYPE, data=data,
-                     ignorable=True)
+                     ignorable=SNAPSHOT_IGNORABLE)
 
     def payload(self, offset: int) -> bytes:
         self.offset = offset
@@ -102,6 +106,24 @@ class LogMemory:
         self.last_snapshot_seq = seq
         return snap
 
+    def maybe_snapshot(self, last_seq: int, every: int, force: bool, state, session_id: str
+                       ) -> PendingSnapshot | None:
+        """The snapshot to append as seq ``last_seq + 1`` when one is due (``force``: at a
+        clean close, when events came since the last one), asking ``state()`` for the owner's
+        dict; None when none is due, there is no ``state``, or it fails (logged)."""
+        if state is None or every == 0 or last_seq <= self.last_snapshot_seq:
+            return None
+        if not (force or self.due(last_seq, every)):
+            return None
+        try:
+            session = state()
+            if not isinstance(session, dict):
+                raise TypeError(f"snapshot_state() returned {type(session).__name__}")
+        except Exception as e:  # the owner's bug: no snapshot, the log goes on
+            log.error("storage.snapshot_state_failed", session=session_id, error=repr(e))
+            return None
+        return self.take_snapshot(last_seq + 1, now_ms(), session)
+
     def snapshot_durable(self, snap: PendingSnapshot) -> None:
         """``snap`` is durable at ``snap.offset``: it becomes the base; older events go."""
         self.snapshot, self.snapshot_seq = snap.session, snap.seq
@@ -111,3 +133,60 @@ class LogMemory:
 
 
 SnapshotState = Callable[[], dict]
+
+
+def payloads_of(header_line: bytes | None, pending: list, fix: list) -> list:
+    """The frames of one write: the header (first write), the torn-tail records, then the
+    buffered lines, each snapshot in a frame of its own (a callable of its offset)."""
+    payloads: list = [] if header_line is None else [header_line]
+    if fix:
+        payloads.append(b"".join(line for _, line in fix))
+    run: list[bytes] = []
+    for _, line, _ in pending:
+        if isinstance(line, PendingSnapshot):
+            if run:
+                payloads.append(b"".join(run))
+                run = []
+            payloads.append(line.payload)
+        else:
+            run.append(line)
+    if run:
+        payloads.append(b"".join(run))
+    return payloads
+
+
+class MemoryViews:
+    """The read-only views `writer.SessionLog` gives of its `LogMemory` (``self._memory``)."""
+
+    _memory: LogMemory
+
+    @property
+    def tail(self) -> list[Event]:
+        """The events after the last durable snapshot (durable or not; snapshots excluded)."""
+        return self._memory.tail
+
+    @property
+    def repair_state(self) -> RepairState:
+        """The crash-repair fold through ``last_seq`` (do not change it: `RepairState.copy`)."""
+        return self._memory.repair
+
+    @property
+    def settings(self) -> dict:
+        """``approvalPolicy``/``sandbox``/``owner`` as logged through ``last_seq`` (None:
+        never logged)."""
+        return self._memory.settings
+
+    @property
+    def snapshot(self) -> dict | None:
+        """The owner's dict of the last durable snapshot (None: none yet)."""
+        return self._memory.snapshot
+
+    @property
+    def snapshot_seq(self) -> int:
+        """Seq of the last durable snapshot (-1: none)."""
+        return self._memory.snapshot_seq
+
+    @property
+    def snapshot_offset(self) -> int | None:
+        """Byte offset of the last durable snapshot's frame (None: none)."""
+        return self._memory.snapshot_offset

@@ -20,6 +20,7 @@ Everything here only reads, and raises `LogCorrupt` (or `LogTooNew`) on damage.
 from __future__ import annotations
 
 import os
+import re
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -125,6 +126,39 @@ def _snapshot_of(view: LogView, frame: bytes, pos: int) -> Event | None:
     return ev if ev.type == SNAPSHOT_TYPE and ev.ignorable else None
 
 
+#: The start of a snapshot's line as the writer encodes it (`memory.PendingSnapshot`): seq,
+#: time, type, then data's through, verifiedThrough, prev.
+_SNAPSHOT_HEAD = re.compile(
+    rb'\{"seq":(\d+),"time":-?\d+,"type":"log/snapshot","data":\{"through":-?\d+,'
+    rb'"verifiedThrough":\d+,"prev":(null|\d+)[,}]')
+
+
+def _head(view: LogView, frame: bytes | memoryview) -> bytes:
+    """The first bytes a frame decompresses to, without decompressing it all (navigation
+    only: the trailer's CRC-32 covered the bytes; the frame is verified when it is read)."""
+    try:
+        with view.dctx.stream_reader(bytes(frame)) as reader:
+            return reader.read(256)
+    except zstandard.ZstdError:
+        return b""
+
+
+def _snapshot_head(view: LogView, offset: int) -> tuple[int, int | None]:
+    """(seq, prev) of the snapshot whose frame (and trailer) is at ``offset``, reading only
+    its head when it has the writer's shape; `LogCorrupt` when no snapshot is there."""
+    scan, buf = view.scan(offset) if 0 < offset < view.size else (None, b"")
+    if scan is None or scan.kind != "frame" or not scan.checksum:
+        raise view.corrupt(offset, "no complete snapshot frame where one is named")
+    frame = memoryview(buf)[: scan.end]
+    if view.read(offset + scan.end, TRAILER_SIZE) != encode_trailer(frame):
+        raise view.corrupt(offset, "the snapshot frame's trailer does not match")
+    m = _SNAPSHOT_HEAD.match(_head(view, frame))
+    if m is not None:
+        return int(m[1]), None if m[2] == b"null" else int(m[2])
+    ev = snapshot_at(view, offset)
+    return ev.seq, ev.data.get("prev")
+
+
 def last_snapshot(view: LogView, header_end: int) -> tuple[int, Event] | None:
     """(offset, event) of the last snapshot, found by walking back over trailers; None when
     the walk cannot go on (no trailer at the end, a mismatch, damage) or reaches the header."""
@@ -139,6 +173,10 @@ def last_snapshot(view: LogView, header_end: int) -> tuple[int, Event] | None:
         frame = view.read(start, pos - TRAILER_SIZE - start)
         if zlib.crc32(frame) != int.from_bytes(trailer[12:], "little"):
             return None
+        head = _head(view, frame)
+        if head and b'"type":"log/snapshot"' not in head[:200]:
+            pos = start  # not a snapshot: skipped on its head alone
+            continue
         try:
             ev = _snapshot_of(view, frame, start)
         except LogCorrupt:
@@ -225,10 +263,9 @@ def start_for(view: LogView, header_end: int, first_seq: int,
         snapshot_offset = found[0]
     offset: int | None = snapshot_offset
     while offset is not None:
-        ev = snapshot_at(view, offset)
-        if ev.seq <= first_seq:
-            return offset, ev.seq
-        prev = ev.data.get("prev")
+        seq, prev = _snapshot_head(view, offset)  # the whole frame is verified when read
+        if seq <= first_seq:
+            return offset, seq
         if prev is not None and (type(prev) is not int or prev >= offset):
             raise view.corrupt(offset, f"the snapshot names a bad previous snapshot {prev!r}")
         offset = prev
@@ -297,17 +334,18 @@ def iter_all(session_dir: Path, session_id: str) -> Iterator[Event]:
         os.close(fd)
 
 
-def open_read(fd: int, session_dir: Path, session_id: str, path: Path, compression: str,
-              read_all, parse_log):
+def open_read(fd: int, session_id: str, path: Path, compression: str, read_all, parse_log,
+              summary_offset: int | None = None):
     """The `reader.LogRead` an open for write needs: from the last snapshot (found by the
-    trailer walk, else the summary's ``snapshotOffset``), else the whole log; in fold mode
+    trailer walk, else ``summary_offset``: the summary's ``snapshotOffset``, validated here),
+    else the whole log; in fold mode
     (the events after the last snapshot, the repair and settings folds)."""
     size = os.fstat(fd).st_size
     if compression == "zstd" and size:
         view = LogView(fd, size, session_id, path)
         try:
             header, header_end, _ = read_header(view)
-            found = last_snapshot(view, header_end) or _summary_snapshot(view, session_dir)
+            found = last_snapshot(view, header_end) or _snapshot_or_none(view, summary_offset)
         except (LogCorrupt, LogTooNew):
             found = None  # the whole read below names the damage
         if found is not None:
@@ -319,10 +357,7 @@ def open_read(fd: int, session_dir: Path, session_id: str, path: Path, compressi
                      fold=True)
 
 
-def _summary_snapshot(view: LogView, session_dir: Path) -> tuple[int, Event] | None:
-    from .summary import summary_snapshot_offset
-
-    offset = summary_snapshot_offset(session_dir, view.session_id)
+def _snapshot_or_none(view: LogView, offset: int | None) -> tuple[int, Event] | None:
     if offset is None:
         return None
     try:

@@ -132,8 +132,12 @@ def find_log(session_dir: Path, session_id: str) -> tuple[Path, str]:
     raise FileNotFoundError(errno.ENOENT, "no session log yet", str(zst))
 
 
-def read_log(session_dir: Path, session_id: str) -> LogRead:
-    """Read and check the log of one session (STORAGE.md §5); never changes the file.
+def read_log(session_dir: Path, session_id: str, *, fold: bool = False,
+             check: bool = False) -> LogRead:
+    """Read and check the whole log of one session (STORAGE.md §5); never changes the file.
+
+    ``fold``/``check`` as in `parse_log` (fsck: both, so every snapshot is checked and only
+    the events after the last one are kept).
 
     Raises `ValueError` (invalid id), `FileNotFoundError` (no log yet), `LogCorrupt`,
     `LogTooNew`.
@@ -143,7 +147,8 @@ def read_log(session_dir: Path, session_id: str) -> LogRead:
     path, compression = find_log(session_dir, session_id)
     with open(path, "rb") as f:
         data = f.read()
-    return parse_log(data, session_id=session_id, path=path, compression=compression)
+    return parse_log(data, session_id=session_id, path=path, compression=compression,
+                     fold=fold, check=check)
 
 
 def parse_log(data: bytes, *, session_id: str, path: Path, compression: str,
@@ -259,6 +264,9 @@ class _LineChecker:
             self.repair = RepairState.from_json(event.data["repair"])
             self.settings = dict(event.data["settings"])
         elif self.check or self.start is not None:
+            if event.data["verifiedThrough"] != offset + self.base:
+                raise self.corrupt(offset, f"the snapshot at seq {event.seq} says it is at byte "
+                                   f"{event.data['verifiedThrough']}")
             want_prev = self.snapshot_offset
             if event.data["prev"] != want_prev:
                 raise self.corrupt(offset, f"the snapshot at seq {event.seq} names the previous "

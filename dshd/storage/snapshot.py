@@ -17,7 +17,8 @@ from typing import Any
 from .format import Event
 from .repair import RepairState
 
-SNAPSHOT_TYPE = "log/snapshot"
+#: (type, data, ignorable) of the event the writer appends (data: `snapshot_data`).
+SNAPSHOT_TYPE, _, SNAPSHOT_IGNORABLE = ("log/snapshot", None, True)
 #: The settings of a session before any settings event (None: never logged).
 EMPTY_SETTINGS: dict = {"approvalPolicy": None, "sandbox": None, "owner": None}
 _SETTINGS_OF = {"approval/policy": ("approvalPolicy", "policy"),

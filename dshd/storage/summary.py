@@ -7,7 +7,8 @@ createdAt, the settings fold (`fold_settings`, the same pure fold the session us
 seq, the log size it covers (``logBytes``, a frame boundary) and the last snapshot's offset.
 
 `read_summary` brings it up to date from the log: a summary is used only when it names this
-session and a trailer ends at ``logBytes`` inside the log; the frames after ``logBytes`` (a
+session and a trailer ends at ``logBytes`` inside the log (a frame boundary; the frames
+before it were verified by the writer or an open); the frames after ``logBytes`` (a
 tail written since, e.g. before a crash) are read, verified and folded. Without a usable
 summary it reads from the last snapshot (found by the trailer walk, `pages.last_snapshot`),
 and a log without snapshots (an old one) whole. Damage is `LogCorrupt` (the caller lists the
@@ -23,13 +24,14 @@ from pathlib import Path
 import msgspec
 
 from .errors import LogCorrupt, LogTooNew
-from .format import TRAILER_HEAD, TRAILER_SIZE, ZSTD_MAGIC, Header
+from .format import LOG_NAME_PLAIN, LOG_NAME_ZSTD, TRAILER_HEAD, TRAILER_SIZE, Header
 from .pages import LogView, forward, last_snapshot, read_header, snapshot_at
 from .reader import find_log, parse_log
 from .snapshot import EMPTY_SETTINGS, SNAPSHOT_TYPE, fold_settings
 
 __all__ = ["SUMMARY_NAME", "SessionSummary", "fold_settings", "read_summary",
-           "summary_dict", "summary_snapshot_offset", "write_summary"]
+           "summarising", "summary_dict", "summary_snapshot_offset", "write_summary",
+           "write_then_summarise"]
 
 SUMMARY_NAME = "summary.json"
 _MAX_SUMMARY_BYTES = 64 * 1024
@@ -88,15 +90,19 @@ def write_summary(session_dir: Path, summary: dict) -> None:
         raise
 
 
-def _load(session_dir: Path, session_id: str) -> _Stored | None:
+def _load(session_dir: Path | str, session_id: str) -> _Stored | None:
     try:
-        with open(Path(session_dir) / SUMMARY_NAME, "rb") as f:
-            raw = f.read(_MAX_SUMMARY_BYTES + 1)
-        stored = _decoder.decode(raw)
+        fd = os.open(f"{session_dir}/{SUMMARY_NAME}", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        stored = _decoder.decode(os.read(fd, _MAX_SUMMARY_BYTES + 1))
     except (OSError, ValueError):
         return None
+    finally:
+        os.close(fd)
     if (stored.v != 1 or stored.sessionId != session_id or stored.logBytes < 0
-            or set(stored.settings) != set(EMPTY_SETTINGS)):
+            or stored.settings.keys() != EMPTY_SETTINGS.keys()):
         return None
     return stored
 
@@ -108,14 +114,12 @@ def summary_snapshot_offset(session_dir: Path, session_id: str) -> int | None:
 
 
 def _ends_frame(fd: int, at: int) -> bool:
-    """True when a trailer ends at byte ``at`` and the frame it names starts with the magic."""
+    """True when a trailer ends at byte ``at`` naming a frame that starts inside the file."""
     if at < 2 * TRAILER_SIZE:
         return False
     trailer = os.pread(fd, TRAILER_SIZE, at - TRAILER_SIZE)
-    if len(trailer) != TRAILER_SIZE or trailer[:8] != TRAILER_HEAD:
-        return False
-    start = at - TRAILER_SIZE - int.from_bytes(trailer[8:12], "little")
-    return start >= 0 and os.pread(fd, 4, start) == ZSTD_MAGIC
+    return (len(trailer) == TRAILER_SIZE and trailer[:8] == TRAILER_HEAD
+            and at - TRAILER_SIZE - int.from_bytes(trailer[8:12], "little") >= 0)
 
 
 def read_summary(session_dir: Path, session_id: str, defaults: dict) -> SessionSummary:
@@ -124,8 +128,7 @@ def read_summary(session_dir: Path, session_id: str, defaults: dict) -> SessionS
     ``defaults``: ``approvalPolicy``/``sandbox``/``owner`` for what the log never set.
     Raises `FileNotFoundError` (no log), `LogCorrupt`, `LogTooNew`, `OSError` (unreadable).
     """
-    path, compression = find_log(Path(session_dir), session_id)
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    fd, path, compression = _open_log(session_dir, session_id)
     try:
         size = os.fstat(fd).st_size
         stored = _load(session_dir, session_id) if compression == "zstd" else None
@@ -137,6 +140,22 @@ def read_summary(session_dir: Path, session_id: str, defaults: dict) -> SessionS
         os.close(fd)
     settings = {k: (defaults.get(k) if v is None else v) for k, v in result.settings.items()}
     return msgspec.structs.replace(result, settings=settings)
+
+
+def _open_log(session_dir: Path, session_id: str) -> tuple[int, Path | str, str]:
+    """(read fd, path, compression) of the log; `reader.find_log`'s verdicts, with a fast
+    path for the usual case (a zstd log and no plain one: two system calls)."""
+    zst = f"{session_dir}/{LOG_NAME_ZSTD}"
+    try:
+        fd = os.open(zst, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        fd = None
+    if fd is not None and not os.path.lexists(f"{session_dir}/{LOG_NAME_PLAIN}"):
+        return fd, zst, "zstd"  # a str: a Path costs more than the read here
+    if fd is not None:
+        os.close(fd)
+    path, compression = find_log(Path(session_dir), session_id)
+    return os.open(path, os.O_RDONLY | os.O_CLOEXEC), path, compression
 
 
 def _brought_up(fd: int, size: int, stored: _Stored, session_id: str, path: Path
@@ -180,3 +199,28 @@ def _from_log(fd: int, size: int, session_id: str, path: Path, compression: str
             last = ev.seq
     return SessionSummary(session_id, header.title, header.cwd, header.createdAt, settings,
                           last, size, offset)
+
+
+def summarising(write, summary):
+    """`write_then_summarise` of ``write`` and ``summary`` as a function of the payloads,
+    named as ``write`` is (the worker thread is named after the work: ``append``,
+    ``publish``)."""
+    def work(payloads: list) -> OSError | None:
+        return write_then_summarise(write, payloads, summary)
+    work.__name__ = write.__name__
+    return work
+
+
+def write_then_summarise(write, payloads: list, summary) -> OSError | None:
+    """``write(payloads)`` (raises), then, when asked, summary.json from ``summary(size)``:
+    in the same worker thread, so the summary costs no extra hop; its failure is returned
+    (it is derived: only logged)."""
+    write(payloads)
+    if summary is None:
+        return None
+    file = write.__self__
+    try:
+        write_summary(file.session_dir, summary(file.size))
+    except OSError as e:
+        return e
+    return None

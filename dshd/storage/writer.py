@@ -1,54 +1,50 @@
-"""The one write handle of a session log: append, coalesce, group-commit, recover (STORAGE.md §4, §5).
+"""The one write handle of a session log: append, coalesce, group-commit, snapshot, recover (STORAGE.md §4, §5, §7).
 
 Theory of operation: a `SessionLog` owns the log for its whole life -- through a
-`logfile.LogFile`, which holds the file descriptor and the session lock and does the blocking
-writes (frames, pwrite + fsync, truncate-back, publishing by ``link``). ``append`` is
-synchronous and in memory only: it gives the event the next seq, encodes its line at once (so
-a value JSON cannot carry fails the caller, not a later write) and puts it in the buffer.
-Nothing is durable until a write has fsynced it:
+`logfile.LogFile`, which holds the fd and the session lock and does the blocking writes
+(frames, pwrite + fsync, truncate-back, publishing by ``link``). ``append`` is synchronous and
+in memory only: it gives the event the next seq, encodes its line at once (a value JSON cannot
+carry fails the caller, not a later write), folds it (`memory.LogMemory`: the tail since the
+last snapshot, the repair and settings folds) and buffers it. Nothing is durable until a
+write has fsynced it:
 
-- **flush()** writes everything buffered as ONE frame (plain: one run of lines) and returns
-  the durable seq once ``fsync`` has returned. Writes are serialised by one lock; a flusher
-  first notes the seq it needs, and if the write that held the lock already covered it, it
-  returns without writing: concurrent flushers share one fsync (group commit).
-- **run()** is the coalescing task the owner starts in its nursery: buffered events go out at
-  most ``coalesce`` seconds after the *first* of them was appended (later appends do not push
-  the deadline). It exits when `aclose` starts.
+- **flush()** writes everything buffered as ONE frame (plain: one run of lines) -- plus, when
+  ``snapshot_every`` events have passed since the last snapshot and the owner gave
+  ``snapshot_state``, a ``log/snapshot`` in a frame of its own after it, in the same append --
+  and returns the durable seq once ``fsync`` has returned. Writes are serialised by one lock;
+  a flusher whose seq the write holding the lock already covered returns without writing
+  (group commit). Once a snapshot is durable the events before it leave memory. The same
+  worker-thread call rewrites ``summary.json`` after a snapshot, at close, and at most every
+  `SUMMARY_EVERY` seconds (`summary.py`).
+- **run()** is the coalescing task: buffered events go out at most ``coalesce`` seconds after
+  the *first* of them (later appends do not push the deadline). It exits when `aclose` starts.
 - **Failure**: a failed write leaves the file as it was (`LogFile` truncates back), the batch
   stays buffered, timed writes pause, and every ``flush()`` retries and raises
-  `StorageWriteError` until one succeeds. Callers fail closed. A caller whose change must not
-  happen after all (a settings change answered "storage failure") takes its events back with
-  `retract` while they are still the unwritten tail.
+  `StorageWriteError` until one succeeds. Callers fail closed; a change that must not happen
+  after all is taken back with `retract` while it is the unwritten tail.
 - **Publishing** (a log made by `create`, which does no I/O): the first write makes the
   directories, takes the session lock and links the log into place (`LogFile.publish`).
 - **Opening** (`open_for_write`): the session lock is taken *before* the log is read, through
-  the fd that will write it (`logfile.open_log`). A torn tail's kept records are events that
-  are not yet durable: the first write truncates the torn bytes, fsyncs, and re-appends them
-  as their own frame before the new batch. With ``repair=True`` the crash closers
-  (`repair.repair_closers`) are appended and flushed before the handle is returned, and the
-  pending-output sidecars of calls whose ``tool/result`` is durable are unlinked.
+  the fd that will write it, from the last snapshot on (`logfile.open_log`, `pages.py`). A
+  torn tail's kept records are not yet durable: the first write truncates the torn bytes,
+  fsyncs, and re-appends them. With ``repair=True`` the resume plan and the crash closers run
+  (`opening.py`); closing is `closing.py`.
 
-Progress report: ``write_started`` is the trio time the write in flight (pwrite + fsync, or the
-publish) began, None when none is in flight. The service watchdog reads it to tell a writer
-that makes progress from one stuck in fsync (``dshd.service``).
-
-Blocking file work runs in a worker thread (`threads.run_sync`: never abandoned on cancel, so a
-write in flight always finishes and the in-memory state matches the file). A worker thread that
-cannot be started (the user's process limit: a fork bomb elsewhere) is a failed write like any
-other: `StorageWriteError` naming the limit, the batch kept, the next flush retries.
+``write_started`` is the trio time the write in flight began (None: none); the service
+watchdog reads it to tell a writer that makes progress from one stuck in fsync. Blocking file
+work runs in a worker thread (`threads.run_sync`: never abandoned on cancel); a thread that
+cannot be started (the user's process limit) is a failed write like any other.
 
 One writer per session: across processes the session lock (`lock.HeldLock`, held by the
-`LogFile`); inside one process the flocks refuse a second handle too, and the optional
-``claims`` set (one per daemon, owned by whoever owns the sessions; no module-level registry)
-refuses it before any file is touched. A write under a lost lock (``session.lock`` or the
-session directory removed or replaced) does not happen: `StorageWriteError` (cause
-`LockLost`) says so, and the log says so once (``storage.lock_lost``).
+`LogFile`); inside one process the flocks, and the optional ``claims`` set (one per daemon,
+owned by whoever owns the sessions), refuse a second handle before any file is touched. A
+write under a lost lock (``session.lock`` or the directory removed or replaced) does not
+happen: `StorageWriteError` (cause `LockLost`), logged once (``storage.lock_lost``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-import os
 from pathlib import Path
 from typing import Any
 
@@ -68,14 +64,15 @@ from .format import (
     new_event,
     now_ms,
 )
+from .closing import ClosingMixin
 from .lock import HeldLock, claim
 from .logfile import LogFile, open_log
-from .memory import LogMemory, PendingSnapshot
-from .pages import iter_all, read_events
+from .memory import LogMemory, MemoryViews, PendingSnapshot, payloads_of
+from .opening import compat_events, repair_on_open, retire_settled_sidecars
+from .pages import read_events
 from .reader import LogRead, session_dir_for
-from .repair import DEFAULT_LIMITS, RepairState, repair_closers, unresolved_calls
-from .sidecar import PENDING_DIR, SUFFIX, pending_windows, retire_settled
-from .summary import summary_dict, write_summary
+from .repair import RepairState
+from .summary import summarising, summary_dict, write_summary
 from .threads import run_sync
 
 log = structlog.get_logger("dshd.storage")
@@ -86,7 +83,7 @@ DEFAULT_SNAPSHOT_EVERY = 10_000
 SUMMARY_EVERY = 5.0
 
 
-class SessionLog:
+class SessionLog(ClosingMixin, MemoryViews):
     """One writer per session (STORAGE.md §4). Build with `create` or `open_for_write`.
 
     Public state (read-only for callers): ``header`` (`Header`), ``events`` (every event,
@@ -137,6 +134,7 @@ class SessionLog:
         #: (seq, line or a pending snapshot, trio time appended)
         self._pending: list[tuple[int, bytes | PendingSnapshot, float]] = []
         self._summary_at: float | None = None  # trio time of the last summary write
+        self._summary_seq = self.durable_seq if read is None else None  # the seq it covers
         self._pending_since: float | None = None
 
         self._write_lock = trio.Lock()
@@ -231,42 +229,14 @@ class SessionLog:
                   snapshot_state=snapshot_state)
         try:
             if repair:
-                await log._repair(output_limits, resume, plan)
-            await log._retire_settled_sidecars()
+                await repair_on_open(log, output_limits, resume, plan)
+            await retire_settled_sidecars(log)
             log._snapshots_allowed = True
         except BaseException:
             with trio.CancelScope(shield=True):
                 await log._close_files()
             raise
         return log
-
-    async def _repair(self, limits: tuple[int, int] | None, resume, plan_of) -> None:
-        if plan_of is not None:
-            plan = await plan_of(self.repair_state)
-        else:
-            plan = await resume(self.events) if resume is not None else None
-        self.resume_plan = plan
-        state = self.repair_state
-        windows = await run_sync(pending_windows, self.session_dir, unresolved_calls(state))
-        if plan is not None:
-            windows = {**plan.windows, **windows}  # a checkpointed window wins
-        keep = {} if plan is None else {"keep_calls": plan.keep_calls, "keep_turns": plan.keep_turns,
-                                        "keep_approvals": plan.keep_approvals}
-        at = now_ms()
-        for type_, data in repair_closers(state.copy(), windows, limits or DEFAULT_LIMITS, **keep):
-            self.append(type_, data, time_ms=at)
-        if not self._durable_through(self.last_seq):
-            await self.flush()
-
-    async def _retire_settled_sidecars(self) -> None:
-        """Unlink the sidecars of calls that are not open (their result is durable)."""
-        unsure = {ev.data.get("callId") for ev in self._memory.tail
-                  if ev.seq > self.durable_seq and ev.type == "tool/result"}
-        open_ = self._memory.repair.calls
-        settled = [cid for cid in await run_sync(_sidecar_ids, self.session_dir)
-                   if cid not in open_ and cid not in unsure]
-        if settled:
-            await run_sync(retire_settled, self.session_dir, settled)
 
     # --- appending and flushing -----------------------------------------------------------
 
@@ -405,56 +375,30 @@ class SessionLog:
 
     def _maybe_snapshot(self, force: bool = False) -> None:
         """Append a snapshot as the next seq when one is due (STORAGE.md §7)."""
-        memory = self._memory
-        if (self._snapshot_state is None or not self._snapshots_allowed
-                or self.snapshot_every == 0 or self.last_seq <= memory.last_snapshot_seq):
+        if not self._snapshots_allowed:
             return
-        if not (force or memory.due(self.last_seq, self.snapshot_every)):
-            return
-        try:
-            session = self._snapshot_state()
-            if not isinstance(session, dict):
-                raise TypeError(f"snapshot_state() returned {type(session).__name__}")
-        except Exception as e:  # the owner's bug: no snapshot, the log goes on
-            log.error("storage.snapshot_state_failed", session=self.session_id, error=repr(e))
-            return
-        snap = memory.take_snapshot(self.last_seq + 1, now_ms(), session)
-        self.last_seq = snap.seq
-        self._pending.append((snap.seq, snap, trio.current_time()))
-        if self._compat is not None:
-            self._compat.append(snap.event(-1))
-
-    def _payloads(self, pending: list, fix: list) -> list:
-        payloads: list = []
-        if not self._published:
-            payloads.append(encode_line(self.header))
-        if fix:
-            payloads.append(b"".join(line for _, line in fix))
-        run: list[bytes] = []
-        for _, line, _ in pending:
-            if isinstance(line, PendingSnapshot):  # its own frame
-                if run:
-                    payloads.append(b"".join(run))
-                    run = []
-                payloads.append(line.payload)
-            else:
-                run.append(line)
-        if run:
-            payloads.append(b"".join(run))
-        return payloads
+        snap = self._memory.maybe_snapshot(self.last_seq, self.snapshot_every, force,
+                                           self._snapshot_state, self.session_id)
+        if snap is not None:
+            self.last_seq = snap.seq
+            self._pending.append((snap.seq, snap, trio.current_time()))
+            if self._compat is not None:
+                self._compat.append(snap.event(-1))
 
     async def _write_locked(self, *, closing: bool = False) -> None:
         self._maybe_snapshot(force=closing)
         pending = list(self._pending)
         fix = list(self._fix)
-        settings = self._memory.settings  # through the last event of this write
-        payloads = self._payloads(pending, fix)
+        payloads = payloads_of(None if self._published else encode_line(self.header),
+                               pending, fix)
+        snapped = [line for _, line, _ in pending if isinstance(line, PendingSnapshot)]
+        last = pending[-1][0] if pending else fix[-1][0] if fix else self.durable_seq
+        summary = (self._summary_of(self._memory.settings, last, snapped)
+                   if snapped or closing or self._summary_due() else None)
+        write = self._file.append if self._published else self._file.publish
         self.write_started = trio.current_time()
         try:
-            if self._published:
-                await run_sync(self._file.append, payloads)
-            else:
-                await run_sync(self._file.publish, payloads)
+            summary_error = await run_sync(summarising(write, summary), payloads)
         except (OSError, LockHeld, LockLost, zstandard.ZstdError) as e:
             self._failed = e
             self._write_errors += 1
@@ -478,22 +422,33 @@ class SessionLog:
         elif fix:
             self.durable_seq = fix[-1][0]
         self.durable_bytes = self._file.size
-        snapped = [line for _, line, _ in pending if isinstance(line, PendingSnapshot)]
         for snap in snapped:
             self._memory.snapshot_durable(snap)
         self._pending_since = self._pending[0][2] if self._pending else None
         self._failed = None
         self._lock_lost = False
+        if summary is not None:
+            self._summary_at, self._summary_seq = trio.current_time(), self.durable_seq
+            if summary_error is not None:
+                log.warning("storage.summary_failed", session=self.session_id,
+                            error=str(summary_error))
         self._notify()
-        if snapped or closing or self._summary_due():
-            await self._write_summary(settings)
+
+    def _summary_of(self, settings: dict, last_seq: int, snapped: list) -> Callable[[int], dict]:
+        """The summary of this write, given the file size after it (written in its thread)."""
+        header, before = self.header, self._memory.snapshot_offset
+
+        def summary(size: int) -> dict:
+            offset = snapped[-1].offset if snapped else before
+            return summary_dict(header, settings, last_seq, size, offset)
+        return summary
 
     def _summary_due(self) -> bool:
         return self._summary_at is None or trio.current_time() - self._summary_at >= SUMMARY_EVERY
 
     async def _write_summary(self, settings: dict) -> None:
         """Rewrite summary.json for what is durable (derived: a failure is only logged)."""
-        self._summary_at = trio.current_time()
+        self._summary_at, self._summary_seq = trio.current_time(), self.durable_seq
         summary = summary_dict(self.header, settings, self.durable_seq, self.durable_bytes,
                                self._memory.snapshot_offset)
         try:
@@ -501,111 +456,7 @@ class SessionLog:
         except OSError as e:
             log.warning("storage.summary_failed", session=self.session_id, error=str(e))
 
-    # --- closing --------------------------------------------------------------------------
-
-    async def _close_files(self) -> None:
-        async with self._write_lock:  # a write in flight finishes before its fd closes
-            try:
-                self._file.close(remove_unpublished_dir=self._discarded)
-            finally:
-                if self._claims is not None:
-                    self._claims.discard(self.session_id)
-                self._closed = True
-                self._closing = True
-                self._notify()
-
-    async def _final_write(self) -> None:
-        """The close's write: what is buffered, a snapshot when events were written since the
-        last one, and the summary (STORAGE.md §4, §7)."""
-        if self._discarded:
-            return
-        memory = self._memory
-        async with self._write_lock:
-            snapshot = (self._published and self._snapshot_state is not None
-                        and self._snapshots_allowed and self.snapshot_every > 0
-                        and self.last_seq > memory.last_snapshot_seq)
-            if self._pending or self._fix or snapshot:
-                await self._write_locked(closing=True)
-            elif self._published and self._failed is None:
-                await self._write_summary(memory.settings)
-
-    def discard_unpublished(self) -> bool:
-        """Give up a log whose first durable write never happened (STORAGE.md §4).
-
-        `create` does no I/O, so until the log is published nobody was promised anything:
-        when the first flush failed (the caller answered "storage failure"), the owner calls
-        this so that `aclose` writes nothing and the session does not appear later. Returns
-        True when the log was unpublished: its buffer is dropped, further appends raise
-        `StorageError`, and `aclose` writes nothing; it releases the lock and removes the
-        session directory if this handle made it. Returns False, changing nothing, when the
-        log is published (its events are someone's truth: they stay).
-        """
-        if self._published:
-            return False
-        self._discarded = True
-        self._pending.clear()
-        self._fix.clear()
-        self._pending_since = None
-        self._closing = True
-        self._notify()
-        return True
-
-    async def aclose(self, *, timeout: float = 30.0) -> None:
-        """Final flush, then release the lock and close the file (idempotent).
-
-        The flush runs shielded, bounded by ``timeout`` seconds; its error
-        (`StorageWriteError`) is raised after everything is closed: events still buffered
-        then are lost, and the caller is told. The `run` task returns.
-        """
-        if self._closed:
-            return
-        self._closing = True
-        self._notify()
-        error: BaseException | None = None
-        with trio.CancelScope(shield=True):
-            try:
-                with trio.move_on_after(timeout) as scope:
-                    await self._final_write()
-                if scope.cancelled_caught:
-                    error = StorageWriteError(
-                        f"session {self.session_id}: the final flush did not finish in {timeout} s"
-                    )
-            except StorageError as e:
-                error = e
-            finally:
-                await self._close_files()
-        if error is not None:
-            raise error
-
     # --- introspection --------------------------------------------------------------------
-
-    @property
-    def tail(self) -> list[Event]:
-        """The events after the last durable snapshot (durable or not; snapshots excluded)."""
-        return self._memory.tail
-
-    @property
-    def repair_state(self) -> RepairState:
-        """The crash-repair fold through `last_seq` (read-only: copy it to change it)."""
-        return self._memory.repair
-
-    @property
-    def settings(self) -> dict:
-        """``approvalPolicy``/``sandbox``/``owner`` as logged through `last_seq` (None: never)."""
-        return self._memory.settings
-
-    @property
-    def snapshot(self) -> dict | None:
-        """The owner's dict of the last durable snapshot (None: none yet)."""
-        return self._memory.snapshot
-
-    @property
-    def snapshot_seq(self) -> int:
-        return self._memory.snapshot_seq
-
-    @property
-    def snapshot_offset(self) -> int | None:
-        return self._memory.snapshot_offset
 
     def set_snapshot_state(self, snapshot_state: Callable[[], dict] | None) -> None:
         """Give (or take back) the owner's snapshot callback (STORAGE.md §7)."""
@@ -615,23 +466,14 @@ class SessionLog:
         """Durable events with seq > ``after_seq`` from disk, verified (`pages.read_events`);
         sync: run it in a worker thread. The non-durable tail is in `tail`."""
         return read_events(self.session_dir, self.session_id, after_seq, limit,
-                           snapshot_offset=self._memory.snapshot_offset,
-                           end=self.durable_bytes)
+                           snapshot_offset=self.snapshot_offset, end=self.durable_bytes)
 
     @property
     def events(self) -> list[Event]:
         """DEPRECATED (room sessions moves to `tail`/`read_events`/`repair_state`): every
         event, read from disk once on first use and kept appended from then on."""
         if self._compat is None:
-            first = self._memory.tail[0].seq if self._memory.tail else self.last_seq + 1
-            disk: list[Event] = []
-            if self._published and first > 0:
-                disk = [ev for ev in iter_all(self.session_dir, self.session_id)
-                        if ev.seq < first]
-            self._compat = disk + list(self._memory.tail)
-            if len(self._compat) != self.last_seq + 1:  # a pending snapshot at the end
-                self._compat += [p.event(-1) for _, p, _ in self._pending
-                                 if isinstance(p, PendingSnapshot)]
+            self._compat = compat_events(self)
         return self._compat
 
     def statistics(self) -> dict:
@@ -656,9 +498,3 @@ class SessionLog:
         }
 
 
-def _sidecar_ids(session_dir: Path) -> list[str]:
-    try:
-        names = os.listdir(session_dir / PENDING_DIR)
-    except OSError:
-        return []
-    return [n[: -len(SUFFIX)] for n in names if n.endswith(SUFFIX)]
