@@ -11,6 +11,7 @@ BENCHES: list[str] = [
     "host",  # the call host: 1 GiB throughput and CPU, RSS per idle host, call start-up
     "hostpath",  # the host's write path, variant by variant (read/readv/splice, the count)
     "wire_fuzz",  # daemon.status latency idle vs under malformed input on 20 connections
+    "soak",  # daemon RSS over a churn soak (connect, subscribe, calls, abrupt disconnects)
     "storage",  # open (repair) of 10k/100k/1M-event logs: wall, RSS; listing 10,000 sessions
     "lanes",  # 1-100 concurrent calls: write -> mirror latency; lane leave after a big batch
 ]
@@ -22,6 +23,7 @@ QUICK_ARGV: dict[str, list[str]] = {
     "host": ["--quick"],
     "hostpath": ["--quick"],
     "wire_fuzz": ["--seconds", "3"],
+    "soak": ["--seconds", "20", "--sample", "2", "--workers", "2", "--sessions", "6"],
     "storage": ["--quick"],
     "lanes": ["--quick"],
 }

@@ -177,6 +177,11 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     #: A re-asked approval (pending across a restart) waits this long for an answerer to
     #: attach before it is ``unavailable``, seconds: 0 .. 86400 (room asks).
     reask_grace_seconds: Annotated[float, msgspec.Meta(ge=0, le=86_400)] = 120.0
+    # -- sessions room (issue 14): an open session's bounded memory ------------------------
+    #: Settled tool results an open session keeps in memory (an LRU), counts: 1 .. 65536; a
+    #: ``tool.wait`` on an older one reads it back from the log by its seq (the lane's
+    #: ``recent`` names the last 20; the cache serves the waits that follow a settle).
+    results_cache: Annotated[int, msgspec.Meta(ge=1, le=65_536)] = 32
     #: Log output: "auto" (console on a TTY, JSON otherwise), "console" or "json".
     log_format: Literal["auto", "console", "json"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"

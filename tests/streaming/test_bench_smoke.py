@@ -95,3 +95,20 @@ def test_lanes_quick(capsys) -> None:
     assert "FAILED" not in out
     assert "  1 calls: dshd p50" in out and " 10 calls: dshd p50" in out
     assert "big batch" in out and "1 MiB argument" in out
+
+
+def test_soak_quick(capsys) -> None:
+    """bench.soak --quick: a real daemon, real clients; the printout has its figures and the
+    work it did (rounds > 0), and the arithmetic of the verdict is the goal's."""
+    from bench import QUICK_ARGV, soak
+
+    assert soak.main(QUICK_ARGV["soak"]) == 0
+    out = capsys.readouterr().out
+    assert "SHORT soak" in out and "baseline (idle daemon, same run)" in out
+    assert " 0 rounds" not in out and "goal: flat within +-20 % after warm-up" in out
+    r = soak.report([(0, 100), (10, 100), (20, 121), (30, 110)], 50, warmup=10)
+    assert r["warmup_kib"] == 100 and r["max_kib"] == 121 and not r["met"]
+    assert soak.report([(10, 100_000), (20, 100_000), (30, 100_001)], 50, warmup=10)["met"]
+    # a slow leak that a short soak measures within 20 % fails by its trend
+    leak = soak.report([(10, 100), (20, 105), (30, 110)], 50, warmup=10)
+    assert leak["max_deviation_percent"] == 10 and not leak["met"]

@@ -1,0 +1,178 @@
+"""A session longer than its memory (issue 14): old events, old results and the model's history
+come from disk, correctly; memory stays bounded; a damaged old frame marks the session
+damaged and touches no other session. Harness: ``conftest.py``.
+
+The daemon keeps ``results_cache`` = 16 settled results and writes a ``log/snapshot`` every
+20 events, so after 40 calls most of the session is on disk only (the writer's ``tail`` holds
+the events since the last durable snapshot)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dshd.storage.reader import read_log
+
+from .conftest import running_daemon
+
+SMALL = {"results_cache": 16, "snapshot_every_events": 20}
+CALLS = 40
+TWO_TURNS = [{"text": "first answer"}, {"text": "second answer"}]
+
+
+async def _calls(wire, sid: str, n: int) -> list[str]:
+    ids = []
+    for i in range(n):
+        cid = await wire.run(sid, f"echo call {i}")
+        assert (await wire.wait(sid, cid))["content"] == f"call {i}\n"
+        ids.append(cid)
+    return ids
+
+
+async def _all_events(wire, sid: str, page: int) -> list[dict]:
+    out: list[dict] = []
+    after = -1
+    while True:
+        got = (await wire.call("session.events", {"sessionId": sid, "afterSeq": after,
+                                                  "limit": page}))["events"]
+        if not got:
+            return out
+        out += got
+        after = got[-1]["seq"]
+
+
+def _on_disk(daemon, sid: str) -> list[dict]:
+    """Every event of the log as the full reader sees it, minus the daemon's snapshots."""
+    read = read_log(daemon.state_dir / "sessions" / sid, sid)
+    return [json.loads(json.dumps({"seq": e.seq, "type": e.type, "data": e.data}))
+            for e in read.events if e.type != "log/snapshot"]
+
+
+def _key(events: list[dict]) -> list[tuple]:
+    return [(e["seq"], e["type"], json.dumps(e["data"], sort_keys=True)) for e in events]
+
+
+@pytest.mark.parametrize("daemon_overrides", [SMALL])
+@pytest.mark.parametrize("model_script", [TWO_TURNS])
+async def test_a_long_session_answers_events_waits_and_history_from_disk(
+        daemon, daemon_clock, nursery, tmp_path):
+    wire = await daemon.connect(nursery=nursery)
+    sid = await daemon.create_session(wire, env={"SOAK": "1"})
+    lane = await wire.subscribe(sid)
+    turn1 = (await wire.call("turn.start", {"sessionId": sid, "input": "one"}))["turnId"]
+    await wire.wait_lane(lane, lambda l: l.value["turn"] is None, "the first turn's end")
+    ids = await _calls(wire, sid, CALLS)
+    session = daemon.daemon.registry.opened(sid)
+    assert session is not None
+    first_tail = session._log.tail[0].seq  # the first event still held in memory
+    assert first_tail > 100, "the test needs most events out of memory"
+
+    # session.events: every event, in order, whatever the page size, equal to the log's
+    for page in (7, 1000):
+        got = await _all_events(wire, sid, page)
+        assert _key(got) == _key(_on_disk(daemon, sid)), page
+    # tool.wait on the oldest call: its result fell out of memory and is read back by seq
+    assert (await wire.wait(sid, ids[0], timeout=0))["content"] == "call 0\n"
+    # the model's history holds the first turn (only on disk now): the scripted model
+    # counts the assistant messages it is sent, so a history without them answers "first"
+    turn2 = (await wire.call("turn.start", {"sessionId": sid, "input": "two"}))["turnId"]
+    await wire.wait_lane(lane, lambda l: l.value["turn"] is None, "the second turn's end")
+    answers = [(e["data"]["turnId"], e["data"]["text"]) for e in _on_disk(daemon, sid)
+               if e["type"] == "message/assistant"]
+    assert answers == [(turn1, "first answer"), (turn2, "second answer")]
+
+    # After a restart: the snapshot gives the settings, the call index and recent back
+    await daemon.stop()
+    async with running_daemon(tmp_path, daemon.config, daemon_clock) as again:
+        reader = await again.connect(nursery=nursery)
+        info = await reader.call("session.get", {"sessionId": sid})
+        last = read_log(again.state_dir / "sessions" / sid, sid).events[-1]
+        assert last.type == "log/snapshot"  # written at the clean close
+        assert info["lastSeq"] == last.seq and "damaged" not in info
+        assert (await reader.wait(sid, ids[1], timeout=0))["content"] == "call 1\n"
+        assert (await reader.wait(sid, ids[-1], timeout=0))["content"] == f"call {CALLS - 1}\n"
+        # the id is known (the snapshot's call index): nothing runs again
+        dup = await reader.call("tool.run", {"sessionId": sid, "name": "bash", "callId": ids[2],
+                                            "arguments": {"command": "echo again"}})
+        assert dup == {"callId": ids[2], "existing": True}
+        lane2 = await reader.subscribe(sid)
+        recent = [r["callId"] for r in lane2.value["recent"]]
+        assert recent == list(reversed(ids))[:len(recent)] and len(recent) == 20
+        check = await reader.run(sid, "env")
+        assert "SOAK=1" in (await reader.wait(sid, check))["content"]
+        assert _key(await _all_events(reader, sid, 50)) == _key(_on_disk(again, sid))
+
+
+@pytest.mark.parametrize("daemon_overrides", [SMALL])
+async def test_memory_stays_bounded_however_many_calls(daemon, daemon_clock, nursery):
+    wire = await daemon.connect(nursery=nursery)
+    sid = await daemon.create_session(wire)
+    await _calls(wire, sid, CALLS)
+    session = daemon.daemon.registry.opened(sid)
+    stats = session._calls.known.statistics()
+    assert stats["known"] == CALLS
+    assert stats["cached"] <= 16 and stats["unsettled"] == 0 and stats["waiters"] == 0
+    assert stats["logged"] == 0
+    tail = len(session._log.tail)
+    assert tail <= 2 * 20 + 8, tail  # one snapshot's worth plus the batch being written
+    more = await _calls(wire, sid, CALLS)
+    stats = session._calls.known.statistics()
+    assert stats["known"] == 2 * CALLS and stats["cached"] <= 16 and stats["waiters"] == 0
+    assert len(session._log.tail) <= 2 * 20 + 8
+    assert (await wire.wait(sid, more[0], timeout=0))["content"] == "call 0\n"
+
+
+def _flip_an_old_frame(log_path, before: int) -> int:
+    """Flip one byte inside a zstd frame that starts after the header frame and ends before
+    byte ``before`` (the last snapshot); its offset."""
+    data = bytearray(log_path.read_bytes())
+    magic = b"\x28\xb5\x2f\xfd"
+    starts = []
+    at = data.find(magic)
+    while at >= 0:
+        starts.append(at)
+        at = data.find(magic, at + 1)
+    for a, b in zip(starts[1:], starts[2:]):
+        if b - a > 60 and b < before:
+            data[a + 30] ^= 0x55
+            log_path.write_bytes(bytes(data))
+            return a
+    raise AssertionError("no old frame to damage")
+
+
+@pytest.mark.parametrize("daemon_overrides", [SMALL])
+async def test_a_damaged_old_frame_marks_the_session_damaged_and_nothing_else(
+        daemon, daemon_clock, nursery, tmp_path):
+    wire = await daemon.connect(nursery=nursery)
+    sid = await daemon.create_session(wire)
+    other = await daemon.create_session(wire)
+    ids = await _calls(wire, sid, CALLS)
+    await _calls(wire, other, 2)
+    await daemon.stop()
+    session_dir = daemon.state_dir / "sessions" / sid
+    snapshot_offset = json.loads((session_dir / "summary.json").read_text())["snapshotOffset"]
+    [log_path] = list(session_dir.glob("session.v*.jsonl.zst"))
+    _flip_an_old_frame(log_path, snapshot_offset)
+
+    async with running_daemon(tmp_path, daemon.config, daemon_clock) as again:
+        reader = await again.connect(nursery=nursery)
+        # The open verifies from the last snapshot on: the session opens and new work is safe.
+        info = await reader.call("session.get", {"sessionId": sid})
+        assert "damaged" not in info
+        # A read of the old frames finds the damage: -32014 LOG_DAMAGED, and it is remembered.
+        bad = await reader.error("session.events", {"sessionId": sid, "afterSeq": -1})
+        assert bad.code == -32014 and bad.data == {"code": "LOG_DAMAGED"}, bad
+        old = await reader.error("tool.wait", {"sessionId": sid, "callId": ids[0],
+                                               "timeout": 0})
+        assert old.code == -32014 and old.data == {"code": "LOG_DAMAGED"}
+        info = await reader.call("session.get", {"sessionId": sid})
+        assert "is damaged at byte" in info["damaged"]
+        listed = {s["sessionId"]: s for s in
+                  (await reader.call("session.list", {}))["sessions"]}
+        assert "damaged" in listed[sid] and "damaged" not in listed[other]
+        # The tail still works, in the damaged session and in the other one.
+        assert (await reader.wait(sid, ids[-1], timeout=0))["content"] == f"call {CALLS - 1}\n"
+        for s in (sid, other):
+            cid = await reader.run(s, "echo still")
+            assert (await reader.wait(s, cid))["content"] == "still\n"
