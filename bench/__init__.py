@@ -10,6 +10,7 @@ BENCHES: list[str] = [
     "streaming",  # live views: throughput, latency, wire bytes, memory, fan-out, codec ops/s
     "host",  # the call host: 1 GiB throughput and CPU, RSS per idle host, call start-up
     "wire_fuzz",  # daemon.status latency idle vs under malformed input on 20 connections
+    "requests",  # daemon CPU per request and per call, fsyncs per call, durable events/s, CLI start
 ]
 
 #: Arguments each bench gets under ``python -m bench --quick`` (a smoke run with small sizes).
@@ -18,4 +19,5 @@ QUICK_ARGV: dict[str, list[str]] = {
     "streaming": ["--quick"],
     "host": ["--quick"],
     "wire_fuzz": ["--seconds", "3"],
+    "requests": ["--quick"],
 }
