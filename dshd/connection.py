@@ -30,7 +30,12 @@ server's business (``dshd.server``), and what a request does is ``dispatch``'s
   that closed its socket entirely is not waited for: its requests are cancelled. Telling the
   two apart needs the socket (``POLLHUP``), so the server passes that check in (``peer_gone``);
   without it the connection waits for its answers (the writer closes a peer that stops reading).
-* One writer task drains one FIFO send queue. Responses are never dropped: when the bytes of
+* One writer task drains one FIFO send queue. A line queued while the queue is empty and the
+  writer is not in the middle of a line is first written to the socket at once
+  (``os.write`` on its non-blocking fd): when the kernel takes all of it, that is the whole
+  send (no writer wake-up, no scheduler pass: most answers go out so); what it does not take
+  is queued for the writer, so the order of lines is the order they were queued, and a peer
+  that does not read fills its socket buffer and then the queue. Responses are never dropped: when the bytes of
   queued responses pass their bound, the connection is closed. Stream batches have their own
   byte budget; a batch that does not fit is dropped for its subscription, which waits for a base
   batch that the writer asks for once the queue has drained (``Daemon.rebase``). The raw
@@ -59,6 +64,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
@@ -94,6 +100,14 @@ Answer = tuple[bytes | None, Callable[[], None] | None]
 Dispatch = Callable[["Peer", Any], Awaitable[Answer]]
 
 _CLOSED = (trio.BrokenResourceError, trio.ClosedResourceError)
+
+
+def socket_fd(stream: object) -> int | None:
+    """The fd of a ``trio.SocketStream`` (the daemon's connections), else None (a memory
+    stream in the daemon tests: every line goes through the writer)."""
+    if isinstance(stream, trio.SocketStream):
+        return stream.socket.fileno()
+    return None
 
 
 class Peer(Protocol):
@@ -173,7 +187,12 @@ class Connection:
         self.subscriptions: dict[str, "Subscription"] = {}
         self._dispatch = dispatch
         self._peer_gone = peer_gone
-        self._queue: deque[tuple[bytes, "Subscription | str | None"]] = deque()
+        #: Lines waiting for the writer: (bytes left to send, what they are, their full size).
+        self._queue: deque[tuple[bytes | memoryview, "Subscription | str | None", int]] = deque()
+        #: The socket's fd for the fast path of :meth:`_push` (None: a stream without one, or
+        #: the connection is ending); ``_sending``: the writer is in the middle of a line.
+        self._fd: int | None = socket_fd(stream)
+        self._sending = False
         #: The followers of this connection (``dshd.sessions.follow``), by followId.
         self.followers: dict[str, Any] = {}
         self._follow_bytes = 0  # reserved or queued by followers (see reserve_follow)
@@ -196,8 +215,31 @@ class Connection:
 
     # ------------------------------------------------------------------ sending
     def _push(self, line: bytes, sub: "Subscription | str | None") -> None:
-        self._queue.append((line, sub))
+        """Send ``line`` now when nothing is queued or being sent and the socket takes it all
+        (the fast path: no writer wake-up, no scheduler pass); else queue what is left."""
+        data: bytes | memoryview = line
+        if self._fd is not None and not self._queue and not self._sending:
+            try:
+                sent = os.write(self._fd, line)
+            except OSError:  # full (EAGAIN), or broken: the writer's send_all says which
+                sent = 0
+            if sent == len(line):
+                self._sent(sub, len(line))
+                return
+            data = memoryview(line)[sent:]
+        self._queue.append((data, sub, len(line)))
         self._wakeup.set()
+
+    def _sent(self, sub: "Subscription | str | None", charge: int) -> None:
+        """A queued line of ``charge`` bytes is out: give its bytes back to its budget."""
+        if sub is None:
+            self._response_bytes -= charge
+            self._progress.set()
+        elif sub is FOLLOW_LINE:
+            self._follow_bytes -= charge
+            self._follow_room.unpark_all()
+        else:
+            self._stream_bytes -= charge
 
     def send_line(self, line: bytes) -> None:
         """Queue a response line. Never dropped; a connection that hoards them is closed."""
@@ -279,23 +321,20 @@ class Connection:
                 self._wakeup = trio.Event()
                 await self._wakeup.wait()
                 continue
-            line, sub = self._queue.popleft()
+            line, sub, charge = self._queue.popleft()
             # A follower's line waits as long as its reader pauses (lossless, bounded by the
             # follower budget: PROTOCOL.md §3.2); everything else is held to the stall bound.
-            with trio.move_on_after(math.inf if sub is FOLLOW_LINE else stalled) as scope:
-                try:
-                    await self.stream.send_all(line)
-                except _CLOSED:
-                    self.close("the client went away")
-                    return
-            if sub is None:
-                self._response_bytes -= len(line)
-                self._progress.set()
-            elif sub is FOLLOW_LINE:
-                self._follow_bytes -= len(line)
-                self._follow_room.unpark_all()
-            else:
-                self._stream_bytes -= len(line)
+            self._sending = True  # the fast path (_push) waits behind this line
+            try:
+                with trio.move_on_after(math.inf if sub is FOLLOW_LINE else stalled) as scope:
+                    try:
+                        await self.stream.send_all(line)
+                    except _CLOSED:
+                        self.close("the client went away")
+                        return
+            finally:
+                self._sending = False
+            self._sent(sub, charge)
             if scope.cancelled_caught:
                 self.close(f"the client did not read for {stalled:g} s")
                 return
@@ -318,6 +357,7 @@ class Connection:
         except* _CLOSED:
             pass  # the peer went away: nothing to answer
         finally:
+            self._fd = None  # never write to a closed (and maybe reused) fd number
             self._lines.close()
             await close_stream(self.stream, self.daemon.stop_budget)
 
