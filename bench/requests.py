@@ -6,9 +6,11 @@ library over the real socket, real call hosts. Every figure is the median of ``-
 interleaved rounds (min–max beside it), never a best-of; nothing asserts on time.
 
 * **status**: ``daemon.status`` ``N`` times on one connection; the daemon's CPU
-  (``/proc/PID/stat`` utime+stime) per request. Baseline: the daemon's idle CPU over the same
-  wall time, measured right after (what it burns doing nothing), and the cost in this process
-  of the floor of the work (``msgspec`` decode of the request line + encode of the answer).
+  (``/proc/PID/stat`` utime+stime) per request. Baselines: a bare trio line server in a
+  subprocess (``receive_some`` + ``send_all`` of a fixed answer: the event loop's and the
+  kernel's floor, which on a VM is most of it), the daemon's idle CPU over the same wall
+  time, and the floor of the work itself in this process (``msgspec`` decode of the request
+  line + encode of the answer).
 * **call**: ``tool.run`` of ``true`` (pre-approved, ``danger-full-access``) + ``tool.wait``,
   ``N`` times; the daemon's own CPU per call, and beside it the call host's: this process is
   the hosts' child subreaper (``PR_SET_CHILD_SUBREAPER``), so a host that double-forked out of
@@ -21,7 +23,8 @@ interleaved rounds (min–max beside it), never a best-of; nothing asserts on ti
   its flush) for ``--seconds``; events/s. Baseline in the same round: bare ``os.write`` +
   ``os.fsync`` of one event-sized chunk, 16 files × 4 threads (the same thread count), one
   chunk per fsync. Fsyncs per event of the daemon are counted under ``strace`` in a separate
-  short run (strace slows the daemon; its events/s there is not the figure).
+  short run (strace slows the daemon; its events/s there is not the figure). The daemon's
+  CPU per event is printed beside its rate.
 * **cli**: client CPU (``getrusage(RUSAGE_CHILDREN)``, user+sys) of ``dsh --version`` and
   ``dsh run -- true`` (against the bench daemon) over ``--cli-runs`` runs each, interleaved
   with the baselines ``python3 -c pass`` and ``python3 -c "import trio"``.
@@ -36,6 +39,7 @@ import ctypes
 import os
 import re
 import resource
+import socket
 import statistics
 import subprocess
 import sys
@@ -122,6 +126,52 @@ async def _status_round(sock: Path, pid: int, n: int) -> dict:
     return {"us": (cpu1 - cpu0) / n * 1e6, "idle_us": idle / n * 1e6, "per_s": n / wall}
 
 
+async def _echo_serve(path: str) -> None:
+    """A bare trio line server on ``path``: one fixed answer per line (the status baseline)."""
+    answer = b'{"jsonrpc":"2.0","id":1,"result":{}}\n'
+
+    async def handler(stream: trio.SocketStream) -> None:
+        buf = b""
+        while data := await stream.receive_some(65536):
+            buf += data
+            while b"\n" in buf:
+                _, _, buf = buf.partition(b"\n")
+                await stream.send_all(answer)
+
+    sock = trio.socket.socket(trio.socket.AF_UNIX)
+    await sock.bind(path)
+    sock.listen()
+    await trio.serve_listeners(handler, [trio.SocketListener(sock)])
+
+
+def _echo_round(n: int) -> float:
+    """Server CPU per request of :func:`_echo_serve` in a subprocess, over a blocking client."""
+    path = tempfile.mktemp(prefix="dsb-echo-", dir="/tmp")
+    server = subprocess.Popen([sys.executable, "-m", "bench.requests", "--echo-server", path])
+    try:
+        deadline = time.monotonic() + 20
+        while not os.path.exists(path):
+            if time.monotonic() > deadline or server.poll() is not None:
+                raise RuntimeError("the echo server did not start")
+            time.sleep(0.02)
+        with socket.socket(socket.AF_UNIX) as c:
+            c.connect(path)
+            f = c.makefile("rb")
+            line = b'{"jsonrpc":"2.0","id":1,"method":"daemon.status","params":{}}\n'
+            c.sendall(line)
+            f.readline()
+            cpu0 = _proc_cpu(server.pid)[0]
+            for _ in range(n):
+                c.sendall(line)
+                f.readline()
+            return (_proc_cpu(server.pid)[0] - cpu0) / n * 1e6
+    finally:
+        server.kill()
+        server.wait()
+        if os.path.exists(path):
+            os.unlink(path)
+
+
 def _floor_us(n: int = 20000) -> float:
     """This process: decode a daemon.status request line + encode an answer of its size."""
     line = b'{"jsonrpc":"2.0","id":7,"method":"daemon.status","params":{}}\n'
@@ -178,7 +228,7 @@ def _strace_counts(pid: int, work) -> tuple[int, object]:
 
 
 # ------------------------------------------------------------------ durable events/s
-async def _durable_round(sock: Path, sessions: list[str], seconds: float) -> dict:
+async def _durable_round(sock: Path, pid: int, sessions: list[str], seconds: float) -> dict:
     count = 0
     policies = ("ask", "never")
 
@@ -192,12 +242,14 @@ async def _durable_round(sock: Path, sessions: list[str], seconds: float) -> dic
                 count += 1
 
     end = trio.current_time() + seconds
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), _proc_cpu(pid)[0]
     async with trio.open_nursery() as nursery:
         for s in sessions:
             for k in range(CLIENTS):
                 nursery.start_soon(client, s, k)
-    return {"events": count, "per_s": count / (time.perf_counter() - t0)}
+    cpu = _proc_cpu(pid)[0] - cpu0
+    return {"events": count, "per_s": count / (time.perf_counter() - t0),
+            "cpu_us": cpu / max(count, 1) * 1e6}
 
 
 def _bare_round(base: Path, files: int, threads_per_file: int, seconds: float, chunk: int) -> dict:
@@ -261,13 +313,14 @@ async def _measure(d: BenchDaemon, reaper: Reaper, args) -> dict:
     assert pid is not None
     session = await _new_session(sock, d.work)
     durable_sessions = [await _new_session(sock, d.work) for _ in range(SESSIONS)]
-    r: dict[str, list] = {k: [] for k in ("status", "call", "durable", "bare")}
+    r: dict[str, list] = {k: [] for k in ("status", "echo", "call", "durable", "bare")}
     tmp = Path(tempfile.mkdtemp(prefix="dsb-bare-", dir=d.dir))
     await _call_round(sock, pid, reaper, session, 3)  # warm: first host, first flushes
     for _ in range(args.rounds):
         r["status"].append(await _status_round(sock, pid, args.requests))
+        r["echo"].append(await trio.to_thread.run_sync(_echo_round, args.requests))
         r["call"].append(await _call_round(sock, pid, reaper, session, args.calls))
-        r["durable"].append(await _durable_round(sock, durable_sessions, args.seconds))
+        r["durable"].append(await _durable_round(sock, pid, durable_sessions, args.seconds))
         r["bare"].append(await trio.to_thread.run_sync(
             _bare_round, tmp, SESSIONS, CLIENTS, args.seconds, args.chunk))
     return r
@@ -279,7 +332,7 @@ def _fsync_phase(d: BenchDaemon, reaper: Reaper, k: int, seconds: float) -> dict
     sessions = [trio.run(_new_session, sock, d.work) for _ in range(SESSIONS)]
     calls, _ = _strace_counts(pid, lambda: trio.run(_call_round, sock, pid, reaper, session, k))
     status, _ = _strace_counts(pid, lambda: trio.run(_status_round, sock, pid, k))
-    durable, res = _strace_counts(pid, lambda: trio.run(_durable_round, sock, sessions, seconds))
+    durable, res = _strace_counts(pid, lambda: trio.run(_durable_round, sock, pid, sessions, seconds))
     return {"per_call": calls / k, "per_status": status / k,
             "per_event": durable / max(res["events"], 1), "events": res["events"]}
 
@@ -291,7 +344,8 @@ def report(r: dict, fs: dict | None, cli: dict[str, list[float]], floor: float) 
     ratio = [dd["per_s"] / b["per_s"] for dd, b in zip(r["durable"], r["bare"])]
     lines = [
         f"daemon.status: daemon CPU {_spread(st)} µs/request "
-        f"({_spread([x['per_s'] for x in r['status']], '{:,.0f}')} requests/s); baseline: idle "
+        f"({_spread([x['per_s'] for x in r['status']], '{:,.0f}')} requests/s); baselines: a bare "
+        f"trio line server (receive_some + send_all) {_spread(r['echo'])} µs/request, the idle "
         f"daemon over the same wall time {_spread(idle, '{:.2f}')} µs/request, msgspec "
         f"decode+encode floor {floor:.2f} µs -> {_verdict(statistics.median(st), GOALS['status_us'])}",
         f"`true` call: daemon CPU {_spread(call, '{:.2f}')} ms/call "
@@ -307,7 +361,8 @@ def report(r: dict, fs: dict | None, cli: dict[str, list[float]], floor: float) 
                      f"bare baseline: 1.000 per event")
     lines.append(
         f"durable events/s, {SESSIONS} sessions × {CLIENTS} clients: "
-        f"{_spread([x['per_s'] for x in r['durable']], '{:,.0f}')}; bare os.write+os.fsync, "
+        f"{_spread([x['per_s'] for x in r['durable']], '{:,.0f}')} (daemon CPU "
+        f"{_spread([x['cpu_us'] for x in r['durable']], '{:.0f}')} µs/event); bare os.write+os.fsync, "
         f"{SESSIONS} files × {CLIENTS} threads (1 event per fsync): "
         f"{_spread([x['per_s'] for x in r['bare']], '{:,.0f}')} -> ratio {_spread(ratio, '{:.2f}')}x, "
         f"{_verdict(statistics.median(ratio), GOALS['durable_ratio'], higher=True)}")
@@ -329,7 +384,11 @@ def main(argv: list[str] | None = None) -> int:
                    "(a compressed one-event frame + trailer)")
     p.add_argument("--cli-runs", type=int, default=10)
     p.add_argument("--no-strace", action="store_true", help="skip the fsync count")
+    p.add_argument("--echo-server", metavar="PATH", help=argparse.SUPPRESS)  # the baseline's child
     args = p.parse_args(argv)
+    if args.echo_server:
+        trio.run(_echo_serve, args.echo_server)
+        return 0
     if args.quick:
         args.rounds, args.requests, args.calls, args.seconds, args.cli_runs = 1, 300, 10, 1.0, 3
     with BenchDaemon(CONFIG) as d:
