@@ -46,9 +46,9 @@ server's business (``dshd.server``), and what a request does is ``dispatch``'s
   that budget plus one line of them per connection. A peer that does not read for
   ``stalled_client_seconds`` is closed with a logged reason.
 * A refusal (a peer that may not connect, a connection over a limit) is one error line, then
-  :func:`half_close_and_drain`: our side shuts its writing half and reads what the peer sent
-  (bounded in bytes, ``REFUSE_DRAIN_BYTES``, and in time, a share of the stop budget) before
-  closing, so the peer reads the line instead of a connection reset. Every time bound of a
+  ``dshd.streams_io.half_close_and_drain``: our side shuts its writing half and reads what
+  the peer sent (bounded in bytes, ``REFUSE_DRAIN_BYTES``, and in time, a share of the stop
+  budget) before closing, so the peer reads the line instead of a connection reset. Every time bound of a
   refusal or a close is a share of ``stop_timeout_seconds`` (``dshd.daemon.StopBudget``).
 * At a graceful stop the server calls :meth:`Connection.finish`: reading stops and the
   connection ends as after a half-close, its answers in flight sent (within the stop budget).
@@ -75,16 +75,16 @@ import trio
 from protocol import rpc
 from protocol.framing import NEED_DATA, LineBuffer, Oversize, OverBudget
 
-from .daemon import Daemon, StopBudget
+from .daemon import Daemon
+from .streams_io import close_stream, half_close_and_drain, refuse, socket_fd
+
+__all__ = ["Answer", "Connection", "Dispatch", "Peer", "refuse"]
 
 if TYPE_CHECKING:
     from .sessions.streams import Subscription
 
 log = structlog.get_logger("dshd.connection")
 
-#: What a refused peer may still send before the close, bytes (its unread input would
-#: otherwise reset the connection before it reads its error line).
-REFUSE_DRAIN_BYTES = 64 * 1024
 #: After end of input, how often to look whether the peer closed entirely, seconds (a poll
 #: interval, not a stop timeout).
 PEER_CHECK_SECONDS = 0.5
@@ -100,14 +100,6 @@ Answer = tuple[bytes | None, Callable[[], None] | None]
 Dispatch = Callable[["Peer", Any], Awaitable[Answer]]
 
 _CLOSED = (trio.BrokenResourceError, trio.ClosedResourceError)
-
-
-def socket_fd(stream: object) -> int | None:
-    """The fd of a ``trio.SocketStream`` (the daemon's connections), else None (a memory
-    stream in the daemon tests: every line goes through the writer)."""
-    if isinstance(stream, trio.SocketStream):
-        return stream.socket.fileno()
-    return None
 
 
 class Peer(Protocol):
@@ -132,42 +124,6 @@ class Peer(Protocol):
     def send_follow(self, line: bytes, reserved: int) -> None: ...
 
     def release_follow(self, reserved: int) -> None: ...
-
-
-async def half_close_and_drain(stream: trio.abc.HalfCloseableStream, budget: StopBudget) -> None:
-    """Shut our writing half, then read (bounded) what the peer still sends, so that closing
-    does not reset a connection whose peer has not read our last line yet."""
-    with trio.move_on_after(budget.refuse_drain):
-        try:
-            await stream.send_eof()
-            drained = 0
-            while drained < REFUSE_DRAIN_BYTES:
-                data = await stream.receive_some(REFUSE_DRAIN_BYTES - drained)
-                if not data:
-                    return
-                drained += len(data)
-        except (*_CLOSED, trio.BusyResourceError, OSError):
-            return  # gone, or the writer still sends to a peer that does not read: just close
-
-
-async def close_stream(stream: trio.abc.AsyncResource, budget: StopBudget) -> None:
-    """Close ``stream``, shielded (it runs when cancelled too) and bounded."""
-    with trio.move_on_after(budget.close_stream) as cs:
-        cs.shield = True
-        await stream.aclose()
-
-
-async def refuse(stream: trio.abc.HalfCloseableStream, line: bytes, budget: StopBudget) -> None:
-    """Send one error line to a connection that is not served, drain (bounded), close."""
-    try:
-        with trio.move_on_after(budget.refuse_send):
-            try:
-                await stream.send_all(line)
-            except _CLOSED:
-                return
-            await half_close_and_drain(stream, budget)
-    finally:
-        await close_stream(stream, budget)
 
 
 class Connection:
