@@ -16,8 +16,9 @@ interleaved rounds (min–max beside it), never a best-of; nothing asserts on ti
   the hosts' child subreaper (``PR_SET_CHILD_SUBREAPER``), so a host that double-forked out of
   the daemon is reparented here and reaped with ``wait4`` (its rusage, its command's
   included); the intermediate the daemon reaps shows in the daemon's ``cutime``/``cstime``.
-* **fsyncs**: ``strace -f -c -e trace=fsync,fdatasync`` attached to the daemon while it runs
-  ``K`` calls and ``K`` ``daemon.status``: fsyncs per call and per request.
+* **fsyncs**: ``strace -f -y -e trace=fsync,fdatasync`` attached to the daemon while it runs
+  ``K`` calls and ``K`` ``daemon.status``: fsyncs per call and per request, by file (the
+  session log; the call host's own files, since ``-f`` follows the hosts the daemon starts).
 * **durable**: 16 sessions × 4 clients (one connection each) each change their session's
   approval policy in a loop (each answer means one event is durable: the daemon answers after
   its flush) for ``--seconds``; events/s. Baseline in the same round: bare ``os.write`` +
@@ -209,10 +210,13 @@ async def _new_session(sock: Path, cwd: Path) -> str:
         return await c.create_session(cwd, "bench", approval_policy="never")
 
 
-def _strace_counts(pid: int, work) -> tuple[int, object]:
-    """Run ``work()`` with strace counting the daemon's fsync/fdatasync calls."""
+def _strace_counts(pid: int, work) -> tuple[dict[str, int], object]:
+    """Run ``work()`` with strace tracing the fsync/fdatasync calls of the daemon and of what
+    it starts (``-f``: the call hosts); counted by the file's kind (``-y`` names the fd's path):
+    ``log`` (a session log), ``host`` (a call's files: output.raw, exit.json, its directory),
+    ``other``."""
     out = Path(tempfile.mkstemp(prefix="dsb-strace-")[1])
-    tracer = subprocess.Popen(["strace", "-f", "-c", "-e", "trace=fsync,fdatasync", "-o", str(out),
+    tracer = subprocess.Popen(["strace", "-f", "-y", "-e", "trace=fsync,fdatasync", "-o", str(out),
                                "-p", str(pid)], stderr=subprocess.DEVNULL)
     time.sleep(0.5)  # attached (all threads)
     try:
@@ -222,9 +226,12 @@ def _strace_counts(pid: int, work) -> tuple[int, object]:
         tracer.wait(10)
     text = out.read_text()
     out.unlink()
-    total = sum(int(m.group(1)) for m in re.finditer(r"^\s*[\d.]+\s+[\d.]+\s+\d+\s+(\d+)\s+(?:\d+\s+)?f(?:data)?sync$",
-                                                      text, re.M))
-    return total, result
+    counts = {"log": 0, "host": 0, "other": 0}
+    for m in re.finditer(r"f(?:data)?sync\(\d+<([^>]*)>", text):
+        path = m.group(1)
+        kind = "log" if ".jsonl" in path else "host" if "/calls/" in path else "other"
+        counts[kind] += 1
+    return counts, result
 
 
 # ------------------------------------------------------------------ durable events/s
@@ -333,8 +340,9 @@ def _fsync_phase(d: BenchDaemon, reaper: Reaper, k: int, seconds: float) -> dict
     calls, _ = _strace_counts(pid, lambda: trio.run(_call_round, sock, pid, reaper, session, k))
     status, _ = _strace_counts(pid, lambda: trio.run(_status_round, sock, pid, k))
     durable, res = _strace_counts(pid, lambda: trio.run(_durable_round, sock, pid, sessions, seconds))
-    return {"per_call": calls / k, "per_status": status / k,
-            "per_event": durable / max(res["events"], 1), "events": res["events"]}
+    return {"log_per_call": calls["log"] / k, "host_per_call": calls["host"] / k,
+            "other_per_call": calls["other"] / k, "per_status": sum(status.values()) / k,
+            "per_event": durable["log"] / max(res["events"], 1), "events": res["events"]}
 
 
 def report(r: dict, fs: dict | None, cli: dict[str, list[float]], floor: float) -> str:
@@ -355,8 +363,10 @@ def report(r: dict, fs: dict | None, cli: dict[str, list[float]], floor: float) 
         f" ms -> {_verdict(statistics.median(call), GOALS['call_ms'])}",
     ]
     if fs is not None:
-        lines.append(f"fsyncs (strace -f -c, daemon): {fs['per_call']:.2f} per `true` call, "
-                     f"{fs['per_status']:.2f} per daemon.status, {fs['per_event']:.3f} per durable "
+        lines.append(f"fsyncs (strace -f -y): per `true` call {fs['log_per_call']:.2f} of the session "
+                     f"log (the barrier, covering tool/call and its approval pair; the result) + "
+                     f"{fs['host_per_call']:.2f} of the call host's files + {fs['other_per_call']:.2f} "
+                     f"other; {fs['per_status']:.2f} per daemon.status; {fs['per_event']:.3f} log fsyncs per durable "
                      f"event over {SESSIONS}×{CLIENTS} clients ({fs['events']} events under strace); "
                      f"bare baseline: 1.000 per event")
     lines.append(
@@ -377,9 +387,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.requests", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="small counts, one round (smoke run)")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--requests", type=int, default=3000, help="daemon.status per round")
-    p.add_argument("--calls", type=int, default=100, help="`true` calls per round")
-    p.add_argument("--seconds", type=float, default=4.0, help="durable phase per round, s")
+    p.add_argument("--requests", type=int, default=2000, help="daemon.status per round")
+    p.add_argument("--calls", type=int, default=60, help="`true` calls per round")
+    p.add_argument("--seconds", type=float, default=3.0, help="durable phase per round, s")
     p.add_argument("--chunk", type=int, default=400, help="bare baseline chunk, bytes "
                    "(a compressed one-event frame + trailer)")
     p.add_argument("--cli-runs", type=int, default=10)
