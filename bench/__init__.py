@@ -11,6 +11,7 @@ BENCHES: list[str] = [
     "host",  # the call host: 1 GiB throughput and CPU, RSS per idle host, call start-up
     "wire_fuzz",  # daemon.status latency idle vs under malformed input on 20 connections
     "requests",  # daemon CPU per request and per call, fsyncs per call, durable events/s, CLI start
+    "storage",  # open (repair) of 10k/100k/1M-event logs: wall, RSS; listing 10,000 sessions
 ]
 
 #: Arguments each bench gets under ``python -m bench --quick`` (a smoke run with small sizes).
@@ -20,4 +21,5 @@ QUICK_ARGV: dict[str, list[str]] = {
     "host": ["--quick"],
     "wire_fuzz": ["--seconds", "3"],
     "requests": ["--quick"],
+    "storage": ["--quick"],
 }

@@ -90,6 +90,9 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     compression: Literal["zstd", "none"] = "zstd"
     #: Coalescing window of the event log, seconds (STORAGE.md §4).
     coalesce_seconds: Annotated[float, msgspec.Meta(ge=0, le=60)] = 0.200
+    # -- room storage (issue 14): snapshots bound open and repair (STORAGE.md §7)
+    #: Events between two log/snapshot frames; 0 = never (opens then read the whole log).
+    snapshot_every_events: Annotated[int, msgspec.Meta(ge=0, le=10_000_000)] = 10_000
     #: Retained output window per call (EXEC.md §2): UTF-8 bytes and lines.
     output_max_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 51_200
     output_max_lines: Annotated[int, msgspec.Meta(ge=1)] = 2_000
