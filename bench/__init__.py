@@ -12,6 +12,7 @@ BENCHES: list[str] = [
     "hostpath",  # the host's write path, variant by variant (read/readv/splice, the count)
     "wire_fuzz",  # daemon.status latency idle vs under malformed input on 20 connections
     "soak",  # daemon RSS over a churn soak (connect, subscribe, calls, abrupt disconnects)
+    "requests",  # daemon CPU per request and per call, fsyncs per call, durable events/s, CLI start
     "storage",  # open (repair) of 10k/100k/1M-event logs: wall, RSS; listing 10,000 sessions
     "lanes",  # 1-100 concurrent calls: write -> mirror latency; lane leave after a big batch
 ]
@@ -24,6 +25,7 @@ QUICK_ARGV: dict[str, list[str]] = {
     "hostpath": ["--quick"],
     "wire_fuzz": ["--seconds", "3"],
     "soak": ["--seconds", "20", "--sample", "2", "--workers", "2", "--sessions", "6"],
+    "requests": ["--quick"],
     "storage": ["--quick"],
     "lanes": ["--quick"],
 }

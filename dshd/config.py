@@ -185,6 +185,12 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     #: Log output: "auto" (console on a TTY, JSON otherwise), "console" or "json".
     log_format: Literal["auto", "console", "json"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # -- room requests (issue 14): the per-request log line ----------------------------------
+    #: A request answered without an error in less than this is logged at debug level, not
+    #: info (formatting one line per request was most of a cheap request's daemon CPU);
+    #: errors and slower requests stay at info. 0 = every request at info. Milliseconds,
+    #: 0 .. 3,600,000.
+    log_requests_slower_than_ms: Annotated[float, msgspec.Meta(ge=0, le=3_600_000)] = 500.0
     #: The agent loop's model (``[model]`` table; ``ModelConfig``).
     model: ModelConfig = msgspec.field(default_factory=ModelConfig)
 

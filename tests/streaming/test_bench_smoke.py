@@ -112,3 +112,18 @@ def test_soak_quick(capsys) -> None:
     # a slow leak that a short soak measures within 20 % fails by its trend
     leak = soak.report([(10, 100), (20, 105), (30, 110)], 50, warmup=10)
     assert leak["max_deviation_percent"] == 10 and not leak["met"]
+
+
+def test_requests_bench_quick(capsys) -> None:
+    """bench/requests.py --quick against a real daemon: every figure is printed with its
+    baseline and its goal verdict (correctness of the output only, never time)."""
+    from bench import requests
+
+    assert requests.main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    for needle in ("daemon.status: daemon CPU", "bare trio line server", "`true` call: daemon CPU",
+                   "call host's own", "durable events/s", "bare os.write+os.fsync",
+                   "python3 -c pass", 'python3 -c "import trio"', "dsh --version",
+                   "dsh run -- true"):
+        assert needle in out, (needle, out)
+    assert out.count("goal ") == 5, out
