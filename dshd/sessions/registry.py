@@ -58,6 +58,7 @@ from ..storage.summary import read_summary
 from ..storage.writer import SessionLog
 from ..execution.capture import ShellOutputLimits
 from .calls import SETTLED_MARKER, StopPolicy
+from .chain import read_index
 from .faults import TestFault
 from .resume import ResumePlan, plan_resume, tail_windows
 from .session import Session
@@ -180,10 +181,10 @@ class SessionRegistry:
         for session in sessions:
             await session.finished.wait()
 
-    async def _start(self, log_: SessionLog) -> Session:
+    async def _start(self, log_: SessionLog, index=None) -> Session:
         session = Session(log_, self.sessions_dir / log_.header.id, self.config, self.sandbox,
                           running_calls=self.running_calls,
-                          fault=self._fault, plan=log_.resume_plan)
+                          fault=self._fault, plan=log_.resume_plan, index=index)
         assert self._nursery is not None
         await self._nursery.start(self._own, session)
         self.open[session.id] = session
@@ -353,7 +354,22 @@ class SessionRegistry:
             except FileNotFoundError:
                 # A directory without a log: a crash between mkdir and the first publish.
                 raise SessionNotFound(_not_found(session_id)) from None
-            return await self._start(log_)
+            return await self._start(log_, await self._index_of(log_))
+
+    async def _index_of(self, log_: SessionLog):
+        """The call index of the log's snapshot chain (``chain.read_index``, a worker thread);
+        on damage the log is closed again and the session listed as damaged (STORAGE.md §5)."""
+        try:
+            return await trio.to_thread.run_sync(
+                read_index, log_.session_dir, log_.session_id, log_.snapshot_offset,
+                log_.snapshot_seq, log_.durable_bytes)
+        except BaseException as exc:
+            if isinstance(exc, StorageError):
+                self._damaged[log_.session_id] = str(exc)
+                self._disk_infos.pop(log_.session_id, None)
+            with trio.CancelScope(shield=True):
+                await log_.aclose()
+            raise
 
     def _refuse_if_stopping(self) -> None:
         if self.stopping:
