@@ -176,3 +176,33 @@ async def test_a_damaged_old_frame_marks_the_session_damaged_and_nothing_else(
         for s in (sid, other):
             cid = await reader.run(s, "echo still")
             assert (await reader.wait(s, cid))["content"] == "still\n"
+
+
+LISTED = 40
+
+
+async def test_listing_closed_sessions_is_one_thread_hop_and_reads_nothing_unchanged(
+        daemon, daemon_clock, autojump, nursery, tmp_path):
+    """session.list of many closed sessions: their summaries are read in ONE worker thread
+    (not one hop each: at 10,000 sessions the hops alone took seconds), and a repeat list
+    with nothing changed reads no summary and no log (the (size, mtime_ns, ino) cache)."""
+    wire = await daemon.connect(nursery=nursery)
+    sids = [await daemon.create_session(wire, title=f"s{i}") for i in range(LISTED)]
+    await daemon.stop()
+    async with running_daemon(tmp_path, daemon.config, daemon_clock) as again:
+        reader = await again.connect(nursery=nursery)
+        listing = again.daemon.registry._listing
+        hops = []
+        for _ in range(2):
+            before, reads = autojump.threads_seen, listing.reads
+            rows = (await reader.call("session.list", {}))["sessions"]
+            hops.append(autojump.threads_seen - before)
+            assert sorted(r["sessionId"] for r in rows) == sorted(sids)
+            assert {r["title"] for r in rows} == {f"s{i}" for i in range(LISTED)}
+            assert all("damaged" not in r and r["running"] == 0 for r in rows)
+            if _ == 0:
+                assert listing.reads - reads == LISTED  # the first list reads each summary
+            else:
+                assert listing.reads == reads  # nothing changed: stats only
+        # the session directories and the closed sessions, each in one hop (was 1 + 40)
+        assert hops == [2, 2], hops
