@@ -5,8 +5,9 @@ Theory of operation: a closed session is listed from its ``summary.json``
 frames after it; never a whole log). :meth:`DiskListing.infos` does the work for *every*
 closed session of one list in one call, made in one worker thread by the registry (one
 ``trio.to_thread`` hop per list, not one per session: at 10,000 sessions the hops alone cost
-seconds). Each answer is cached by its log's ``(size, mtime_ns, ino)``: a repeat list only
-stats each log and reads nothing when nothing changed. The cache holds one small dict per
+seconds). Each answer is cached by its log's ``(size, mtime_ns, ino)``
+(:meth:`DiskListing._key`): a repeat list only stats each log (one ``stat`` a session) and
+reads nothing when nothing changed. The cache holds one small dict per
 session directory that exists (entries of directories gone are dropped at each list).
 
 A damaged log is listed as damaged (``damaged``: the storage error) without breaking the
@@ -18,11 +19,12 @@ returns the new entries; only the trio thread writes the cache (:meth:`store`).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Callable
 
 from ..storage.errors import StorageError
-from ..storage.reader import find_log
+from ..storage.format import LOG_NAME_ZSTD
 from ..storage.summary import read_summary
 
 __all__ = ["DiskListing", "LogKey"]
@@ -37,6 +39,7 @@ class DiskListing:
     def __init__(self, sessions_dir: Path, defaults: Callable[[], dict],
                  damaged_of: Callable[[str], str | None]) -> None:
         self.sessions_dir = sessions_dir
+        self._dir = os.fspath(sessions_dir)
         self._defaults = defaults
         self._damaged_of = damaged_of
         #: id -> (the log's (size, mtime_ns, ino), its info or None: no log yet).
@@ -76,10 +79,14 @@ class DiskListing:
                 del self._cache[session_id]
 
     def _key(self, session_id: str) -> LogKey | None:
+        """What must stay the same for a cached info to stand: the zstd log's size, mtime
+        and inode (the summary is derived from the log). One ``stat`` on a string (no
+        ``pathlib``: at 10,000 sessions its objects cost more than the call). None (no
+        cache): no zstd log (a plain or newer log, none yet; ``read_summary`` says which).
+        A plain log put beside an unchanged zstd one is not seen here (an open refuses it)."""
         try:
-            path, _ = find_log(self.sessions_dir / session_id, session_id)
-            st = path.stat()
-        except (OSError, StorageError):
+            st = os.stat(f"{self._dir}/{session_id}/{LOG_NAME_ZSTD}")
+        except OSError:
             return None
         return (st.st_size, st.st_mtime_ns, st.st_ino)
 
