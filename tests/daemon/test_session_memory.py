@@ -206,3 +206,52 @@ async def test_listing_closed_sessions_is_one_thread_hop_and_reads_nothing_uncha
                 assert listing.reads == reads  # nothing changed: stats only
         # the session directories and the closed sessions, each in one hop (was 1 + 40)
         assert hops == [2, 2], hops
+
+
+def _snapshot_offsets(log_path) -> list[int]:
+    """Offsets of the snapshot frames, newest first (walking back over the trailers)."""
+    import zstandard
+
+    data, dctx, pos, out = log_path.read_bytes(), zstandard.ZstdDecompressor(), None, []
+    pos = len(data)
+    while pos > 16:
+        start = pos - 16 - int.from_bytes(data[pos - 8: pos - 4], "little")
+        if start <= 0:
+            return out
+        if b'"type":"log/snapshot"' in dctx.decompressobj().decompress(data[start: pos - 16]):
+            out.append(start)
+        pos = start
+    return out
+
+
+@pytest.mark.parametrize("daemon_overrides", [SMALL])
+async def test_a_damaged_old_snapshot_refuses_the_open_and_lists_the_session_damaged(
+        daemon, daemon_clock, nursery, tmp_path):
+    """An old snapshot's frame holds a delta of the call index (STORAGE.md §7): with it
+    damaged the index cannot be whole, so the session is not opened (never a short index that
+    would run a duplicate call id); it is listed as damaged; the other session works."""
+    wire = await daemon.connect(nursery=nursery)
+    sid = await daemon.create_session(wire)
+    other = await daemon.create_session(wire)
+    ids = await _calls(wire, sid, CALLS)
+    await daemon.stop()
+    [log_path] = list((daemon.state_dir / "sessions" / sid).glob("session.v*.jsonl.zst"))
+    offsets = _snapshot_offsets(log_path)
+    assert len(offsets) >= 3
+    data = bytearray(log_path.read_bytes())
+    data[offsets[len(offsets) // 2] + 20] ^= 0x40  # one in the middle of the chain
+    log_path.write_bytes(bytes(data))
+
+    async with running_daemon(tmp_path, daemon.config, daemon_clock) as again:
+        reader = await again.connect(nursery=nursery)
+        for _ in range(2):  # refused each time, never half-opened
+            bad = await reader.error("tool.run", {"sessionId": sid, "name": "bash",
+                                                  "callId": ids[0],
+                                                  "arguments": {"command": "echo again"}})
+            assert bad.code == -32014 and bad.data == {"code": "LOG_DAMAGED"}, bad
+        listed = {s["sessionId"]: s for s in
+                  (await reader.call("session.list", {}))["sessions"]}
+        assert "is damaged at byte" in listed[sid]["damaged"]
+        assert "damaged" not in listed[other]
+        cid = await reader.run(other, "echo still")
+        assert (await reader.wait(other, cid))["content"] == "still\n"
