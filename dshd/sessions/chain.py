@@ -12,11 +12,14 @@ newest value of an id wins) into one dict and the index is built in one sort
 (``CallIndex.from_entries``). Sync (a worker thread); the events after the last snapshot are
 the caller's (``logview.absorb`` folds the writer's tail).
 
-Never a wrong index: when the chain cannot be followed (a frame there is damaged, a delta
-does not decode, a snapshot written by another daemon version, a plain log) the index is
-rebuilt by one verified read of every event through the last snapshot (``tool/call`` makes
-an id known, ``tool/result`` gives its seq; crash repair has given every call named only by
-a model answer its result). Damage found by that read raises ``LogCorrupt``: the session is
+Never a wrong index: a snapshot frame on the chain that is damaged loses only its delta,
+not the events it covered: those are folded back from the frames before it (walking back
+over their trailers, each frame checked whole) down to the previous snapshot, and the chain
+goes on from there (``_events_before``). When the chain cannot be followed otherwise (a
+frame there does not check either, a delta does not decode, a snapshot written by another
+daemon version, a plain log) the index is rebuilt by one verified read of every event
+through the last snapshot (``tool/call`` or a model answer's ``toolCalls`` makes
+an id known, ``tool/result`` gives its seq). Damage found by that read raises ``LogCorrupt``: the session is
 not opened for writing (STORAGE.md §5: listed as damaged, ``dsh fsck`` names the offset),
 because an index that misses ids would accept a duplicate call id or answer ``CallNotFound``
 for a call that exists.
@@ -31,6 +34,8 @@ import structlog
 
 from ..storage import pages
 from ..storage.errors import LogCorrupt, LogTooNew
+from ..storage.format import TRAILER_SIZE, decode_event, encode_trailer
+from ..storage.snapshot import SNAPSHOT_TYPE
 from ..storage.reader import find_log
 from .call_index import UNSETTLED, CallIndex
 
@@ -63,7 +68,10 @@ def _chain_entries(view: pages.LogView, offset: int | None) -> dict[str, int]:
         try:
             ev = pages.snapshot_at(view, offset)
         except (LogCorrupt, LogTooNew) as exc:
-            raise ChainBroken(str(exc)) from None
+            # its delta is lost; the events it covers are not: fold them back to the
+            # snapshot before it, and go on from there
+            offset, seq_after = _events_before(view, offset, merged, str(exc))
+            continue
         state, prev = ev.data.get("session"), ev.data.get("prev")
         if seq_after is not None and ev.seq >= seq_after:
             raise ChainBroken(f"the snapshot at byte {offset} is not older than the next one")
@@ -85,16 +93,60 @@ def _chain_entries(view: pages.LogView, offset: int | None) -> dict[str, int]:
     return merged
 
 
+def _events_before(view: pages.LogView, offset: int, merged: dict[str, int],
+                   why: str) -> tuple[int | None, int | None]:
+    """The delta of the damaged snapshot at ``offset``, rebuilt from the events it covered:
+    walk back over the trailers from ``offset`` (each frame's length and CRC-32 checked, its
+    content decoded and checked whole) folding every event into ``merged`` (newest first),
+    down to the previous snapshot; (its offset, or None at the header; the seq after it).
+    ChainBroken when a frame there does not check (the full read decides)."""
+    log.warning("session.snapshot_delta_rebuilt", session=view.session_id, offset=offset,
+                reason=why)
+    header_end = pages.read_header(view)[1]
+    pos, first_seq = offset, None
+    while pos > header_end:
+        trailer = view.read(pos - TRAILER_SIZE, TRAILER_SIZE)
+        start = pos - TRAILER_SIZE - int.from_bytes(trailer[8:12], "little")
+        frame = view.read(start, pos - TRAILER_SIZE - start) if start >= header_end else b""
+        if not frame or encode_trailer(frame) != trailer:
+            raise ChainBroken(f"{why}; the frame before byte {pos} does not check either")
+        try:
+            lines = view.decompress(frame, start).split(b"\n")[:-1]
+            events = [decode_event(line) for line in lines]
+        except (LogCorrupt, ValueError) as exc:
+            raise ChainBroken(f"{why}; and {exc}") from None
+        if len(events) == 1 and events[0].type == SNAPSHOT_TYPE:
+            return start, events[0].seq + 1 if first_seq is None else first_seq
+        for ev in reversed(events):
+            _fold(merged, ev)
+            first_seq = ev.seq
+        pos = start
+    return None, first_seq
+
+
+def _fold(entries: dict[str, int], ev) -> None:
+    """One event into ``entries`` read newest first (a later value is already there)."""
+    if ev.type == "tool/result":
+        entries.setdefault(str(ev.data.get("callId")), ev.seq)
+    elif ev.type == "tool/call":
+        entries.setdefault(str(ev.data.get("callId")), UNSETTLED)
+    elif ev.type == "message/assistant":  # a model's calls are known once proposed
+        for call in ev.data.get("toolCalls") or ():
+            if isinstance(call, dict) and call.get("callId"):
+                entries.setdefault(str(call["callId"]), UNSETTLED)
+
+
 def _full_entries(session_dir: Path, session_id: str, through: int) -> dict[str, int]:
     """The index entries of every event through seq ``through``, read and verified."""
-    entries: dict[str, int] = {}
+    events = []
     for ev in pages.iter_all(session_dir, session_id):
         if ev.seq > through:
             break
-        if ev.type == "tool/call":
-            entries.setdefault(str(ev.data.get("callId")), UNSETTLED)
-        elif ev.type == "tool/result":
-            entries[str(ev.data.get("callId"))] = ev.seq
+        if ev.type in ("tool/call", "tool/result", "message/assistant"):
+            events.append(ev)
+    entries: dict[str, int] = {}
+    for ev in reversed(events):
+        _fold(entries, ev)
     return entries
 
 

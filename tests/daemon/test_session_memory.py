@@ -225,11 +225,12 @@ def _snapshot_offsets(log_path) -> list[int]:
 
 
 @pytest.mark.parametrize("daemon_overrides", [SMALL])
-async def test_a_damaged_old_snapshot_refuses_the_open_and_lists_the_session_damaged(
+async def test_a_damaged_old_snapshot_loses_no_call_id_and_marks_the_session_damaged(
         daemon, daemon_clock, nursery, tmp_path):
     """An old snapshot's frame holds a delta of the call index (STORAGE.md §7): with it
-    damaged the index cannot be whole, so the session is not opened (never a short index that
-    would run a duplicate call id); it is listed as damaged; the other session works."""
+    damaged, the open rebuilds that delta from the events it covered, so every call id is
+    still known (no duplicate runs); a read of the old frames finds the damage and marks
+    the session damaged; the other session is not touched."""
     wire = await daemon.connect(nursery=nursery)
     sid = await daemon.create_session(wire)
     other = await daemon.create_session(wire)
@@ -244,14 +245,17 @@ async def test_a_damaged_old_snapshot_refuses_the_open_and_lists_the_session_dam
 
     async with running_daemon(tmp_path, daemon.config, daemon_clock) as again:
         reader = await again.connect(nursery=nursery)
-        for _ in range(2):  # refused each time, never half-opened
-            bad = await reader.error("tool.run", {"sessionId": sid, "name": "bash",
-                                                  "callId": ids[0],
-                                                  "arguments": {"command": "echo again"}})
-            assert bad.code == -32014 and bad.data == {"code": "LOG_DAMAGED"}, bad
+        for cid in ids:  # every id is known: nothing runs again
+            dup = await reader.call("tool.run", {"sessionId": sid, "name": "bash",
+                                                "callId": cid,
+                                                "arguments": {"command": "echo again"}})
+            assert dup == {"callId": cid, "existing": True}, cid
+        bad = await reader.error("session.events", {"sessionId": sid, "afterSeq": -1})
+        assert bad.code == -32014 and bad.data == {"code": "LOG_DAMAGED"}, bad
         listed = {s["sessionId"]: s for s in
                   (await reader.call("session.list", {}))["sessions"]}
         assert "is damaged at byte" in listed[sid]["damaged"]
         assert "damaged" not in listed[other]
-        cid = await reader.run(other, "echo still")
-        assert (await reader.wait(other, cid))["content"] == "still\n"
+        for s in (sid, other):
+            cid = await reader.run(s, "echo still")
+            assert (await reader.wait(s, cid))["content"] == "still\n"

@@ -166,29 +166,44 @@ async def test_snapshot_bytes_stay_a_fraction_of_the_log_however_many_calls(tmp_
                                                              per_snapshot_second)
 
 
-async def test_damage_to_an_old_snapshot_refuses_the_open_never_a_wrong_index(tmp_path):
+async def _damaged_log(tmp_path, *, also_the_frame_before: bool):
     header = Header(id=SID, createdAt=1, cwd="/w", title=None)
     log = SessionLog.create(tmp_path, SID, header, snapshot_every=20)
     index = CallIndex()
     _attach(log, index)
     await _session_ops(log, index, random.Random(9), 400, [], "c")
     await log.aclose()
+    truth = _truth(tmp_path)
     [path] = list((tmp_path / "sessions" / SID).glob("session.v*.jsonl.zst"))
     _, _, offsets = _snapshot_frame_bytes(path)
     old = offsets[len(offsets) // 2]  # newest first: one in the middle of the chain
     data = bytearray(path.read_bytes())
     data[old + 20] ^= 0x40
+    if also_the_frame_before:
+        data[old - TRAILER_SIZE - 8] ^= 0x40  # inside the frame before it
     path.write_bytes(bytes(data))
-    # The open itself reads from the last snapshot on: it does not see the damage ...
-    log = await SessionLog.open_for_write(tmp_path, SID, snapshot_every=20)
+    # the open itself reads from the last snapshot on: it does not see the damage
+    return await SessionLog.open_for_write(tmp_path, SID, snapshot_every=20), truth, old
+
+
+async def test_a_damaged_old_snapshot_loses_only_its_delta_rebuilt_from_its_events(tmp_path):
+    log, truth, _ = await _damaged_log(tmp_path, also_the_frame_before=False)
+    try:
+        assert _reopened_index(log).entries() == truth
+    finally:
+        await log.aclose()
+
+
+async def test_a_delta_that_cannot_be_rebuilt_refuses_the_open_never_a_short_index(tmp_path):
     from dshd.sessions.chain import read_index
 
+    log, _, old = await _damaged_log(tmp_path, also_the_frame_before=True)
     try:
-        # ... the chain does: its delta is lost, and the full read that would replace it
-        # finds the same damaged frame, so there is no index at all rather than a short one.
+        # the frames before the snapshot do not check either, and the full read that would
+        # replace the chain finds the damage: no index at all rather than a short one
         with pytest.raises(LogCorrupt) as caught:
             read_index(log.session_dir, SID, log.snapshot_offset, log.snapshot_seq,
                        log.durable_bytes)
-        assert caught.value.offset == old
+        assert caught.value.offset < old
     finally:
         await log.aclose()
