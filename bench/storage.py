@@ -6,12 +6,16 @@ bench builds, with the real writer (`SessionLog`, snapshot every 10,000 events, 
 mix (a turn = turn/start, message/user, step/start, message/assistant naming a tool call,
 tool/call, tool/result with ~400 bytes of build-log-like output, step/end, a closing
 message/assistant, turn/end), plus a 100k log written without snapshots (an old log: the
-"before" path, read whole), and enough small sessions (written with the format encoder: a
+"before" path, read whole), a log of the largest size with ~a quarter of its events tool
+calls (3 a turn: ~250k calls in 1M events) whose snapshots carry the real session dict
+(``Session.snapshot_state``: its call index delta; the build prints each log's snapshot
+bytes), and enough small sessions (written with the format encoder: a
 header frame, a few events, a snapshot, summary.json) to make 10,000 sessions in all.
 
 1. **open**: a fresh child process opens each log for writing with repair
    (`SessionLog.open_for_write(repair=True)`) and reports the wall time of the open and its
-   RSS after it (VmRSS) next to its RSS before (imports). ≥ 3 interleaved rounds; median,
+   RSS after it (VmRSS) next to its RSS before (imports); for the calls log also the
+   session's call index from its snapshot chain (``dshd.sessions.chain.read_index``). ≥ 3 interleaved rounds; median,
    min–max. Goal: the 1M log ≤ 2 s and ≤ 100 MB.
 2. **list (storage)**: a fresh child runs `summary.read_summary` over every session directory
    (what ``session.list`` does for closed sessions) and reports the wall time and the bytes it
@@ -79,6 +83,72 @@ def _turn(i: int) -> list[tuple[str, dict]]:
     ]
 
 
+def _calls_turn(i: int, k: int = 3) -> list[tuple[str, dict]]:
+    """One turn with ``k`` tool calls (6 + 2k events): ~250k calls in 1M events at k = 3."""
+    t, s = f"t{i}", f"s{i}"
+    ids = [f"m-{(i * k + j) * 2654435761 % 2**64:016x}" for j in range(k)]
+    args = json.dumps({"command": f"make -j4 target_{i % 97}"})
+    out: list[tuple[str, dict]] = [
+        ("turn/start", {"turnId": t}), ("message/user", {"turnId": t, "text": f"build {i}"}),
+        ("step/start", {"turnId": t, "stepId": s}),
+        ("message/assistant", {"turnId": t, "stepId": s, "text": "", "toolCalls": [
+            {"callId": c, "name": "bash", "arguments": args} for c in ids]})]
+    for j, c in enumerate(ids):
+        out.append(("tool/call", {"callId": c, "name": "bash", "arguments": args,
+                                  "turnId": t, "stepId": s}))
+        out.append(("tool/result", {"callId": c, "isError": False, "content": _output(i + j),
+                                    "details": {"exitCode": 0}, "exitCode": 0}))
+    return out + [("step/end", {"turnId": t, "stepId": s}),
+                  ("message/assistant", {"turnId": t, "text": "done"}),
+                  ("turn/end", {"turnId": t, "reason": "completed"})]
+
+
+async def _build_calls(state_dir: Path, sid: str, n_events: int) -> None:
+    """A log of ``n_events`` with ~n/4 tool calls whose snapshots carry the real session's
+    dict (``Session.snapshot_state`` on a stand-in holding a real ``CallIndex``)."""
+    from types import SimpleNamespace as NS
+
+    from dshd.sessions.call_index import CallIndex
+    from dshd.sessions.session import Session
+
+    header = Header(id=sid, createdAt=1_700_000_000_000, cwd="/srv/bench", title=sid)
+    log = SessionLog.create(state_dir, sid, header, snapshot_every=10_000)
+    index = CallIndex()
+    owner = NS(_log=log, _calls=NS(known=NS(index=index)), _approvals=NS(decided={}),
+               _lane=NS(tracker=NS(value={"recent": []})), _logged_env={})
+    log.set_snapshot_state(lambda: Session.snapshot_state(owner))
+    i = 0
+    while log.last_seq + 1 < n_events:
+        for type_, data in _calls_turn(i):
+            seq = log.append(type_, data).seq
+            if type_ == "tool/call":
+                index.add(data["callId"])
+            elif type_ == "tool/result":
+                index.settle(data["callId"], seq)
+        i += 1
+        if i % 160 == 0:  # ~2,000 events per flush
+            await log.flush()
+    await log.aclose()
+
+
+def snapshot_bytes(path: Path) -> tuple[int, int]:
+    """(bytes of the snapshot frames with their trailers, how many), walking back over the
+    trailers of a zstd log (decompressing only each frame's first bytes)."""
+    dctx = zstandard.ZstdDecompressor()
+    with open(path, "rb") as f:
+        data = f.read()
+    pos, total, n = len(data), 0, 0
+    while pos > 16:
+        start = pos - 16 - int.from_bytes(data[pos - 8: pos - 4], "little")
+        if start <= 0:
+            break
+        with dctx.stream_reader(data[start: pos - 16]) as r:
+            if b'"type":"log/snapshot"' in r.read(200):
+                total, n = total + pos - start, n + 1
+        pos = start
+    return total, n
+
+
 async def _build(state_dir: Path, sid: str, n_events: int, every: int) -> None:
     """A log of ``n_events`` through the real writer. The last ``min(5000, n/4)`` events come
     after the last snapshot (no snapshot at close: as after a crash), so an open has a real
@@ -133,12 +203,18 @@ def build_state(state_dir: Path, sizes: list[int], sessions: int) -> dict[str, i
     long_logs = {f"open-{n}": n for n in sizes}
     old = max(s for s in sizes if s <= 100_000) if any(s <= 100_000 for s in sizes) else sizes[0]
     long_logs[f"old-{old}"] = old
+    long_logs[f"calls-{max(sizes)}"] = max(sizes)
     for sid, n in long_logs.items():
         t0 = time.monotonic()
-        trio.run(_build, state_dir, sid, n, 0 if sid.startswith("old-") else 10_000)
-        print(f"  built {sid}: {n:,} events, "
-              f"{(state_dir / 'sessions' / sid / 'session.v1.jsonl.zst').stat().st_size / 2**20:.1f}"
-              f" MiB in {time.monotonic() - t0:.1f} s", flush=True)
+        if sid.startswith("calls-"):
+            trio.run(_build_calls, state_dir, sid, n)
+        else:
+            trio.run(_build, state_dir, sid, n, 0 if sid.startswith("old-") else 10_000)
+        path = state_dir / "sessions" / sid / "session.v1.jsonl.zst"
+        snaps, count = snapshot_bytes(path)
+        print(f"  built {sid}: {n:,} events, {path.stat().st_size / 2**20:.1f} MiB in "
+              f"{time.monotonic() - t0:.1f} s; {count} snapshots, {snaps / 2**20:.2f} MiB of "
+              "them", flush=True)
     cctx = zstandard.ZstdCompressor(level=3, write_checksum=True)
     for k in range(max(0, sessions - len(long_logs))):
         _small_session(state_dir / "sessions", f"small-{k:05d}", cctx)
@@ -157,10 +233,20 @@ before = rss()
 async def main():
     t0 = time.perf_counter()
     log = await SessionLog.open_for_write(Path(sys.argv[1]), sys.argv[2], repair=True)
+    known = None
+    if sys.argv[2].startswith("calls-"):  # the session's call index too (what an open needs)
+        try:
+            from dshd.sessions.chain import read_index
+            index = read_index(log.session_dir, log.session_id, log.snapshot_offset,
+                               log.snapshot_seq, log.durable_bytes)
+        except ImportError:  # before the snapshot chain: the whole index in the last one
+            from dshd.sessions.logview import restore
+            index = restore(log.snapshot)[1]
+        known = len(index)
     wall = time.perf_counter() - t0
     after = rss()
     out = {"wall": wall, "rss_before": before, "rss_after": after, "tail": len(log.tail),
-           "last_seq": log.last_seq}
+           "last_seq": log.last_seq, "known": known}
     await log.aclose()
     return out
 print(json.dumps(trio.run(main)))
@@ -216,8 +302,10 @@ def bench_open(state_dir: Path, long_logs: dict[str, int], rounds: int) -> None:
         rss = [x["rss_after"] for x in runs]
         print(f"  {sid:>14} ({long_logs[sid]:>9,} events): open {_spread(walls)} s; RSS after "
               f"open {_spread(rss, '{:.1f}')} MB (before open {runs[0]['rss_before']:.1f} MB); "
-              f"tail kept {runs[0]['tail']:,} events")
+              f"tail kept {runs[0]['tail']:,} events"
+              + (f"; call index {runs[0]['known']:,} calls" if runs[0]["known"] else ""))
     biggest = max((s for s in long_logs if s.startswith("open-")), key=long_logs.get)
+    biggest = next((s for s in long_logs if s.startswith("calls-")), biggest)
     walls = [x["wall"] for x in results[biggest]]
     rss = [x["rss_after"] for x in results[biggest]]
     ten_k = [s for s in long_logs if s.startswith("open-")]

@@ -16,9 +16,15 @@ session's memory is bounded). Two parts:
   there is a binary search (``log2(n)`` slices). The merge is linear; the threshold grows with
   the frozen level, so each id is merged O(log n) times over the session's life. Unsettled
   ids stay in the dict (bounded by the running and proposed calls).
-  :meth:`CallIndex.to_json` / :meth:`from_json` are its compact form in the snapshot
-  (``log/snapshot``'s ``session`` dict): the frozen blob as one string, its offsets and seqs
-  as base64, the dict level as it is (about ``len(id) + 18`` bytes a call in the snapshot).
+  **In the snapshot** (``log/snapshot``'s ``session`` dict) the index is written as a
+  *delta*: only the ids added or settled since the last durable snapshot
+  (:meth:`CallIndex.delta`), about ``len(id) + 10`` bytes an entry, each call in at most two
+  deltas (its ``tool/call`` and its ``tool/result`` may fall on either side of a snapshot).
+  The snapshot bytes over a session's life are thus proportional to its calls, never to
+  calls x snapshots; an open folds the deltas along the snapshot ``prev`` chain
+  (``dshd.sessions.chain``) and builds the index in one go (:meth:`from_entries`).
+  :meth:`to_json` / :meth:`from_json` are the whole index in one dict (the version-1
+  snapshot form, still read as the base of a chain).
 * :class:`ResultCache` -- an LRU of at most ``capacity`` settled results (dicts, as logged).
   A result that fell out is read back from the log by its seq (:class:`KnownCalls`).
 * :class:`KnownCalls` -- the call table's view of both, plus what only unsettled calls need
@@ -88,6 +94,12 @@ class CallIndex:
         self._recent: dict[str, int] = {}
         self._settled_recent = 0
         self._frozen = _Frozen()
+        #: id -> generation of its last change (add or settle) since the last durable
+        #: snapshot (``delta``); bounded by the calls between two snapshots.
+        self._changed: dict[str, int] = {}
+        self._gen = 0
+        #: (seq, generation) of the snapshots a delta was handed to and not yet seen durable.
+        self._handed: list[tuple[int, int]] = []
 
     def __len__(self) -> int:
         return len(self._recent) + len(self._frozen)
@@ -111,9 +123,11 @@ class CallIndex:
         """Make ``call_id`` known (no result yet); a known id keeps what it has."""
         if self.get(call_id) is None:
             self._recent[call_id] = UNSETTLED
+            self._changed[call_id] = self._gen
 
     def settle(self, call_id: str, seq: int) -> None:
         """``call_id``'s ``tool/result`` has ``seq``."""
+        self._changed[call_id] = self._gen
         key = call_id.encode("ascii", "replace")
         i = self._frozen.find(key)
         if i >= 0:
@@ -143,6 +157,46 @@ class CallIndex:
         return recent + self._frozen.nbytes()
 
     # ---------------------------------------------------------------- snapshot form
+    def delta(self, durable_seq: int, snapshot_seq: int) -> dict[str, int]:
+        """The entries (id -> result seq) added or settled since the last durable snapshot,
+        for the snapshot about to be written at ``snapshot_seq``; ``durable_seq``: the seq of
+        the log's last durable snapshot (-1: none). A delta handed to a snapshot that became
+        durable is forgotten; one handed to a snapshot still being written is kept (and
+        repeated in the next delta, whose ``prev`` names the same durable snapshot)."""
+        cut = None
+        for seq, gen in self._handed:
+            if seq == durable_seq:
+                cut = gen  # the last hand-out at that seq is the one written
+        if cut is not None:
+            self._changed = {cid: g for cid, g in self._changed.items() if g > cut}
+        self._handed = [(seq, gen) for seq, gen in self._handed if seq > durable_seq]
+        out = {cid: self.get(cid) for cid in self._changed}
+        self._handed.append((snapshot_seq, self._gen))
+        self._gen += 1
+        return out
+
+    def forget_changes(self) -> None:
+        """Everything known is in a durable snapshot (an index just built from the log)."""
+        self._changed.clear()
+        self._handed.clear()
+
+    def entries(self) -> dict[str, int]:
+        """Every id -> result seq (tests and the full-read fallback; linear)."""
+        out = {k.decode("ascii"): v for k, v in self._frozen.items()}
+        out.update(self._recent)
+        return out
+
+    @classmethod
+    def from_entries(cls, entries: dict[str, int]) -> CallIndex:
+        """An index of ``entries`` (id -> result seq or :data:`UNSETTLED`), built in one
+        sort: the settled ids frozen, the unsettled ones in the dict level; no changes."""
+        index = cls()
+        settled = sorted((cid.encode("ascii", "replace"), seq)
+                         for cid, seq in entries.items() if seq != UNSETTLED)
+        index._frozen = _Frozen([k for k, _ in settled], [s for _, s in settled])
+        index._recent = {cid: seq for cid, seq in entries.items() if seq == UNSETTLED}
+        return index
+
     def to_json(self) -> dict:
         """The compact form for the snapshot: the frozen level as it is (its blob as one
         string, its offsets and seqs in base64) and the dict level as a dict. Cheap: no sort,

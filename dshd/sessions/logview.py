@@ -24,7 +24,11 @@ verified on open), and the other sessions are not touched.
 opaque dict storage writes into ``log/snapshot.data.session`` (``snapshot_state=`` of
 ``SessionLog``) and hands back on open (``SessionLog.snapshot``). :data:`SNAPSHOT_VERSION`
 tells a newer daemon's dict from ours: a dict we cannot read is not used (the session then
-folds what it has: the tail; the log itself is still the truth).
+folds what it has: the tail; the log itself is still the truth). Since version 2 the dict
+holds only the call index entries changed since the previous snapshot (``calls.delta``):
+the index of an open is read from the whole snapshot chain first (``dshd.sessions.chain``,
+by the registry in a worker thread) and given to :func:`absorb`; a version-1 dict holds the
+whole index.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from protocol.lane import RecentEntry
 from ..storage import threads
 from ..storage.errors import LogCorrupt, StorageError
 from .call_index import CallIndex
+from .chain import INDEX_V1, INDEX_V2, parse_delta
 
 log = structlog.get_logger("dshd.session")
 
@@ -51,7 +56,7 @@ __all__ = ["HISTORY_TYPES", "LogView", "PAGE_EVENTS", "SNAPSHOT_VERSION", "absor
 SNAPSHOT = "log/snapshot"
 #: Events read from disk per page (history, and the largest ``session.events`` page).
 PAGE_EVENTS = 10_000
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = INDEX_V2
 #: The events the agent's history reads (``dshd.agent.history.build_messages``).
 HISTORY_TYPES = frozenset({"message/user", "message/assistant", "tool/call", "tool/result"})
 
@@ -134,26 +139,32 @@ class LogView:
 
 
 
-def snapshot_state(settings: dict, index: CallIndex, recent: list, decided: dict) -> dict:
+def snapshot_state(settings: dict, delta: dict[str, int], recent: list, decided: dict) -> dict:
     """The session's part of a snapshot (module doc): the settings as logged that storage does
-    not fold itself (the env), the call index, the lane's ``recent`` (newest first, plain) and
-    the decided approvals kept in memory."""
+    not fold itself (the env), the call index entries changed since the last durable
+    snapshot (``CallIndex.delta``), the lane's ``recent`` (newest first, plain) and the
+    decided approvals kept in memory (at most ``DECIDED_MAX``)."""
     return {"v": SNAPSHOT_VERSION, "settings": dict(settings),
-            "calls": index.to_json(), "recent": list(recent), "decided": dict(decided)}
+            "calls": {"delta": delta}, "recent": list(recent), "decided": dict(decided)}
 
 
-def absorb(log_: Any, calls: Any, approvals: Any) -> tuple[dict, list[RecentEntry]]:
+def absorb(log_: Any, calls: Any, approvals: Any,
+           index: CallIndex | None = None) -> tuple[dict, list[RecentEntry]]:
     """Fold the last snapshot's ``session`` dict and the log's tail into the call table
-    (``calls``: ``CallTable``) and the approval desk; ``(env, recent)`` (newest first). The
-    calls still open before the tail come from the writer's ``repair_state``. LogCorrupt when
-    the snapshot's dict is ours but does not decode (its frame's checksum passed it)."""
+    (``calls``: ``CallTable``) and the approval desk; ``(env, recent)`` (newest first).
+    ``index``: the call index through the last snapshot (``chain.read_index``; required when
+    that snapshot holds a delta). The calls still open before the tail come from the writer's
+    ``repair_state``. LogCorrupt when the snapshot's dict is ours but does not decode (its
+    frame's checksum passed it)."""
     env: dict = {}
     recent: list = []
     try:
-        restored = restore(log_.snapshot)
+        restored = restore(log_.snapshot, index)
     except ValueError as exc:
         raise LogCorrupt(log_.session_id, log_.path, log_.snapshot_offset or 0,
                          f"its last snapshot's session state: {exc}") from None
+    if restored is None and index is not None:
+        calls.known.index = index  # the full read's (a snapshot this daemon does not read)
     if restored is not None:
         settings, calls.known.index, recent, decided = restored
         env = dict(settings.get("env") or {})
@@ -174,10 +185,12 @@ def absorb(log_: Any, calls: Any, approvals: Any) -> tuple[dict, list[RecentEntr
     return env, recent
 
 
-def restore(state: dict | None) -> tuple[dict, CallIndex, list[RecentEntry], dict] | None:
+def restore(state: dict | None, index: CallIndex | None = None
+            ) -> tuple[dict, CallIndex, list[RecentEntry], dict] | None:
     """``(settings, index, recent, decided)`` of a snapshot's dict; None when there is none
-    or it is not one this daemon reads (module doc). ValueError when it is ours but damaged."""
-    if not isinstance(state, dict) or state.get("v") != SNAPSHOT_VERSION:
+    or it is not one this daemon reads (module doc). ValueError when it is ours but damaged.
+    ``index``: the chain's (required for a version-2 dict, whose own part is a delta)."""
+    if not isinstance(state, dict) or state.get("v") not in (INDEX_V1, INDEX_V2):
         return None
     settings = state.get("settings")
     decided = state.get("decided")
@@ -187,4 +200,11 @@ def restore(state: dict | None) -> tuple[dict, CallIndex, list[RecentEntry], dic
         recent = msgspec.convert(state.get("recent") or [], list[RecentEntry])
     except msgspec.ValidationError as exc:
         raise ValueError(f"the snapshot's recent calls do not decode: {exc}") from None
-    return settings, CallIndex.from_json(state.get("calls")), recent, decided
+    if state["v"] == INDEX_V2:
+        parse_delta(state.get("calls"))  # ours: it must decode (the chain has read it)
+        if index is None:
+            raise ValueError("a version-2 snapshot's call index is the whole chain's: read it "
+                             "with dshd.sessions.chain.read_index first")
+    elif index is None:
+        index = CallIndex.from_json(state.get("calls"))
+    return settings, index, recent, decided

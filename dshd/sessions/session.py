@@ -13,8 +13,9 @@ Theory of operation:
   call ids, the lane's ``recent``). Memory is bounded whatever the session's length: the
   writer's tail, the unsettled calls, the pending approvals, ``RECENT_MAX`` recent calls, an
   LRU of ``results_cache`` settled results and the compact call index
-  (``dshd.sessions.call_index``); older events, results and the model's history are read
-  back from disk and verified (``dshd.sessions.logview``; damage marks it ``damaged``). The jobs are split: ``calls`` (admission, gate → barrier → exec → settle, the
+  (``dshd.sessions.call_index``, read on open from the snapshot chain: ``chain``); older
+  events, results and the model's history are read back from disk and verified
+  (``logview``; damage marks it ``damaged``). The jobs are split: ``calls`` (admission, gate → barrier → exec → settle, the
   results), ``lane`` (the lane view), ``approval`` (the gate), ``barrier``, ``streams`` (the
   publisher and subscriptions). This module keeps the lifetime, the settings, the
   subscriptions and **the port**: the methods other rooms use (handlers, the service
@@ -72,6 +73,7 @@ from ..storage.writer import SessionLog
 from .approval import ApprovalDesk
 from . import resumed
 from .call import AgentSlot, CallOutput
+from .call_index import CallIndex
 from .calls import CallTable, StopPolicy
 from .resume import ResumePlan
 from .faults import TestFault
@@ -90,15 +92,13 @@ SETTLE_SHARE = 0.25
 SETTLE_RESERVE_SECONDS = 2.0
 
 
-
-
 class Session:
     """An open, writable session. Create through ``SessionRegistry``, never directly."""
 
     def __init__(
         self, log_: SessionLog, session_dir: Path, config: Config, sandbox,
         running_calls: Callable[[], int] | None = None, fault: TestFault | None = None,
-        plan: ResumePlan | None = None,
+        plan: ResumePlan | None = None, index: CallIndex | None = None,
     ) -> None:
         self._log = log_
         #: What comes back after a daemon restart (``dshd.sessions.resume``), once it runs.
@@ -120,10 +120,9 @@ class Session:
         self._logged_env: dict[str, str] = {}
         #: The agent loop (``dshd.agent.TurnDriver``), made on the first ``turn.*`` request.
         self.agent: AgentSlot | None = None
-        #: seq of the approval/policy event in force; any seq of the log on open (the ones
-        #: that come later are larger).
+        #: seq of the approval/policy event in force (on open: any seq of the log).
         self._policy_seq = -1
-        recent = self._absorb_log()
+        recent = self._absorb_log(index)
         h = log_.header
         self._lane = Lane(LaneSession(self.id, h.title, h.cwd, self.policy, self.mode), recent,
                          before_flush=self._sync_outputs,
@@ -140,24 +139,25 @@ class Session:
         self._closed = trio.Event()
         self.finished = trio.Event()
 
-    def _absorb_log(self) -> list:
-        """Fold the log (its last snapshot's ``session`` dict, then its tail) into the
-        in-memory state (``logview.absorb``); the lane's ``recent``, newest first."""
+    def _absorb_log(self, index: CallIndex | None) -> list:
+        """Fold the log (its last snapshot's ``session`` dict, ``index``: its snapshot chain's
+        call index, then its tail) into memory (``logview.absorb``); ``recent``, newest first."""
         settings = self._log.settings
         self.policy = settings.get("approvalPolicy") or self.policy
         self.mode = settings.get("sandbox") or self.mode
         self.owner = settings.get("owner")
-        self.env, recent = absorb(self._log, self._calls, self._approvals)
+        self.env, recent = absorb(self._log, self._calls, self._approvals, index)
         self._logged_env = dict(self.env)
         self._log.set_snapshot_state(self.snapshot_state)
         return recent[:RECENT_MAX]
 
     def snapshot_state(self) -> dict:
         """The session's dict for the next ``log/snapshot`` (``SessionLog``'s callback): what
-        :meth:`_absorb_log` folds on the next open, as logged through ``last_seq``."""
-        return snapshot_state({"env": self._logged_env},
-                              self._calls.known.index, self._lane.tracker.value["recent"],
-                              self._approvals.decided)
+        :meth:`_absorb_log` folds on the next open, as logged through ``last_seq``; the call
+        index as a delta since the last durable snapshot (``CallIndex.delta``)."""
+        delta = self._calls.known.index.delta(self._log.snapshot_seq, self._log.last_seq + 1)
+        return snapshot_state({"env": self._logged_env}, delta,
+                              self._lane.tracker.value["recent"], self._approvals.decided)
 
     def info(self) -> dict:
         """SessionInfo of PROTOCOL.md §3.1."""

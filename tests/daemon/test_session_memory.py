@@ -176,3 +176,86 @@ async def test_a_damaged_old_frame_marks_the_session_damaged_and_nothing_else(
         for s in (sid, other):
             cid = await reader.run(s, "echo still")
             assert (await reader.wait(s, cid))["content"] == "still\n"
+
+
+LISTED = 40
+
+
+async def test_listing_closed_sessions_is_one_thread_hop_and_reads_nothing_unchanged(
+        daemon, daemon_clock, autojump, nursery, tmp_path):
+    """session.list of many closed sessions: their summaries are read in ONE worker thread
+    (not one hop each: at 10,000 sessions the hops alone took seconds), and a repeat list
+    with nothing changed reads no summary and no log (the (size, mtime_ns, ino) cache)."""
+    wire = await daemon.connect(nursery=nursery)
+    sids = [await daemon.create_session(wire, title=f"s{i}") for i in range(LISTED)]
+    await daemon.stop()
+    async with running_daemon(tmp_path, daemon.config, daemon_clock) as again:
+        reader = await again.connect(nursery=nursery)
+        listing = again.daemon.registry._listing
+        hops = []
+        for _ in range(2):
+            before, reads = autojump.threads_seen, listing.reads
+            rows = (await reader.call("session.list", {}))["sessions"]
+            hops.append(autojump.threads_seen - before)
+            assert sorted(r["sessionId"] for r in rows) == sorted(sids)
+            assert {r["title"] for r in rows} == {f"s{i}" for i in range(LISTED)}
+            assert all("damaged" not in r and r["running"] == 0 for r in rows)
+            if _ == 0:
+                assert listing.reads - reads == LISTED  # the first list reads each summary
+            else:
+                assert listing.reads == reads  # nothing changed: stats only
+        # the session directories and the closed sessions, each in one hop (was 1 + 40)
+        assert hops == [2, 2], hops
+
+
+def _snapshot_offsets(log_path) -> list[int]:
+    """Offsets of the snapshot frames, newest first (walking back over the trailers)."""
+    import zstandard
+
+    data, dctx, pos, out = log_path.read_bytes(), zstandard.ZstdDecompressor(), None, []
+    pos = len(data)
+    while pos > 16:
+        start = pos - 16 - int.from_bytes(data[pos - 8: pos - 4], "little")
+        if start <= 0:
+            return out
+        if b'"type":"log/snapshot"' in dctx.decompressobj().decompress(data[start: pos - 16]):
+            out.append(start)
+        pos = start
+    return out
+
+
+@pytest.mark.parametrize("daemon_overrides", [SMALL])
+async def test_a_damaged_old_snapshot_loses_no_call_id_and_marks_the_session_damaged(
+        daemon, daemon_clock, nursery, tmp_path):
+    """An old snapshot's frame holds a delta of the call index (STORAGE.md §7): with it
+    damaged, the open rebuilds that delta from the events it covered, so every call id is
+    still known (no duplicate runs); a read of the old frames finds the damage and marks
+    the session damaged; the other session is not touched."""
+    wire = await daemon.connect(nursery=nursery)
+    sid = await daemon.create_session(wire)
+    other = await daemon.create_session(wire)
+    ids = await _calls(wire, sid, CALLS)
+    await daemon.stop()
+    [log_path] = list((daemon.state_dir / "sessions" / sid).glob("session.v*.jsonl.zst"))
+    offsets = _snapshot_offsets(log_path)
+    assert len(offsets) >= 3
+    data = bytearray(log_path.read_bytes())
+    data[offsets[len(offsets) // 2] + 20] ^= 0x40  # one in the middle of the chain
+    log_path.write_bytes(bytes(data))
+
+    async with running_daemon(tmp_path, daemon.config, daemon_clock) as again:
+        reader = await again.connect(nursery=nursery)
+        for cid in ids:  # every id is known: nothing runs again
+            dup = await reader.call("tool.run", {"sessionId": sid, "name": "bash",
+                                                "callId": cid,
+                                                "arguments": {"command": "echo again"}})
+            assert dup == {"callId": cid, "existing": True}, cid
+        bad = await reader.error("session.events", {"sessionId": sid, "afterSeq": -1})
+        assert bad.code == -32014 and bad.data == {"code": "LOG_DAMAGED"}, bad
+        listed = {s["sessionId"]: s for s in
+                  (await reader.call("session.list", {}))["sessions"]}
+        assert "is damaged at byte" in listed[sid]["damaged"]
+        assert "damaged" not in listed[other]
+        for s in (sid, other):
+            cid = await reader.run(s, "echo still")
+            assert (await reader.wait(s, cid))["content"] == "still\n"
