@@ -11,6 +11,7 @@ BENCHES: list[str] = [
     "host",  # the call host: 1 GiB throughput and CPU, RSS per idle host, call start-up
     "hostpath",  # the host's write path, variant by variant (read/readv/splice, the count)
     "wire_fuzz",  # daemon.status latency idle vs under malformed input on 20 connections
+    "lanes",  # 1-100 concurrent calls: write -> mirror latency; lane leave after a big batch
 ]
 
 #: Arguments each bench gets under ``python -m bench --quick`` (a smoke run with small sizes).
@@ -20,4 +21,5 @@ QUICK_ARGV: dict[str, list[str]] = {
     "host": ["--quick"],
     "hostpath": ["--quick"],
     "wire_fuzz": ["--seconds", "3"],
+    "lanes": ["--quick"],
 }

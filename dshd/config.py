@@ -125,10 +125,11 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     #: A session with no running call and no subscriber is closed after this long, seconds
     #: (reopened transparently on the next request that names it).
     session_idle_seconds: Annotated[float, msgspec.Meta(gt=0)] = 300.0
-    #: Publication pacing (EXEC.md §2): minimum interval, seconds; and the rate that spaces
-    #: large publishes, bytes per second.
+    #: Publication pacing (EXEC.md §2): minimum interval of paced publishes, seconds; and
+    #: (room stream, issue 14) the rate that spaces big batches, encoded wire bytes per second
+    #: per subscription (2 MiB/s: 100 calls at 100 lines/s are ~340 KB/s of wire).
     publish_interval_seconds: Annotated[float, msgspec.Meta(gt=0, le=10)] = 0.010
-    publish_rate_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 256 * 1024
+    publish_rate_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 2 * 1024 * 1024
     # --- boundary room (issue 10 item 15): tool calls admitted at once, counts. A call past
     # either limit is refused before anything is recorded: -32013 for a client's tool.run, a
     # LIMIT_EXCEEDED result for a model's call.

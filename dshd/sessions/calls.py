@@ -354,10 +354,11 @@ class CallTable:
         self._result_seqs[call.call_id] = ev.seq
         if self.host.crash_text() is None:
             try:
-                # Still running: the publish in settle_tool pulls its final output first.
+                # Still running: settle_tool publishes its final output first.
                 if self.fault is not None and self.fault.hits("settle-crash", [call]):
                     raise InjectedFault("injected test fault (DSH_TEST_FAULT=settle-crash)")
-                self.lane.settle_tool(call.call_id, self.recent_entry(call.call_id, result))
+                self.lane.settle_tool(call.call_id, self.recent_entry(call.call_id, result),
+                                     call)
             except Exception as exc:  # the lane broke: the result still settles below
                 self.host.crashed(exc)
         self.running.pop(call.call_id, None)

@@ -1,4 +1,5 @@
-"""Smoke test of the in-process streaming benches (``bench.wire``) in quick mode.
+"""Smoke test of the streaming benches in quick mode: ``bench.wire`` (in process) and
+``bench.lanes`` (a real daemon).
 
 Asserts correctness only -- a client mirror fed every notification line ends equal to the
 producer's value, the figures are consistent -- never time.
@@ -78,3 +79,19 @@ def test_hostpath_bench_quick(capsys) -> None:
     out = capsys.readouterr().out
     for variant in ("host", "readv", "splice", "nocount"):
         assert f"seq       {variant}" in out and f"buildlog  {variant}" in out
+
+
+def test_microbench_counts_the_producers_diff() -> None:
+    r = microbench(lines=200, window=4_096, min_seconds=0.0)
+    assert 0 < r["produce_us_per_batch"] < r["us_per_batch"]
+
+
+def test_lanes_quick(capsys) -> None:
+    """``bench.lanes --quick`` against a real daemon: both benches run and print figures."""
+    from bench import lanes
+
+    assert lanes.main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "FAILED" not in out
+    assert "  1 calls: dshd p50" in out and " 10 calls: dshd p50" in out
+    assert "big batch" in out and "1 MiB argument" in out
