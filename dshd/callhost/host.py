@@ -6,15 +6,16 @@ with a handful of deadlines. Its life, in order:
 
 1. **Start** (:meth:`Host.start`): the command is spawned (:mod:`child`); a spawn failure is
    an exit record with reason ``spawn-failed`` at once.
-2. **Running**: each readable wake reads up to 1 MiB of output (a PTY's ``EIO`` is end of
-   file; the master then stays open, unread, until the child is reaped, since closing it
-   would hang the terminal up and SIGHUP the exiting command) and appends it to the log (:mod:`log`); the log is fsync'd at most once a second
-   while output flows (a deadline catches the end of a burst). Attached connections get a
-   ``progress`` event -- the first of a burst at once, then at most one per 2 ms, or per 20 ms
-   while more than 64 KiB arrive between two. ``timeout``
-   (reason ``timeout``) and ``terminate`` (``cancelled``/``killed``) send TERM to the command's
-   processes (:func:`tree.signal_command`: the wrapper's own are spared) and, after the grace,
-   SIGKILL to the whole tree (:func:`tree.kill_tree`).
+2. **Running**: each readable wake reads output (64 KiB asked, 1 MiB after a read pause or
+   a full read; a PTY's ``EIO`` is end of file; the master then stays open, unread, until the
+   child is reaped, since closing it would hang the terminal up and SIGHUP the exiting
+   command) and appends it to the log (:mod:`log`), fsync'd at most once a second while output
+   flows (a deadline catches the end of a burst). A small read within :data:`READ_PAUSE` of the
+   previous one (a fast flow) sleeps that pause out. Attached connections get a ``progress``
+   event (a fixed JSON line): the first of a burst at once, then at most one per 10 ms in the
+   long run (two may go back to back), or per 20 ms while over 64 KiB arrive between two.
+   ``timeout`` and ``terminate`` send TERM to the command's processes (the wrapper's own are
+   spared: :func:`tree.signal_command`), after the grace SIGKILL to the whole tree.
 3. **Draining**: once the direct child is reaped (the host reaps every orphan too: it is the
    subreaper), the host waits up to ``eof_grace`` for end of file, then -- always, even after
    end of file -- SIGKILLs every remaining descendant and the token's carriers, then reads on
@@ -35,8 +36,9 @@ The host's CPU per GiB of output is set by the work per byte (the pipe read, the
 the log write), not by Python: its own frames are ~5% of a cProfile of a flood. On the 2-core
 VM of issue 14 (``python -m bench.hostpath``) this loop costs 1.7 CPU-s/GiB of `seq` and 1.2
 of a build log, the count 0.8 and 0.4 of it; ``readv`` into one buffer and ``splice`` + a
-``pread`` to count both cost more (2.2 and 1.8). ``DSH_HOST_PROFILE=<dir>`` (:data:`PROFILE_ENV`, benches only) runs the loop under
-cProfile and leaves ``host-<pid>.prof`` there.
+``pread`` to count both cost more (2.2 and 1.8). At a slow flow the cost is per wake: ~190 µs
+per line at 100 lines/s, the VM's floor ~100. ``DSH_HOST_PROFILE=<dir>`` (:data:`PROFILE_ENV`, benches only) runs the
+loop under cProfile and leaves ``host-<pid>.prof`` there.
 """
 
 from __future__ import annotations
@@ -61,17 +63,15 @@ __all__ = ["Host"]
 
 #: Bytes asked of the output fd per read after a pause or a read that filled its ask.
 READ_CHUNK = 1_048_576
-#: Bytes asked otherwise (a slow flow: a line per wake). Below glibc's mmap threshold (128
-#: KiB), so the read's buffer comes from the heap: a 1 MiB ask maps, remaps and unmaps 1 MiB
-#: per read (three syscalls and page faults per line at a slow flow).
+#: Bytes asked otherwise: under glibc's mmap threshold, so a slow flow's read buffer is heap
+#: (a 1 MiB ask cost an mmap, an mremap and a munmap per line).
 SMALL_READ = 65_536
 #: A read shorter than this, less than READ_PAUSE after the previous read (a fast flow of
 #: small writes), pauses reading for READ_PAUSE seconds (output pacing).
 PACE_BELOW = 256 * 1024
 READ_PAUSE = 0.002
-#: Progress events: at most one per PROGRESS_INTERVAL seconds in the long run (the daemon
-#: publishes every 10 ms: more would be wasted), PROGRESS_BURST of them back to back (so a
-#: producer's jitter around one line per interval delays no line); the first of a burst at once.
+#: Progress: at most one per PROGRESS_INTERVAL in the long run (the daemon's publish interval),
+#: PROGRESS_BURST back to back (a producer's jitter around that rate delays no line).
 PROGRESS_INTERVAL = 0.010
 PROGRESS_BURST = 2
 #: Past FLOOD_BYTES since the last event, at most one event per FLOOD_INTERVAL seconds.
@@ -83,8 +83,7 @@ SYNC_INTERVAL = 1.0
 FLUSH_SECONDS = 1.0
 #: An environment variable naming a directory: profile the host's loop there (benches only).
 PROFILE_ENV = "DSH_HOST_PROFILE"
-#: Seconds the output may take to reach end of file once the tree was killed (a holder that
-#: escaped the kill cannot keep the call open).
+#: Seconds the output may take to reach end of file once the tree was killed (then it closes).
 DRAIN_SECONDS = 2.0
 
 
@@ -218,9 +217,8 @@ class Host:
     # -- output --------------------------------------------------------------------------
 
     def _pause(self) -> None:
-        """The read pause of a fast flow (:meth:`_output`): sleep it out. The output fd stays
-        registered (no epoll change per pause); the control connections, SIGCHLD and the
-        deadlines wait at most READ_PAUSE."""
+        """A fast flow's read pause (:meth:`_output`), slept out with the output fd registered
+        (no epoll change); the connections, SIGCHLD and deadlines wait at most READ_PAUSE."""
         rest = self._pause_until - time.monotonic()
         self._pause_until = None
         self._read_ask = READ_CHUNK  # the pipe filled meanwhile
@@ -255,14 +253,11 @@ class Host:
         recent, self._last_read = now - self._last_read < READ_PAUSE, now
         self._read_ask = READ_CHUNK if size >= ask else SMALL_READ
         if size < PACE_BELOW and size < ask and recent and self.output_fd is not None:
-            # A small read soon after another (a fast flow of small writes): let the pipe fill
-            # for a moment instead of waking per write of the producer (a wake costs the same
-            # for 4 KiB as for 1 MiB; reading every few KiB of `seq` cost ~2.6 host
-            # CPU-s/GiB). A read after a quiet gap (a slow flow: a line every few ms) never
-            # pauses, so a wake there is one read and one log write, and a lone line is not
-            # delayed. (Pausing after big reads too, to make every read ~512 KiB, cost more,
-            # not less: 3.1-3.4 host CPU-s/GiB for a fast `cat` producer vs 1.4; issue 14's
-            # measurements.)
+            # A small read soon after another (a fast flow): let the pipe fill instead of
+            # waking per write (a wake costs the same for 4 KiB as for 1 MiB; reading every few
+            # KiB of `seq` cost ~2.6 host CPU-s/GiB). A read after a quiet gap (a slow flow)
+            # never pauses: a lone line is not delayed. (Pausing after big reads too cost
+            # more: 3.1-3.4 host CPU-s/GiB for a fast `cat` vs 1.4; issue 14.)
             self._pause_until = now + READ_PAUSE
 
     def _append(self, data: bytes, now: float) -> None:
