@@ -10,6 +10,7 @@ BENCHES: list[str] = [
     "streaming",  # live views: throughput, latency, wire bytes, memory, fan-out, codec ops/s
     "host",  # the call host: 1 GiB throughput and CPU, RSS per idle host, call start-up
     "hostpath",  # the host's write path, variant by variant (read/readv/splice, the count)
+    "hostwake",  # the host's CPU per line at a slow flow (100 lines/s) vs a bare loop's wake
     "wire_fuzz",  # daemon.status latency idle vs under malformed input on 20 connections
     "lanes",  # 1-100 concurrent calls: write -> mirror latency; lane leave after a big batch
 ]
@@ -20,6 +21,7 @@ QUICK_ARGV: dict[str, list[str]] = {
     "streaming": ["--quick"],
     "host": ["--quick"],
     "hostpath": ["--quick"],
+    "hostwake": ["--quick"],
     "wire_fuzz": ["--seconds", "3"],
     "lanes": ["--quick"],
 }

@@ -95,3 +95,13 @@ def test_lanes_quick(capsys) -> None:
     assert "FAILED" not in out
     assert "  1 calls: dshd p50" in out and " 10 calls: dshd p50" in out
     assert "big batch" in out and "1 MiB argument" in out
+
+
+def test_hostwake_quick(capsys) -> None:
+    """``bench.hostwake --quick``: a real host at 100 lines/s beside the bare loop's floor (the
+    bench checks the call's line count and raises on a difference); figures not asserted."""
+    from bench import hostwake
+
+    assert hostwake.main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "host CPU per line:" in out and "floor (a bare epoll/read/write/send loop)" in out
