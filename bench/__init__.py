@@ -10,6 +10,7 @@ BENCHES: list[str] = [
     "streaming",  # live views: throughput, latency, wire bytes, memory, fan-out, codec ops/s
     "host",  # the call host: 1 GiB throughput and CPU, RSS per idle host, call start-up
     "hostpath",  # the host's write path, variant by variant (read/readv/splice, the count)
+    "hostwake",  # the host's CPU per line at a slow flow (100 lines/s) vs a bare loop's wake
     "wire_fuzz",  # daemon.status latency idle vs under malformed input on 20 connections
     "soak",  # daemon RSS over a churn soak (connect, subscribe, calls, abrupt disconnects)
     "requests",  # daemon CPU per request and per call, fsyncs per call, durable events/s, CLI start
@@ -23,6 +24,7 @@ QUICK_ARGV: dict[str, list[str]] = {
     "streaming": ["--quick"],
     "host": ["--quick"],
     "hostpath": ["--quick"],
+    "hostwake": ["--quick"],
     "wire_fuzz": ["--seconds", "3"],
     "soak": ["--seconds", "20", "--sample", "2", "--workers", "2", "--sessions", "6"],
     "requests": ["--quick"],

@@ -127,3 +127,13 @@ def test_requests_bench_quick(capsys) -> None:
                    "dsh run -- true"):
         assert needle in out, (needle, out)
     assert out.count("goal ") == 5, out
+
+
+def test_hostwake_quick(capsys) -> None:
+    """``bench.hostwake --quick``: a real host at 100 lines/s beside the bare loop's floor (the
+    bench checks the call's line count and raises on a difference); figures not asserted."""
+    from bench import hostwake
+
+    assert hostwake.main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "host CPU per line:" in out and "floor (a bare epoll/read/write/send loop)" in out
