@@ -41,6 +41,7 @@ from .storage.errors import StorageError
 from .storage.fsck import daemon_holds
 from .storage.pages import open_read
 from .storage.reader import find_log, parse_log
+from .storage.summary import summary_snapshot_offset
 from .storage.repair import RepairState
 
 __all__ = ["HostInfo", "live_hosts", "main"]
@@ -81,12 +82,14 @@ def _read_all(fd: int) -> bytes:
 
 def _open_calls(session_dir: Path, session_id: str) -> dict[str, dict]:
     """callId -> the ``tool/call`` data of each call without a ``tool/result``, read from the
-    log's last snapshot on (``storage.pages.open_read``: the read an open does, without the
-    write; the whole log only when it has no snapshot)."""
+    log's last snapshot on (``storage.pages.open_read``: the read an open does, the summary's
+    ``snapshotOffset`` as its fallback, without the write; the whole log only when it has no
+    snapshot)."""
     path, compression = find_log(session_dir, session_id)
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        read = open_read(fd, session_dir, session_id, path, compression, _read_all, parse_log)
+        read = open_read(fd, session_id, path, compression, _read_all, parse_log,
+                         summary_snapshot_offset(session_dir, session_id))
     finally:
         os.close(fd)
     repair = read.repair if read.repair is not None else RepairState().see_all(read.events)

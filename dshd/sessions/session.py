@@ -49,8 +49,12 @@ Theory of operation:
   or ``ABORTED_BEFORE_DISPATCH``. Results are appended and flushed, the log is closed, which
   releases its lock and the registry's claim, and every waiter is woken (``tool.wait`` returns
   the result, or a storage error when it could not be made durable). The lane of a crashed
-  session is not published again (its tracker may hold what broke it); the registry reopens
-  the session from its log on the next request that names it.
+  session is not published again (its tracker may hold what broke it), and the crash takes
+  back the log's snapshot callback: no ``log/snapshot`` is written after it, since its
+  ``session`` dict would carry the lane's ``recent``, which never took the settles of the
+  wind-down (the reopen would lose those calls from ``recent``); the registry reopens the
+  session from its log on the next request that names it, folding the events after the
+  last snapshot written while it was healthy.
 * **Test hook.** ``DSH_TEST_FAULT`` (``dshd.sessions.faults``) injects a crash for the
   supervision tests.
 """
@@ -373,6 +377,7 @@ class Session:
             exc = exc.exceptions[0]
         if self.crash is None:
             self.crash = exc
+            self._log.set_snapshot_state(None)  # module doc: no snapshot of a crashed state
             self._deadline = min(self._deadline, trio.current_time() + WIND_DOWN_SECONDS)
             log.error("session.crashed", session=self.id, error=f"{type(exc).__name__}: {exc}",
                       running=self.running, exc_info=exc)

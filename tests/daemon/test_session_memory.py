@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 
 import pytest
+import trio
 
 from dshd.storage.reader import read_log
 
-from .conftest import running_daemon
+from .conftest import LIVENESS, running_daemon
 
 SMALL = {"results_cache": 16, "snapshot_every_events": 20}
 CALLS = 40
@@ -49,6 +50,18 @@ def _on_disk(daemon, sid: str) -> list[dict]:
             for e in read.events if e.type != "log/snapshot"]
 
 
+async def _on_disk_once(daemon, sid: str, predicate, what: str) -> list[dict]:
+    """`_on_disk` once ``predicate(events)`` holds: the lane shows a change before the events
+    behind it are durable (a turn leaves the lane, then its ``turn/end`` is flushed)."""
+    with trio.move_on_after(LIVENESS):
+        while True:
+            events = _on_disk(daemon, sid)
+            if predicate(events):
+                return events
+            await trio.sleep(0.01)
+    raise AssertionError(f"no {what} on disk within {LIVENESS:g} virtual seconds")
+
+
 def _key(events: list[dict]) -> list[tuple]:
     return [(e["seq"], e["type"], json.dumps(e["data"], sort_keys=True)) for e in events]
 
@@ -78,7 +91,10 @@ async def test_a_long_session_answers_events_waits_and_history_from_disk(
     # counts the assistant messages it is sent, so a history without them answers "first"
     turn2 = (await wire.call("turn.start", {"sessionId": sid, "input": "two"}))["turnId"]
     await wire.wait_lane(lane, lambda l: l.value["turn"] is None, "the second turn's end")
-    answers = [(e["data"]["turnId"], e["data"]["text"]) for e in _on_disk(daemon, sid)
+    logged = await _on_disk_once(
+        daemon, sid, lambda evs: any(e["type"] == "turn/end" and e["data"]["turnId"] == turn2
+                                     for e in evs), "turn/end of the second turn")
+    answers = [(e["data"]["turnId"], e["data"]["text"]) for e in logged
                if e["type"] == "message/assistant"]
     assert answers == [(turn1, "first answer"), (turn2, "second answer")]
 
