@@ -59,10 +59,12 @@ run: start
 status: install
 	$(BIN)/dsh status
 
-# How many call hosts are alive under the state dir (`python -m dshd hosts`; 0 without one).
-COUNT_HOSTS = { $(BIN)/python -m dshd hosts --state-dir "$$DSH_STATE_DIR" --json 2>/dev/null \
+# How many call hosts are alive under the state dir (`python -m dshd hosts`): 0 without a state
+# dir, "unknown" when the count fails (never 0: `make clean` must not delete running calls' state).
+COUNT_HOSTS = { if [ ! -d "$$DSH_STATE_DIR" ]; then echo 0; else \
+                $(BIN)/python -m dshd hosts --state-dir "$$DSH_STATE_DIR" --json 2>/dev/null \
                 | $(BIN)/python -c 'import json,sys; print(len(json.load(sys.stdin)))' 2>/dev/null \
-                || echo 0; }
+                || echo unknown; fi; }
 
 # SIGTERM, then wait (bounded) until the process is gone (a zombie counts as gone); fails if it
 # is still there. The pid comes from `dsh status`, else (a daemon that does not answer) from
@@ -78,7 +80,8 @@ stop:
 	for i in $$(seq 1 $$(( $(STOP_WAIT) * 10 ))); do alive $$pid || break; sleep 0.1; done; \
 	if alive $$pid; then echo "dshd (pid $$pid) is still running after $(STOP_WAIT) s; see $(RUNDIR)/dshd.log, or kill -9 $$pid"; exit 1; fi; \
 	n=$$($(COUNT_HOSTS)); \
-	if [ "$$n" -gt 0 ]; then echo "stopped dshd (pid $$pid); $$n tool call(s) keep running in their call hosts: the next 'make start' re-adopts them (list: $(BIN)/python -m dshd hosts; end: make clean CANCEL=1)"; \
+	if [ "$$n" = unknown ]; then echo "stopped dshd (pid $$pid); could not count its call hosts ('$(BIN)/python -m dshd hosts --state-dir $$DSH_STATE_DIR' failed): running tool calls may keep running"; \
+	elif [ "$$n" -gt 0 ]; then echo "stopped dshd (pid $$pid); $$n tool call(s) keep running in their call hosts: the next 'make start' re-adopts them (list: $(BIN)/python -m dshd hosts; end: make clean CANCEL=1)"; \
 	else echo "stopped dshd (pid $$pid)"; fi
 
 test: install-test
@@ -98,6 +101,8 @@ crash-test: install-test
 CANCEL ?=
 clean: stop
 	@n=$$($(COUNT_HOSTS)); \
+	if [ "$$n" = unknown ]; then \
+	  echo "make clean: could not count the call hosts under $$DSH_STATE_DIR ('$(BIN)/python -m dshd hosts --state-dir $$DSH_STATE_DIR' failed); nothing was deleted"; exit 1; fi; \
 	if [ "$$n" -gt 0 ] && [ "$(CANCEL)" != 1 ]; then \
 	  echo "make clean: $$n tool call(s) still run in their call hosts under $$DSH_STATE_DIR; end them with 'make clean CANCEL=1' (or $(BIN)/python -m dshd hosts --cancel), or wait until they finish"; exit 1; fi; \
 	if [ "$$n" -gt 0 ]; then $(BIN)/python -m dshd hosts --state-dir "$$DSH_STATE_DIR" --cancel || exit 1; fi

@@ -7,11 +7,14 @@ Theory of operation: in one temp directory on the file system under test, in one
 2. **8 flushers**: 8 tasks do the same concurrently on one log; group commit lets a flush
    that finds its event already written by another return without a write, so events per
    fsync rises above 1. Same figures, plus events per fsync.
-3. **bare baseline**: ``os.write`` + ``os.fsync`` of chunks of the log's frame size, N times,
-   into a plain file (ending at the log's file size): the disk's own price of one durable
-   append. The ratios compare 1 and 2 with it.
+3. **bare baselines**: ``os.write`` + ``os.fsync`` of chunks of the log's frame size into a
+   plain file: the disk's own price of one durable append, with the same thread count as the
+   run it is compared with -- 1 thread for the 1 flusher, 8 threads on one file for the 8
+   flushers (the disk merges concurrent fsyncs too: comparing 8 flushers, whose group commit
+   puts several events in one fsync, with one thread that pays one fsync per chunk flattered
+   the log). Each line prints events (chunks) per fsync beside its rate.
 
-The three runs are interleaved in rounds (rotating order), so drift in the disk's speed during
+The runs are interleaved in rounds (rotating order), so drift in the disk's speed during
 the run weighs on all of them alike.
 
 Events are ``tool/result``-shaped with ~300 bytes of varied text (zstd level 3, checksums
@@ -22,6 +25,7 @@ here asserts on time; the figures depend on the disk (tmpfs makes fsync free: it
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import random
 import shutil
@@ -127,32 +131,37 @@ class _LogRun:
 
 
 class _BareRun:
-    """``os.write`` + ``os.fsync`` of one chunk, repeatedly, appending to a plain file."""
+    """``threads`` threads, each ``os.write`` + ``os.fsync`` of one chunk, repeatedly,
+    appending to one plain file (one chunk per fsync)."""
 
-    def __init__(self, base: Path) -> None:
-        self.path = base / "bare.bin"
+    def __init__(self, base: Path, threads: int = 1) -> None:
+        self.threads = threads
+        self.path = base / f"bare-{threads}.bin"
         self.latencies: list[float] = []
         self.seconds = 0.0
         self.writes = 0
 
     async def round(self, chunk: int, count: int) -> None:
         data = os.urandom(chunk)  # incompressible, like a zstd frame
+        per = max(1, count // self.threads)
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
 
         def work() -> None:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-            try:
-                for _ in range(count):
-                    t0 = time.perf_counter()
-                    os.write(fd, data)
-                    os.fsync(fd)
-                    self.latencies.append(time.perf_counter() - t0)
-            finally:
-                os.close(fd)
+            for _ in range(per):
+                t0 = time.perf_counter()
+                os.write(fd, data)
+                os.fsync(fd)
+                self.latencies.append(time.perf_counter() - t0)
 
         t0 = time.perf_counter()
-        await trio.to_thread.run_sync(work)
+        try:
+            async with trio.open_nursery() as nursery:
+                for _ in range(self.threads):
+                    nursery.start_soon(functools.partial(trio.to_thread.run_sync, work))
+        finally:
+            os.close(fd)
         self.seconds += time.perf_counter() - t0
-        self.writes += count
+        self.writes += per * self.threads
 
     def result(self) -> dict:
         return {
@@ -166,11 +175,12 @@ class _BareRun:
 
 
 async def run(directory: Path | None, events: int, seed: int, rounds: int = 4) -> dict:
-    """The three runs, interleaved in ``rounds`` (rotating order) so that a disk whose speed
-    drifts during the run (other load, writeback) weighs on all three alike."""
+    """The four runs, interleaved in ``rounds`` (rotating order) so that a disk whose speed
+    drifts during the run (other load, writeback) weighs on all of them alike."""
     base = Path(tempfile.mkdtemp(prefix="dsh-bench-", dir=directory))
     try:
-        one, eight, bare = _LogRun(base, "one", 1, seed), _LogRun(base, "eight", 8, seed), _BareRun(base)
+        one, eight = _LogRun(base, "one", 1, seed), _LogRun(base, "eight", 8, seed)
+        bare, bare8 = _BareRun(base, 1), _BareRun(base, 8)
         await one.open()
         await eight.open()
         # The bare chunk is the log's frame size: measured on a first, unrecorded probe.
@@ -183,31 +193,35 @@ async def run(directory: Path | None, events: int, seed: int, rounds: int = 4) -
             lambda: one.round(per_round),
             lambda: eight.round(per_round),
             lambda: bare.round(chunk, per_round),
+            lambda: bare8.round(chunk, per_round),
         ]
         for r in range(rounds):
-            for k in range(3):
-                await steps[(r + k) % 3]()
+            for k in range(len(steps)):
+                await steps[(r + k) % len(steps)]()
         return {"dir": str(base), "fs": _fs_type(base.resolve()), "one": await one.close(),
-                "eight": await eight.close(), "bare": bare.result(), "rounds": rounds}
+                "eight": await eight.close(), "bare": bare.result(), "bare8": bare8.result(),
+                "rounds": rounds}
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
 
 def report(r: dict) -> str:
-    one, eight, bare = r["one"], r["eight"], r["bare"]
-    lines = [
-        f"file system: {r['fs']}",
-        f"bare os.write+os.fsync ({bare['file_bytes'] // max(bare['writes'], 1)} B chunks, "
-        f"{bare['writes']} writes, {bare['file_bytes']} B): {bare['per_s']:,.0f} durable writes/s, "
-        f"p50 {bare['p50_ms']:.3f} ms, p99 {bare['p99_ms']:.3f} ms",
+    one, eight, bare, bare8 = r["one"], r["eight"], r["bare"], r["bare8"]
+    lines = [f"file system: {r['fs']}"]
+    for name, b in (("1 thread ", bare), ("8 threads", bare8)):
+        lines.append(
+            f"bare os.write+os.fsync, {name} ({b['file_bytes'] // max(b['writes'], 1)} B chunks, "
+            f"{b['writes']} writes): {b['per_s']:,.0f} durable writes/s, 1.00 events/fsync, "
+            f"p50 {b['p50_ms']:.3f} ms, p99 {b['p99_ms']:.3f} ms")
+    lines += [
         f"SessionLog, 1 flusher : {one['events_per_s']:,.0f} durable events/s, "
         f"flush p50 {one['p50_ms']:.3f} ms, p99 {one['p99_ms']:.3f} ms, "
         f"{one['events_per_fsync']:.2f} events/fsync, frame {one['frame_bytes']:.0f} B "
-        f"-> {one['events_per_s'] / bare['per_s']:.2f}x bare",
+        f"-> {one['events_per_s'] / bare['per_s']:.2f}x bare with 1 thread",
         f"SessionLog, 8 flushers: {eight['events_per_s']:,.0f} durable events/s, "
         f"flush p50 {eight['p50_ms']:.3f} ms, p99 {eight['p99_ms']:.3f} ms, "
         f"{eight['events_per_fsync']:.2f} events/fsync (group commit) "
-        f"-> {eight['events_per_s'] / bare['per_s']:.2f}x bare",
+        f"-> {eight['events_per_s'] / bare8['per_s']:.2f}x bare with 8 threads",
     ]
     if r["fs"].startswith("tmpfs"):
         lines.append("note: tmpfs makes fsync free; run with --dir on a real disk")

@@ -15,9 +15,10 @@ value, so a caller can check a mirror against it.
   savings vs the same batches with inline paths and no shortening (Op form), on the delta
   batches (the hot path), counted three ways (all bytes; the bytes that are not text payload;
   and a line-rate stream, one flush per line, where structure dominates).
-* :func:`microbench`: ops/s of ``Tracker`` (produce), ``Encoder.encode``, ``Decoder.decode``
-  and ``apply`` on a rolling-window line-rate stream, next to a snapshot baseline (msgspec JSON
-  encode + decode of the whole ToolOutput per batch, what a snapshot protocol pays).
+* :func:`microbench`: ops/s of ``Tracker`` (produce: the producer's diff), ``Encoder.encode``,
+  ``Decoder.decode`` and ``apply`` on a rolling-window line-rate stream; per batch, all four
+  together next to a snapshot baseline (msgspec JSON encode + decode of the whole ToolOutput
+  per batch, what a snapshot protocol pays).
 
 Both check correctness (a fresh mirror fed every wire batch equals the producer's value) and
 raise ``AssertionError`` when it does not; they never assert on time.
@@ -313,9 +314,11 @@ def microbench(*, lines: int = 4000, window: int = 51_200, min_seconds: float = 
         results[name] = rate
     snap_rate, _ = _rate(snapshot_all, [None], len(snap_values), min_seconds)
     per_batch_ops = total_ops / len(stream["ops"])
-    # Seconds per batch, ours (encode + decode + apply; the per-subscriber and per-client work)
-    # vs a snapshot protocol (encode + decode of the whole ToolOutput).
-    ours = sum(per_batch_ops / results[k] for k in ("encode", "decode", "apply"))
+    # Seconds per batch, ours (the producer's diff -- set_text + set + flush on the tracker --
+    # then encode + decode + apply: the per-subscriber and per-client work) vs a snapshot
+    # protocol (encode + decode of the whole ToolOutput).
+    produce_per_batch = produce_ops / len(states) / results["produce"]
+    ours = produce_per_batch + sum(per_batch_ops / results[k] for k in ("encode", "decode", "apply"))
     snap = 1 / snap_rate
     return {
         "batches": len(stream["ops"]),
@@ -325,6 +328,7 @@ def microbench(*, lines: int = 4000, window: int = 51_200, min_seconds: float = 
         "rates": results,
         "snapshot_batches_per_s": snap_rate,
         "us_per_batch": ours * 1e6,
+        "produce_us_per_batch": produce_per_batch * 1e6,
         "snapshot_us_per_batch": snap * 1e6,
         "ratio": ours / snap,
     }

@@ -90,6 +90,9 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     compression: Literal["zstd", "none"] = "zstd"
     #: Coalescing window of the event log, seconds (STORAGE.md §4).
     coalesce_seconds: Annotated[float, msgspec.Meta(ge=0, le=60)] = 0.200
+    # -- room storage (issue 14): snapshots bound open and repair (STORAGE.md §7)
+    #: Events between two log/snapshot frames; 0 = never (opens then read the whole log).
+    snapshot_every_events: Annotated[int, msgspec.Meta(ge=0, le=10_000_000)] = 10_000
     #: Retained output window per call (EXEC.md §2): UTF-8 bytes and lines.
     output_max_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 51_200
     output_max_lines: Annotated[int, msgspec.Meta(ge=1)] = 2_000
@@ -125,10 +128,11 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     #: A session with no running call and no subscriber is closed after this long, seconds
     #: (reopened transparently on the next request that names it).
     session_idle_seconds: Annotated[float, msgspec.Meta(gt=0)] = 300.0
-    #: Publication pacing (EXEC.md §2): minimum interval, seconds; and the rate that spaces
-    #: large publishes, bytes per second.
+    #: Publication pacing (EXEC.md §2): minimum interval of paced publishes, seconds; and
+    #: (room stream, issue 14) the rate that spaces big batches, encoded wire bytes per second
+    #: per subscription (2 MiB/s: 100 calls at 100 lines/s are ~340 KB/s of wire).
     publish_interval_seconds: Annotated[float, msgspec.Meta(gt=0, le=10)] = 0.010
-    publish_rate_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 256 * 1024
+    publish_rate_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 2 * 1024 * 1024
     # --- boundary room (issue 10 item 15): tool calls admitted at once, counts. A call past
     # either limit is refused before anything is recorded: -32013 for a client's tool.run, a
     # LIMIT_EXCEEDED result for a model's call.
@@ -173,9 +177,20 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     #: A re-asked approval (pending across a restart) waits this long for an answerer to
     #: attach before it is ``unavailable``, seconds: 0 .. 86400 (room asks).
     reask_grace_seconds: Annotated[float, msgspec.Meta(ge=0, le=86_400)] = 120.0
+    # -- sessions room (issue 14): an open session's bounded memory ------------------------
+    #: Settled tool results an open session keeps in memory (an LRU), counts: 1 .. 65536; a
+    #: ``tool.wait`` on an older one reads it back from the log by its seq (the lane's
+    #: ``recent`` names the last 20; the cache serves the waits that follow a settle).
+    results_cache: Annotated[int, msgspec.Meta(ge=1, le=65_536)] = 32
     #: Log output: "auto" (console on a TTY, JSON otherwise), "console" or "json".
     log_format: Literal["auto", "console", "json"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # -- room requests (issue 14): the per-request log line ----------------------------------
+    #: A request answered without an error in less than this is logged at debug level, not
+    #: info (formatting one line per request was most of a cheap request's daemon CPU);
+    #: errors and slower requests stay at info. 0 = every request at info. Milliseconds,
+    #: 0 .. 3,600,000.
+    log_requests_slower_than_ms: Annotated[float, msgspec.Meta(ge=0, le=3_600_000)] = 500.0
     #: The agent loop's model (``[model]`` table; ``ModelConfig``).
     model: ModelConfig = msgspec.field(default_factory=ModelConfig)
 

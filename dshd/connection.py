@@ -30,7 +30,12 @@ server's business (``dshd.server``), and what a request does is ``dispatch``'s
   that closed its socket entirely is not waited for: its requests are cancelled. Telling the
   two apart needs the socket (``POLLHUP``), so the server passes that check in (``peer_gone``);
   without it the connection waits for its answers (the writer closes a peer that stops reading).
-* One writer task drains one FIFO send queue. Responses are never dropped: when the bytes of
+* One writer task drains one FIFO send queue. A line queued while the queue is empty and the
+  writer is not in the middle of a line is first written to the socket at once
+  (``os.write`` on its non-blocking fd): when the kernel takes all of it, that is the whole
+  send (no writer wake-up, no scheduler pass: most answers go out so); what it does not take
+  is queued for the writer, so the order of lines is the order they were queued, and a peer
+  that does not read fills its socket buffer and then the queue. Responses are never dropped: when the bytes of
   queued responses pass their bound, the connection is closed. Stream batches have their own
   byte budget; a batch that does not fit is dropped for its subscription, which waits for a base
   batch that the writer asks for once the queue has drained (``Daemon.rebase``). The raw
@@ -41,9 +46,9 @@ server's business (``dshd.server``), and what a request does is ``dispatch``'s
   that budget plus one line of them per connection. A peer that does not read for
   ``stalled_client_seconds`` is closed with a logged reason.
 * A refusal (a peer that may not connect, a connection over a limit) is one error line, then
-  :func:`half_close_and_drain`: our side shuts its writing half and reads what the peer sent
-  (bounded in bytes, ``REFUSE_DRAIN_BYTES``, and in time, a share of the stop budget) before
-  closing, so the peer reads the line instead of a connection reset. Every time bound of a
+  ``dshd.streams_io.half_close_and_drain``: our side shuts its writing half and reads what
+  the peer sent (bounded in bytes, ``REFUSE_DRAIN_BYTES``, and in time, a share of the stop
+  budget) before closing, so the peer reads the line instead of a connection reset. Every time bound of a
   refusal or a close is a share of ``stop_timeout_seconds`` (``dshd.daemon.StopBudget``).
 * At a graceful stop the server calls :meth:`Connection.finish`: reading stops and the
   connection ends as after a half-close, its answers in flight sent (within the stop budget).
@@ -59,6 +64,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
@@ -69,16 +75,16 @@ import trio
 from protocol import rpc
 from protocol.framing import NEED_DATA, LineBuffer, Oversize, OverBudget
 
-from .daemon import Daemon, StopBudget
+from .daemon import Daemon
+from .streams_io import close_stream, half_close_and_drain, refuse, socket_fd
+
+__all__ = ["Answer", "Connection", "Dispatch", "Peer", "refuse"]
 
 if TYPE_CHECKING:
     from .sessions.streams import Subscription
 
 log = structlog.get_logger("dshd.connection")
 
-#: What a refused peer may still send before the close, bytes (its unread input would
-#: otherwise reset the connection before it reads its error line).
-REFUSE_DRAIN_BYTES = 64 * 1024
 #: After end of input, how often to look whether the peer closed entirely, seconds (a poll
 #: interval, not a stop timeout).
 PEER_CHECK_SECONDS = 0.5
@@ -120,42 +126,6 @@ class Peer(Protocol):
     def release_follow(self, reserved: int) -> None: ...
 
 
-async def half_close_and_drain(stream: trio.abc.HalfCloseableStream, budget: StopBudget) -> None:
-    """Shut our writing half, then read (bounded) what the peer still sends, so that closing
-    does not reset a connection whose peer has not read our last line yet."""
-    with trio.move_on_after(budget.refuse_drain):
-        try:
-            await stream.send_eof()
-            drained = 0
-            while drained < REFUSE_DRAIN_BYTES:
-                data = await stream.receive_some(REFUSE_DRAIN_BYTES - drained)
-                if not data:
-                    return
-                drained += len(data)
-        except (*_CLOSED, trio.BusyResourceError, OSError):
-            return  # gone, or the writer still sends to a peer that does not read: just close
-
-
-async def close_stream(stream: trio.abc.AsyncResource, budget: StopBudget) -> None:
-    """Close ``stream``, shielded (it runs when cancelled too) and bounded."""
-    with trio.move_on_after(budget.close_stream) as cs:
-        cs.shield = True
-        await stream.aclose()
-
-
-async def refuse(stream: trio.abc.HalfCloseableStream, line: bytes, budget: StopBudget) -> None:
-    """Send one error line to a connection that is not served, drain (bounded), close."""
-    try:
-        with trio.move_on_after(budget.refuse_send):
-            try:
-                await stream.send_all(line)
-            except _CLOSED:
-                return
-            await half_close_and_drain(stream, budget)
-    finally:
-        await close_stream(stream, budget)
-
-
 class Connection:
     """The pump of one connection (see the module docstring). ``uid`` is the peer's, already
     admitted by the server; ``peer_gone`` tells a full close from a half-close (optional)."""
@@ -173,7 +143,12 @@ class Connection:
         self.subscriptions: dict[str, "Subscription"] = {}
         self._dispatch = dispatch
         self._peer_gone = peer_gone
-        self._queue: deque[tuple[bytes, "Subscription | str | None"]] = deque()
+        #: Lines waiting for the writer: (bytes left to send, what they are, their full size).
+        self._queue: deque[tuple[bytes | memoryview, "Subscription | str | None", int]] = deque()
+        #: The socket's fd for the fast path of :meth:`_push` (None: a stream without one, or
+        #: the connection is ending); ``_sending``: the writer is in the middle of a line.
+        self._fd: int | None = socket_fd(stream)
+        self._sending = False
         #: The followers of this connection (``dshd.sessions.follow``), by followId.
         self.followers: dict[str, Any] = {}
         self._follow_bytes = 0  # reserved or queued by followers (see reserve_follow)
@@ -196,8 +171,31 @@ class Connection:
 
     # ------------------------------------------------------------------ sending
     def _push(self, line: bytes, sub: "Subscription | str | None") -> None:
-        self._queue.append((line, sub))
+        """Send ``line`` now when nothing is queued or being sent and the socket takes it all
+        (the fast path: no writer wake-up, no scheduler pass); else queue what is left."""
+        data: bytes | memoryview = line
+        if self._fd is not None and not self._queue and not self._sending:
+            try:
+                sent = os.write(self._fd, line)
+            except OSError:  # full (EAGAIN), or broken: the writer's send_all says which
+                sent = 0
+            if sent == len(line):
+                self._sent(sub, len(line))
+                return
+            data = memoryview(line)[sent:]
+        self._queue.append((data, sub, len(line)))
         self._wakeup.set()
+
+    def _sent(self, sub: "Subscription | str | None", charge: int) -> None:
+        """A queued line of ``charge`` bytes is out: give its bytes back to its budget."""
+        if sub is None:
+            self._response_bytes -= charge
+            self._progress.set()
+        elif sub is FOLLOW_LINE:
+            self._follow_bytes -= charge
+            self._follow_room.unpark_all()
+        else:
+            self._stream_bytes -= charge
 
     def send_line(self, line: bytes) -> None:
         """Queue a response line. Never dropped; a connection that hoards them is closed."""
@@ -279,23 +277,20 @@ class Connection:
                 self._wakeup = trio.Event()
                 await self._wakeup.wait()
                 continue
-            line, sub = self._queue.popleft()
+            line, sub, charge = self._queue.popleft()
             # A follower's line waits as long as its reader pauses (lossless, bounded by the
             # follower budget: PROTOCOL.md §3.2); everything else is held to the stall bound.
-            with trio.move_on_after(math.inf if sub is FOLLOW_LINE else stalled) as scope:
-                try:
-                    await self.stream.send_all(line)
-                except _CLOSED:
-                    self.close("the client went away")
-                    return
-            if sub is None:
-                self._response_bytes -= len(line)
-                self._progress.set()
-            elif sub is FOLLOW_LINE:
-                self._follow_bytes -= len(line)
-                self._follow_room.unpark_all()
-            else:
-                self._stream_bytes -= len(line)
+            self._sending = True  # the fast path (_push) waits behind this line
+            try:
+                with trio.move_on_after(math.inf if sub is FOLLOW_LINE else stalled) as scope:
+                    try:
+                        await self.stream.send_all(line)
+                    except _CLOSED:
+                        self.close("the client went away")
+                        return
+            finally:
+                self._sending = False
+            self._sent(sub, charge)
             if scope.cancelled_caught:
                 self.close(f"the client did not read for {stalled:g} s")
                 return
@@ -318,6 +313,7 @@ class Connection:
         except* _CLOSED:
             pass  # the peer went away: nothing to answer
         finally:
+            self._fd = None  # never write to a closed (and maybe reused) fd number
             self._lines.close()
             await close_stream(self.stream, self.daemon.stop_budget)
 

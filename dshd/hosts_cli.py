@@ -9,8 +9,10 @@ only when ``/proc/PID/stat`` has the same start time (field 22) as ``host.json``
 host and is never signalled.
 For each live host it prints the session, the call, the pid, the age (from the start time and
 the boot time), the state (``running``, or ``ended`` once ``exit.json`` is written and the
-host only waits to be released) and the command (the call's ``tool/call`` arguments, read
-from the session's log, which is only read).
+host only waits to be released) and the command (the call's ``tool/call`` arguments: a live
+host's call has no ``tool/result``, so it is one of the log's open calls, read from the last
+snapshot on -- never the whole log, unless it has no snapshot yet; the log is only read; a
+host whose call was settled just before the daemon stopped shows ``?``).
 
 ``--cancel`` ends every live host with :func:`dshd.execution.hostlink.end_host` (TERM to the
 command's tree, a grace, then KILL, the host last). It refuses while a dshd holds the state
@@ -37,7 +39,10 @@ from .execution.hostlink import end_host, host_alive, host_record
 from .paths import is_valid_id, state_dir as resolve_state_dir
 from .storage.errors import StorageError
 from .storage.fsck import daemon_holds
-from .storage.reader import read_log
+from .storage.pages import open_read
+from .storage.reader import find_log, parse_log
+from .storage.summary import summary_snapshot_offset
+from .storage.repair import RepairState
 
 __all__ = ["HostInfo", "live_hosts", "main"]
 
@@ -71,17 +76,36 @@ def _boot_time() -> float:
     return 0.0
 
 
-def _commands(session_dir: Path, session_id: str) -> dict[str, str]:
-    """callId -> command of the session's ``tool/call`` events (read only; {} if unreadable)."""
+def _read_all(fd: int) -> bytes:
+    return os.pread(fd, os.fstat(fd).st_size, 0)
+
+
+def _open_calls(session_dir: Path, session_id: str) -> dict[str, dict]:
+    """callId -> the ``tool/call`` data of each call without a ``tool/result``, read from the
+    log's last snapshot on (``storage.pages.open_read``: the read an open does, the summary's
+    ``snapshotOffset`` as its fallback, without the write; the whole log only when it has no
+    snapshot)."""
+    path, compression = find_log(session_dir, session_id)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        events = read_log(session_dir, session_id).events
+        read = open_read(fd, session_id, path, compression, _read_all, parse_log,
+                         summary_snapshot_offset(session_dir, session_id))
+    finally:
+        os.close(fd)
+    repair = read.repair if read.repair is not None else RepairState().see_all(read.events)
+    return {cid: call["data"] for cid, call in repair.open_calls.items()}
+
+
+def _commands(session_dir: Path, session_id: str) -> dict[str, str]:
+    """callId -> command of the session's unsettled calls (a live host's call has no result;
+    read only; {} if unreadable)."""
+    try:
+        calls = _open_calls(session_dir, session_id)
     except (OSError, ValueError, StorageError):  # a damaged log still lists its hosts
         return {}
     out = {}
-    for ev in events:
-        if ev.type != "tool/call":
-            continue
-        arguments = ev.data.get("arguments")  # the arguments' JSON text (STORAGE.md §3)
+    for cid, data in calls.items():
+        arguments = data.get("arguments")  # the arguments' JSON text (STORAGE.md §3)
         if isinstance(arguments, str):
             try:
                 arguments = json.loads(arguments)
@@ -89,7 +113,7 @@ def _commands(session_dir: Path, session_id: str) -> dict[str, str]:
                 continue
         command = arguments.get("command") if isinstance(arguments, dict) else None
         if isinstance(command, str):
-            out[str(ev.data.get("callId"))] = command
+            out[cid] = command
     return out
 
 

@@ -11,39 +11,64 @@ Every exit status comes from ``client.exits``: 2 when dshd is not running or doe
 ``initialize`` in time (``DSH_CONNECT_TIMEOUT``) and for a usage error, 1 for an error answer
 of the daemon, the call's own status for ``dsh run`` / ``dsh wait``. The socket is
 ``--socket``, else ``$DSH_SOCKET``, else the user default (``client.paths``).
+
+The group loads a command's module only when that command runs (:class:`LazyGroup`, by the
+table :data:`COMMANDS`): ``dsh run`` does not import the answerer, the chat or rich's tables,
+and ``dsh --version`` imports nothing but click (no event loop, no msgspec, no client
+library). ``dsh --help`` loads every command to list its short help.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 
 import click
 
-from client.api import dsh_version
-from client.cli.approve import approve, policy
-from client.cli.attach import attach
-from client.cli.chat import chat
-from client.cli.common import Options
-from client.cli.fsck import fsck
-from client.cli.run import run
-from client.cli.show import cancel, log, sessions, status, wait
+import client
 
-__all__ = ["cli", "main"]
+__all__ = ["COMMANDS", "LazyGroup", "cli", "main"]
+
+#: Command name -> (its module, the click command's name in it), in ``--help`` order.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("client.cli.run", "run"),
+    "attach": ("client.cli.attach", "attach"),
+    "approve": ("client.cli.approve", "approve"),
+    "policy": ("client.cli.approve", "policy"),
+    "sessions": ("client.cli.show", "sessions"),
+    "log": ("client.cli.show", "log"),
+    "cancel": ("client.cli.show", "cancel"),
+    "status": ("client.cli.show", "status"),
+    "wait": ("client.cli.show", "wait"),
+    "fsck": ("client.cli.fsck", "fsck"),
+    "chat": ("client.cli.chat", "chat"),
+}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class LazyGroup(click.Group):
+    """A group whose commands are imported when asked for (``COMMANDS``), not at start."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(COMMANDS) | set(self.commands), key=list(COMMANDS).index)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            module, attr = COMMANDS[cmd_name]
+            self.add_command(getattr(importlib.import_module(module), attr), cmd_name)
+        return self.commands.get(cmd_name)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--socket", "socket_path", metavar="PATH", envvar="DSH_SOCKET",
               help="dshd's socket (default: $DSH_SOCKET, else the user socket).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON where a command can.")
-@click.version_option(dsh_version(), prog_name="dsh", message="%(prog)s %(version)s")
+@click.version_option(client.__version__, prog_name="dsh", message="%(prog)s %(version)s")
 @click.pass_context
 def cli(ctx: click.Context, socket_path: str | None, as_json: bool) -> None:
     """dsh: run commands in dshd sessions that outlive the terminal."""
+    from client.cli.common import Options  # here, not at start: --version needs none of it
+
     ctx.obj = Options(socket=socket_path or None, json=as_json)
-
-
-for _command in (run, attach, approve, policy, sessions, log, cancel, status, wait, fsck, chat):
-    cli.add_command(_command)
 
 
 def hold_standard_fds() -> None:

@@ -6,7 +6,9 @@ terminal and as plain text otherwise (``is_tty``). Everything else -- progress, 
 errors -- is one line on stderr (``note``), and whatever came over the wire in it (commands,
 titles, ids, the daemon's messages) is shown through ``protocol.printable.printable``, escape
 sequences made visible. ``cell`` and ``short`` cut a value to a width for a table or a log
-line. ``silence_stdout`` keeps the interpreter's final flush quiet after EPIPE.
+line. ``silence_stdout`` keeps the interpreter's final flush quiet after EPIPE. rich is
+imported when something is first written through it, not when ``dsh`` starts (a ``dsh run``
+that prints only its command's output never loads it).
 """
 
 from __future__ import annotations
@@ -15,23 +17,28 @@ import datetime as _dt
 import json
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
-from rich.console import Console
-from rich.text import Text
 
 from protocol.printable import printable
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 __all__ = ["stderr", "stdout", "is_tty", "note", "emit", "emit_bytes", "print_json",
            "fmt_time", "short", "cell", "silence_stdout"]
 
 
 def stderr() -> Console:
+    from rich.console import Console
+
     return Console(stderr=True, highlight=False, markup=False, soft_wrap=True)
 
 
 def stdout() -> Console:
+    from rich.console import Console
+
     return Console(highlight=False, markup=False, soft_wrap=True)
 
 
@@ -42,19 +49,25 @@ def is_tty() -> bool:
         return False
 
 
+def _text(text: str, style: str = "") -> Any:
+    from rich.text import Text
+
+    return Text(text, style=style)
+
+
 def note(message: str, style: str | None = None) -> None:
     """One line on stderr; what came over the wire in it is shown escaped (``printable``)."""
-    stderr().print(Text(printable(message, keep="\n\t"), style=style or ""))
+    stderr().print(_text(printable(message, keep="\n\t"), style or ""))
 
 
 def prompt(text: str, style: str = "bold") -> None:
     """A prompt on stderr, without a newline."""
-    stderr().print(Text(text, style=style), end="")
+    stderr().print(_text(text, style), end="")
 
 
 def end_line(text: str = "") -> None:
     """End the current stderr line (after a prompt), with ``text`` shown escaped."""
-    stderr().print(Text(printable(text)) if text else "")
+    stderr().print(_text(printable(text)) if text else "")
 
 
 def emit(text: str) -> None:

@@ -2,7 +2,7 @@
 
 Theory of operation: the turn loop never reaches into a session (its log, lane tracker,
 publisher or nursery). It records events, waits for durability (its checkpoint barriers go
-through :meth:`SessionPort.wait_durable`), reads the history, changes the lane's ``turn``
+through :meth:`SessionPort.wait_durable`), reads the history (awaited: it comes from disk), changes the lane's ``turn``
 value through :class:`TurnLane`, starts its own task with ``spawn``, and drives tool calls
 through the same verbs a client's request uses (``start_call``, ``wait_result``,
 ``cancel_call``) plus the two a model's call needs: ``propose_call`` (a recorded answer names
@@ -57,8 +57,10 @@ class SessionPort(Protocol):
 
     async def wait_durable(self, seq: int) -> None: ...
 
-    def history(self) -> list:
-        """The session's events, oldest first (``agent.history.build_messages`` reads them)."""
+    async def history(self) -> list:
+        """The session's conversation events, oldest first (``agent.history.build_messages``
+        reads them), read from the log on disk and its tail; StorageError (``LogCorrupt``)
+        when a frame read is damaged."""
         ...
 
     def accepting(self) -> bool:

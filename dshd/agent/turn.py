@@ -335,7 +335,7 @@ class TurnDriver:
                 scope.cancel()
             try:
                 await barrier.checkpoint(port, port.last_seq, kind="agent/pre-step")
-                messages = build_messages(port.history(), system)
+                messages = build_messages(await port.history(), system)
                 response = await provider.complete(ModelRequest(messages, schemas()), hooks)
             finally:
                 turn.scope = None

@@ -209,6 +209,7 @@ class Connection:
         self.after: list[dict] = []  # messages to send right after the current reply
         self._in_lines = False
         self.closed = False
+        self._want_write = False
         self.opened_at = time.monotonic()
         reactor.want_read(self.fd, self._readable)
 
@@ -220,7 +221,14 @@ class Connection:
         """Queue one line; drops the connection past :data:`MAX_OUTPUT`."""
         if self.closed:
             return
-        self._out += json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+        self.send_line(json.dumps(obj, separators=(",", ":")).encode() + b"\n")
+
+    def send_line(self, line: bytes) -> None:
+        """Queue one encoded line (ending in a newline); drops the connection past
+        :data:`MAX_OUTPUT`."""
+        if self.closed:
+            return
+        self._out += line
         self._writable()
         if len(self._out) > MAX_OUTPUT:
             self.close()
@@ -247,7 +255,9 @@ class Connection:
         except OSError:
             self.close()
             return
-        self._reactor.want_write(self.fd, self._writable if self._out else None)
+        if bool(self._out) != self._want_write:  # epoll changes only when the need does
+            self._want_write = bool(self._out)
+            self._reactor.want_write(self.fd, self._writable if self._out else None)
 
     def _readable(self) -> None:
         try:

@@ -6,15 +6,16 @@ with a handful of deadlines. Its life, in order:
 
 1. **Start** (:meth:`Host.start`): the command is spawned (:mod:`child`); a spawn failure is
    an exit record with reason ``spawn-failed`` at once.
-2. **Running**: each readable wake reads up to 1 MiB of output (a PTY's ``EIO`` is end of
-   file; the master then stays open, unread, until the child is reaped, since closing it
-   would hang the terminal up and SIGHUP the exiting command) and appends it to the log (:mod:`log`); the log is fsync'd at most once a second
-   while output flows (a deadline catches the end of a burst). Attached connections get a
-   ``progress`` event -- the first of a burst at once, then at most one per 2 ms, or per 20 ms
-   while more than 64 KiB arrive between two. ``timeout``
-   (reason ``timeout``) and ``terminate`` (``cancelled``/``killed``) send TERM to the command's
-   processes (:func:`tree.signal_command`: the wrapper's own are spared) and, after the grace,
-   SIGKILL to the whole tree (:func:`tree.kill_tree`).
+2. **Running**: each readable wake reads output (64 KiB asked, 1 MiB after a read pause or
+   a full read; a PTY's ``EIO`` is end of file; the master then stays open, unread, until the
+   child is reaped, since closing it would hang the terminal up and SIGHUP the exiting
+   command) and appends it to the log (:mod:`log`), fsync'd at most once a second while output
+   flows (a deadline catches the end of a burst). A small read within :data:`READ_PAUSE` of the
+   previous one (a fast flow) sleeps that pause out. Attached connections get a ``progress``
+   event (a fixed JSON line): the first of a burst at once, then at most one per 10 ms in the
+   long run (two may go back to back), or per 20 ms while over 64 KiB arrive between two.
+   ``timeout`` and ``terminate`` send TERM to the command's processes (the wrapper's own are
+   spared: :func:`tree.signal_command`), after the grace SIGKILL to the whole tree.
 3. **Draining**: once the direct child is reaped (the host reaps every orphan too: it is the
    subreaper), the host waits up to ``eof_grace`` for end of file, then -- always, even after
    end of file -- SIGKILLs every remaining descendant and the token's carriers, then reads on
@@ -30,6 +31,14 @@ with a handful of deadlines. Its life, in order:
 
 A request the state does not allow is refused with a code (``not-running`` after the end,
 ``no-stdin``, ``bad-request``); nothing a connection sends can stop the host.
+
+The host's CPU per GiB of output is set by the work per byte (the pipe read, the line count,
+the log write), not by Python: its own frames are ~5% of a cProfile of a flood. On the 2-core
+VM of issue 14 (``python -m bench.hostpath``) this loop costs 1.7 CPU-s/GiB of `seq` and 1.2
+of a build log, the count 0.8 and 0.4 of it; ``readv`` into one buffer and ``splice`` + a
+``pread`` to count both cost more (2.2 and 1.8). At a slow flow the cost is per wake: ~190 µs
+per line at 100 lines/s, the VM's floor ~100. ``DSH_HOST_PROFILE=<dir>`` (:data:`PROFILE_ENV`, benches only) runs the
+loop under cProfile and leaves ``host-<pid>.prof`` there.
 """
 
 from __future__ import annotations
@@ -52,13 +61,19 @@ except ImportError:  # run as a script (main.py): the siblings are top-level mod
 
 __all__ = ["Host"]
 
-#: Bytes asked of the output fd per read.
+#: Bytes asked of the output fd per read after a pause or a read that filled its ask.
 READ_CHUNK = 1_048_576
-#: A read shorter than this pauses reading for :data:`READ_PAUSE` seconds (output pacing).
+#: Bytes asked otherwise: under glibc's mmap threshold, so a slow flow's read buffer is heap
+#: (a 1 MiB ask cost an mmap, an mremap and a munmap per line).
+SMALL_READ = 65_536
+#: A read shorter than this, less than READ_PAUSE after the previous read (a fast flow of
+#: small writes), pauses reading for READ_PAUSE seconds (output pacing).
 PACE_BELOW = 256 * 1024
 READ_PAUSE = 0.002
-#: Minimum seconds between two progress events (the first of a burst goes at once).
-PROGRESS_INTERVAL = 0.002
+#: Progress: at most one per PROGRESS_INTERVAL in the long run (the daemon's publish interval),
+#: PROGRESS_BURST back to back (a producer's jitter around that rate delays no line).
+PROGRESS_INTERVAL = 0.010
+PROGRESS_BURST = 2
 #: Past FLOOD_BYTES since the last event, at most one event per FLOOD_INTERVAL seconds.
 FLOOD_BYTES = 64 * 1024
 FLOOD_INTERVAL = 0.02
@@ -66,8 +81,9 @@ FLOOD_INTERVAL = 0.02
 SYNC_INTERVAL = 1.0
 #: Seconds the host waits, after it decided to exit, for its replies to leave.
 FLUSH_SECONDS = 1.0
-#: Seconds the output may take to reach end of file once the tree was killed (a holder that
-#: escaped the kill cannot keep the call open).
+#: An environment variable naming a directory: profile the host's loop there (benches only).
+PROFILE_ENV = "DSH_HOST_PROFILE"
+#: Seconds the output may take to reach end of file once the tree was killed (then it closes).
 DRAIN_SECONDS = 2.0
 
 
@@ -97,6 +113,10 @@ class Host:
         now = time.monotonic()
         self.deadlines: dict[str, float] = {}
         self._last_progress = self._last_sync = now - 10.0
+        self._progress_tat = now  # the progress bucket's theoretical arrival time (GCRA)
+        self._last_read = now - 10.0  # when the output was last read
+        self._read_ask = SMALL_READ  # bytes the next read asks for
+        self._pause_until: float | None = None  # the output's read pause (a fast flow)
         self._progress_bytes = 0  # the log's end at the last progress event
         self._quit_at: float | None = None
 
@@ -135,19 +155,37 @@ class Host:
     # -- the loop ------------------------------------------------------------------------
 
     def run(self, sigpipe: loop.SignalPipe) -> None:
-        """Run until the host may exit (see the module doc)."""
+        """Run until the host may exit (see the module doc). With :data:`PROFILE_ENV` set to
+        a directory (benches), the loop runs under cProfile and leaves
+        ``host-<pid>.prof`` there."""
+        where = os.environ.get(PROFILE_ENV)
+        if not where:
+            self._run(sigpipe)
+            return
+        import cProfile  # stdlib; only on this path
+        profiler = cProfile.Profile()
+        try:
+            profiler.runcall(self._run, sigpipe)
+        finally:
+            profiler.dump_stats(os.path.join(where, f"host-{self.pid}.prof"))
+
+    def _run(self, sigpipe: loop.SignalPipe) -> None:
         self.reactor.want_read(sigpipe.read_fd, lambda: (sigpipe.drain(), self._reap()))
         self._reap()
         while True:
+            if self._pause_until is not None:
+                self._pause()
             now = time.monotonic()
             if self._quit_at is not None and (
                     now >= self._quit_at or not any(c.pending_output for c in self.conns)):
                 return
-            for name, at in sorted(self.deadlines.items(), key=lambda kv: kv[1]):
-                if at <= now and self.deadlines.get(name) == at:
-                    del self.deadlines[name]
-                    getattr(self, f"_on_{name}")()
             wake = min(self.deadlines.values(), default=None)
+            if wake is not None and wake <= now:
+                for name, at in sorted(self.deadlines.items(), key=lambda kv: kv[1]):
+                    if at <= now and self.deadlines.get(name) == at:
+                        del self.deadlines[name]
+                        getattr(self, f"_on_{name}")()
+                wake = min(self.deadlines.values(), default=None)
             if self._quit_at is not None:
                 wake = min(wake or self._quit_at, self._quit_at, now + 0.05)
             self.reactor.poll(None if wake is None else max(0.0, wake - time.monotonic()))
@@ -178,9 +216,19 @@ class Host:
 
     # -- output --------------------------------------------------------------------------
 
+    def _pause(self) -> None:
+        """A fast flow's read pause (:meth:`_output`), slept out with the output fd registered
+        (no epoll change); the connections, SIGCHLD and deadlines wait at most READ_PAUSE."""
+        rest = self._pause_until - time.monotonic()
+        self._pause_until = None
+        self._read_ask = READ_CHUNK  # the pipe filled meanwhile
+        if rest > 0:
+            time.sleep(rest)
+
     def _output(self) -> None:
+        ask = self._read_ask
         try:
-            data = os.read(self.output_fd, READ_CHUNK)
+            data = os.read(self.output_fd, ask)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
@@ -199,20 +247,20 @@ class Host:
             if not self.child_alive:
                 self._end_output()
             return
-        self._append(data)
-        if len(data) < PACE_BELOW and self.output_fd is not None:
-            # A small read in a flow: let the pipe fill for a moment instead of waking per
-            # write of the producer (a wake costs the same for 4 KiB as for 1 MiB; reading
-            # every few KiB of `seq` cost ~2.6 host CPU-s/GiB). The first read after a pause
-            # is immediate, so a lone line is not delayed.
-            self.reactor.want_read(self.output_fd, None)
-            self.deadlines["resume_read"] = time.monotonic() + READ_PAUSE
+        now = time.monotonic()
+        self._append(data, now)
+        size = len(data)
+        recent, self._last_read = now - self._last_read < READ_PAUSE, now
+        self._read_ask = READ_CHUNK if size >= ask else SMALL_READ
+        if size < PACE_BELOW and size < ask and recent and self.output_fd is not None:
+            # A small read soon after another (a fast flow): let the pipe fill instead of
+            # waking per write (a wake costs the same for 4 KiB as for 1 MiB; reading every few
+            # KiB of `seq` cost ~2.6 host CPU-s/GiB). A read after a quiet gap (a slow flow)
+            # never pauses: a lone line is not delayed. (Pausing after big reads too cost
+            # more: 3.1-3.4 host CPU-s/GiB for a fast `cat` vs 1.4; issue 14.)
+            self._pause_until = now + READ_PAUSE
 
-    def _on_resume_read(self) -> None:
-        if self.output_fd is not None and not self._output_eof:
-            self.reactor.want_read(self.output_fd, self._output)
-
-    def _append(self, data: bytes) -> None:
+    def _append(self, data: bytes, now: float) -> None:
         if self.log_error is not None:
             return  # the log failed: output is read and dropped while the command is stopped
         try:
@@ -220,19 +268,20 @@ class Host:
         except OSError as exc:
             self._log_failed(exc)
             return
-        now = time.monotonic()
         if now - self._last_sync >= SYNC_INTERVAL:
             self._on_sync()
         else:
             self.deadlines.setdefault("sync", self._last_sync + SYNC_INTERVAL)
-        # A few lines: report within PROGRESS_INTERVAL (latency); a flood: at most one report
+        # A few lines: report at once while the bucket allows (PROGRESS_BURST, refilled one
+        # per PROGRESS_INTERVAL), else at the bucket's next slot; a flood: at most one report
         # per FLOOD_INTERVAL (each one costs the daemon a wake, whatever it carries).
-        flooding = self.log.total_bytes - self._progress_bytes >= FLOOD_BYTES
-        interval = FLOOD_INTERVAL if flooding else PROGRESS_INTERVAL
-        if now - self._last_progress >= interval:
+        due = self._progress_tat - (PROGRESS_BURST - 1) * PROGRESS_INTERVAL
+        if self.log.total_bytes - self._progress_bytes >= FLOOD_BYTES:
+            due = max(due, self._last_progress + FLOOD_INTERVAL)
+        if now >= due:
             self._on_progress()
         else:
-            self.deadlines.setdefault("progress", self._last_progress + interval)
+            self.deadlines.setdefault("progress", due)
 
     def _close_output(self) -> None:
         if self.output_fd is None:
@@ -293,7 +342,7 @@ class Host:
         self.deadlines.pop("progress", None)
         for conn in list(self.conns):  # a send may close (and remove) a connection
             if conn.attached:
-                conn.send(self._progress_event())
+                conn.send_line(self._progress_line())
                 conn.send({"event": "exit", "record": self.record})
         if self.released:
             self._quit()
@@ -314,12 +363,13 @@ class Host:
 
     def _on_progress(self) -> None:
         self.deadlines.pop("progress", None)  # when called early, from _append
-        self._last_progress = time.monotonic()
+        self._last_progress = now = time.monotonic()
+        self._progress_tat = max(self._progress_tat, now) + PROGRESS_INTERVAL
         self._progress_bytes = self.log.total_bytes
-        event = self._progress_event()
+        line = self._progress_line()
         for conn in list(self.conns):
             if conn.attached:
-                conn.send(event)
+                conn.send_line(line)
 
     def _on_timeout(self) -> None:
         if self.child_alive and self.reason is None:
@@ -362,8 +412,10 @@ class Host:
         marker = f"{self.spec['token_var']}={self.spec['token']}"
         tree.kill_tree(self.pid, leader, self.spec["spare_wrapper"], marker, self.uid)
 
-    def _progress_event(self) -> dict:
-        return {"event": "progress", **self._progress()}
+    def _progress_line(self) -> bytes:
+        """The ``progress`` event as its JSON line (a fixed template: no encoder per event)."""
+        return b'{"event":"progress","endOffset":%d,"firstOffset":%d,"totalLines":%d}\n' % (
+            self.log.total_bytes, self.log.first_offset, self.log.total_lines)
 
     def _progress(self) -> dict:
         return {"endOffset": self.log.total_bytes, "firstOffset": self.log.first_offset,

@@ -126,6 +126,13 @@ class LogWriter:
             return
         self.newlines += count_newlines(data)
         self._last_byte = data[-1:]
+        size = len(data)
+        if size <= (self._k + 1) * self.segment_bytes - self.total_bytes:
+            n = os.write(self._fd, data)  # the common case: one write, no view
+            self.total_bytes += n
+            if n == size:
+                return
+            data = data[n:]
         view = memoryview(data)
         while view:
             room = (self._k + 1) * self.segment_bytes - self.total_bytes

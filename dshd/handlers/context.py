@@ -20,6 +20,7 @@ __all__ = ["AfterResponse", "ConnectionPort", "DaemonPort", "may_use"]
 class DaemonPort(Protocol):
     """What handlers use of the daemon (``dshd.daemon.Daemon``)."""
 
+    config: Any  # dshd.config.Config (dispatch reads log_requests_slower_than_ms)
     registry: Any  # dshd.sessions.registry.SessionRegistry: get create list opened
     sandbox: Any  # the probe: describe()
     state_dir: Any

@@ -11,7 +11,9 @@ response in the daemon; what the connection refuses before a message is classifi
 oversize line, too many requests in flight -- it answers itself): a ``dshd.errors`` class
 carries its code, message and data; anything else is a bug, logged with its traceback and
 answered ``-32603`` without closing the connection. A notification is never answered. One
-canonical log line per message.
+canonical log line per message (``rpc``: conn, method, id, error, ms): at info level for an
+error and for a request slower than ``log_requests_slower_than_ms``, at debug level for the
+rest (so a cheap request formats no line at the default level).
 """
 
 from __future__ import annotations
@@ -114,11 +116,8 @@ async def dispatch(conn: ConnectionPort, item: Any) -> Answer:
         line = rpc.encode_error(rid, error.code, error.message, error.data)
         return (line if is_request else None), None
     finally:
-        log.info(
-            "rpc",
-            conn=conn.id,
-            method=item.method,
-            id=rid,
-            error=code,
-            ms=round((time.perf_counter() - started) * 1000, 2),
+        ms = (time.perf_counter() - started) * 1000
+        quiet = code is None and ms < conn.daemon.config.log_requests_slower_than_ms
+        (log.debug if quiet else log.info)(
+            "rpc", conn=conn.id, method=item.method, id=rid, error=code, ms=round(ms, 2)
         )

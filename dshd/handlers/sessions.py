@@ -96,8 +96,9 @@ async def session_get(conn: ConnectionPort, p: m.SessionGetParams) -> m.SessionI
 async def session_events(conn: ConnectionPort,
                          p: m.SessionEventsParams) -> m.SessionEventsResult:
     session = await port.open_session(conn, p.session_id)
-    # The log's own event structs: encoded as they are (the result's Raw is the reading side).
-    events = session.events(p.after_seq, p.limit)
+    # The log's own event structs: encoded as they are (the result's Raw is the reading side);
+    # old ones are read from disk and verified (LogCorrupt: -32014 LOG_DAMAGED).
+    events = await session.events(p.after_seq, p.limit)
     return m.SessionEventsResult(events=events, last_seq=session.last_seq)
 
 

@@ -68,6 +68,8 @@ from .. import errors
 from ..results import CallFailed, sentence
 from ..storage.errors import StorageError
 
+#: Decided approvals whose outcome a session keeps in memory (a late answer's -32011), at most.
+DECIDED_MAX = 1024
 #: why -> (errorCode, variant of ``dshd.results.SENTENCES``) of an outcome that does not run.
 WHY = {
     "rejected-policy": ("APPROVAL_REJECTED", "policy"),
@@ -141,7 +143,8 @@ class ApprovalDesk:
         self.session_id = session_id
         self.answerers: set[str] = set()
         self.pending: dict[str, _Pending] = {}
-        #: Outcomes of decided approvals (from the log and from this run): -32011 answers.
+        #: Outcomes of the last DECIDED_MAX decided approvals (from the snapshot, the log's
+        #: tail and this run; oldest out first): -32011 answers. An older one is -32007.
         self.decided: dict[str, str] = {}
         #: The daemon stops with ``on_stop = "detach"``: a pending approval stays undecided in
         #: the log (no ``cancelled`` decision), to be asked again after the start (HOST.md §7).
@@ -191,7 +194,14 @@ class ApprovalDesk:
     def absorb(self, type_: str, data: dict) -> None:
         """Fold a logged approval event into ``decided`` (on open)."""
         if type_ == "approval/decided":
-            self.decided[data["approvalId"]] = data["outcome"]
+            self.remember(data["approvalId"], data["outcome"])
+
+    def remember(self, approval_id: str, outcome: str) -> None:
+        """``approval_id`` was decided ``outcome``; at most DECIDED_MAX are kept."""
+        self.decided.pop(approval_id, None)
+        self.decided[approval_id] = outcome
+        while len(self.decided) > DECIDED_MAX:
+            del self.decided[next(iter(self.decided))]
 
     # ------------------------------------------------------------------ the gate
     async def gate(self, call: GateCall) -> None:
@@ -275,7 +285,7 @@ class ApprovalDesk:
 
     def _record(self, p: _Pending) -> bool:
         """Append ``approval/decided``; False when the append failed (then nothing runs)."""
-        self.decided[p.approval_id] = p.outcome  # type: ignore[assignment]
+        self.remember(p.approval_id, p.outcome)  # type: ignore[arg-type]
         try:
             self.port.record(
                 "approval/decided", {"approvalId": p.approval_id, "outcome": p.outcome, "by": p.by}

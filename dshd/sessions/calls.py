@@ -45,6 +45,9 @@ Theory of operation:
   at admission, before the gate, and gets the empty file ``settled`` once its ``tool/result``
   is durable (best effort: a lost one only makes the next start open the session once). The
   daemon's start opens every session with a call dir without it (``dshd.sessions.registry``).
+* **Bounded memory.** What the table knows of settled calls is their entry in the exact call
+  index and, for the last ``results_cache``, their result (``dshd.sessions.call_index``);
+  ``tool.wait`` on an older one reads its ``tool/result`` back from the log by its seq.
 * **After a restart** the session's resume plan (``dshd.sessions.resume``) brings calls back:
   :meth:`CallTable.adopt` (a live host, or its exit record: ``dshd.sessions.resumed``) and
   :meth:`CallTable.reask` (an approval that was pending).
@@ -74,6 +77,7 @@ from ..storage.writer import SessionLog
 from . import barrier, call_results, command, resumed
 from .approval import ApprovalDesk, refused
 from .call import Call, CallHost, now_ms
+from .call_index import KnownCalls
 from .faults import InjectedFault, TestFault
 from .lane import Lane, lane_args
 from .output import sync_output
@@ -94,7 +98,8 @@ class CallTable:
     def __init__(self, host: CallHost, log_: SessionLog, approvals: ApprovalDesk,
                  config: Config, sandbox, session_dir: Path, *,
                  running_calls: Callable[[], int] | None = None,
-                 fault: TestFault | None = None) -> None:
+                 fault: TestFault | None = None,
+                 read_result: Callable[[str, int], Awaitable[dict]] | None = None) -> None:
         self.host, self.log, self.approvals = host, log_, approvals
         #: The session's lane, built from what the table absorbed on open (``bind_lane``).
         self.lane: Lane
@@ -103,13 +108,9 @@ class CallTable:
         #: Running calls over the whole daemon (the registry's count; None: this session's).
         self._running_calls = running_calls or (lambda: len(self.running))
         self.fault = fault
-        self.call_ids: set[str] = set()
-        self.call_names: dict[str, str] = {}
-        self.results: dict[str, dict] = {}
-        #: callId -> its logged tool/call event, while it has no result (a resume rebuilds it).
-        self.logged_calls: dict[str, object] = {}
-        self._result_seqs: dict[str, int] = {}  # callId -> seq of its tool/result (this run)
-        self._settled: dict[str, trio.Event] = {}
+        #: Every known call id, bounded memory (``dshd.sessions.call_index``); a result that
+        #: fell out of the cache is read back through ``read_result`` (the session's).
+        self.known = KnownCalls(config.results_cache, read_result)
         #: The session is stopping: no new calls; a cancelled command says "shutdown".
         self.stopping = False
 
@@ -118,25 +119,30 @@ class CallTable:
 
     # ----------------------------------------------------------------- derived state
     def absorb(self, ev) -> RecentEntry | None:
-        """Fold one logged call event into the table (on open); a result's recent entry."""
+        """Fold one logged call event into the table (on open: the log's tail after the last
+        snapshot); a result's recent entry."""
         type_, data = ev.type, ev.data
-        cid = data["callId"]
-        self.call_ids.add(cid)  # repair's TOOL_NOT_STARTED results have no tool/call
+        cid = data["callId"]  # repair's TOOL_NOT_STARTED results have no tool/call
         if type_ == "tool/call":
-            self.call_names[cid] = data.get("name", "")
-            self.logged_calls[cid] = ev
+            self.known.called(cid, data.get("name", ""),
+                              {"seq": ev.seq, "time": ev.time, "data": data})
             return None
-        self.logged_calls.pop(cid, None)
-        self.results[cid] = data
-        self._settled.setdefault(cid, trio.Event()).set()
-        return self.recent_entry(cid, data)
+        name = self.known.settled(cid, ev.seq, data)
+        self.known.wake(cid)
+        return self.recent_entry(cid, data, name)
 
-    def recent_entry(self, call_id: str, result: dict) -> RecentEntry:
-        return RecentEntry(call_id, self.call_names.get(call_id), bool(result.get("isError")),
-                           result.get("exitCode"), result.get("errorCode"))
+    def recent_entry(self, call_id: str, result: dict, name: str | None = None) -> RecentEntry:
+        return RecentEntry(call_id, name if name is not None else self.known.names.get(call_id),
+                           bool(result.get("isError")), result.get("exitCode"),
+                           result.get("errorCode"))
 
     def has(self, call_id: str) -> bool:
-        return call_id in self.call_ids
+        return call_id in self.known
+
+    @property
+    def logged_calls(self) -> dict:
+        """callId -> its logged ``tool/call`` event, while it has no result (resume)."""
+        return self.known.logged
 
     # ----------------------------------------------------------------- results
     def failed_result(self, call_id: str, code: str, text: str,
@@ -200,9 +206,8 @@ class CallTable:
             result = plain(self._failed(call, "ABORTED_BEFORE_DISPATCH", sentence(
                 "ABORTED_BEFORE_DISPATCH", "could-not-start", error=f"{type(exc).__name__}: {exc}")))
             # wait() makes it durable before answering (never a result that may be lost).
-            self._result_seqs[call_id] = self.log.append("tool/result", result).seq
-            self.results[call_id] = result
-            self._settled[call_id].set()
+            self.known.settled(call_id, self.log.append("tool/result", result).seq, result)
+            self.known.wake(call_id)
             self.mark_settled(call_id)  # best effort, before it is durable: it never ran
             raise
 
@@ -239,9 +244,7 @@ class CallTable:
 
     def propose(self, call_id: str, name: str) -> None:
         """Make ``call_id`` known and waitable before its ``tool/call`` (a model's call)."""
-        self.call_ids.add(call_id)
-        self.call_names[call_id] = name
-        self._settled.setdefault(call_id, trio.Event())
+        self.known.propose(call_id, name)
 
     def settle_unstarted(self, call_id: str, name: str, code: str, text: str) -> dict:
         """Settle a call refused before its ``tool/call`` (a model's): its ``tool/result`` is
@@ -249,10 +252,9 @@ class CallTable:
         result = plain(self.failed_result(call_id, code, text))
         ev = self.log.append("tool/result", result)
         self.propose(call_id, name)
-        self.results[call_id] = result
-        self._result_seqs[call_id] = ev.seq  # wait makes it durable before answering
-        self._settled[call_id].set()
-        self.lane.enter_recent(self.recent_entry(call_id, result))
+        self.known.settled(call_id, ev.seq, result)  # wait makes it durable before answering
+        self.known.wake(call_id)
+        self.lane.enter_recent(self.recent_entry(call_id, result, name))
         return result
 
     # ----------------------------------------------------------------- the pipeline
@@ -346,18 +348,18 @@ class CallTable:
     # ----------------------------------------------------------------- settling
     async def _settle(self, call: Call, result_: ToolResult, slog) -> None:
         """Append ``tool/result``, make it durable, move the call from tools to recent."""
-        if call.call_id in self.results:
+        if self.known.is_settled(call.call_id):
             return  # settled already (a crash winding down after the call's own settle)
         result = plain(result_)
         ev = self.log.append("tool/result", result)
-        self.results[call.call_id] = result
-        self._result_seqs[call.call_id] = ev.seq
+        self.known.settled(call.call_id, ev.seq, result)
         if self.host.crash_text() is None:
             try:
-                # Still running: the publish in settle_tool pulls its final output first.
+                # Still running: settle_tool publishes its final output first.
                 if self.fault is not None and self.fault.hits("settle-crash", [call]):
                     raise InjectedFault("injected test fault (DSH_TEST_FAULT=settle-crash)")
-                self.lane.settle_tool(call.call_id, self.recent_entry(call.call_id, result))
+                self.lane.settle_tool(call.call_id,
+                                      self.recent_entry(call.call_id, result, call.name), call)
             except Exception as exc:  # the lane broke: the result still settles below
                 self.host.crashed(exc)
         self.running.pop(call.call_id, None)
@@ -374,7 +376,7 @@ class CallTable:
                 slog.warning("sidecar.retire_failed", error=str(exc))
         if durable:
             self.mark_settled(call.call_id)
-        self._settled[call.call_id].set()
+        self.known.wake(call.call_id)
         slog.info("tool.settled", exit_code=result_.exit_code, error_code=result_.error_code,
                   durable=durable, total_bytes=result_.details.truncation.total_bytes)
 
@@ -399,26 +401,26 @@ class CallTable:
 
     def wake_all(self) -> None:
         """The session has ended: every waiter wakes (``wait`` says what is missing)."""
-        for event in self._settled.values():
-            event.set()
+        self.known.wake_all()
 
     # ----------------------------------------------------------------- the port's verbs
     async def wait(self, call_id: str, timeout: float | None, *, ended: bool) -> dict | None:
         """The call's result once durable; None on timeout. ``ended``: the session's task has
         finished (nothing will flush again). Raises ``errors.CallNotFound``, StorageError."""
-        if call_id not in self.call_ids:
+        if call_id not in self.known:
             raise errors.CallNotFound(f"call {call_id} not found in session {self.host.id}")
-        ev = self._settled.setdefault(call_id, trio.Event())
+        found = False
         with trio.move_on_after(math.inf if timeout is None else timeout):
-            if not ev.is_set():  # a settled, durable call answers even at timeout 0 (a poll)
-                await ev.wait()
-            if call_id not in self.results:  # woken by the end of a crashed session
+            if not self.known.is_settled(call_id):  # a settled, durable call answers even at
+                await self.known.waiter(call_id).wait()  # timeout 0 (a poll)
+            if not self.known.is_settled(call_id):  # woken by the end of a crashed session
                 raise StorageError(
                     f"session {self.host.id} stopped ({self.host.crash_text() or 'unknown error'}"
                     f") before the result of call {call_id} was recorded; ask again: the session "
                     "reopens from its log, which says what happened"
                 )
-            seq = self._result_seqs.get(call_id, -1)
+            seq = self.known.seq(call_id)
+            assert seq is not None
             if seq > self.log.durable_seq:
                 # Never claim a result that is not durable: retry the flush (StorageError
                 # reaches the client as -32014) before answering.
@@ -429,12 +431,13 @@ class CallTable:
                         "says what happened"
                     )
                 await self.log.wait_durable(seq)
-            return self.results[call_id]
-        return None
+            found = True
+        # the cache, else the log (LogCorrupt): outside the timeout, which is for the settle
+        return await self.known.result(call_id) if found else None
 
     def cancel(self, call_id: str) -> bool:
         """Cancel a running call (module doc); False when it has settled. CallNotFound."""
-        if call_id not in self.call_ids:
+        if call_id not in self.known:
             raise errors.CallNotFound(f"call {call_id} not found in session {self.host.id}")
         call = self.running.get(call_id)
         if call is None:

@@ -7,9 +7,12 @@ Theory of operation: the lane is a JSON value (``protocol.lane.LaneView``) held 
 first) and the running turn. Its writer methods take the typed values of ``protocol.lane``
 where the lane has a struct (a call's entry, an approval request, a recent entry, a turn;
 a call's live output, a settings value or a turn field is a plain JSON value), change the
-tracker and mark the publisher dirty; nothing is sent until the publisher's next
-paced publish, except where a method says "published now" (a call leaving the lane, a turn
-beginning), so that every subscriber sees that state. The lane is derived: it is rebuilt from
+tracker and tell the publisher what kind of change it was (``dshd.sessions.streams``): the
+running turn's text is *bulk* (published at the next paced publish, with the calls' output,
+which the publisher copies in through :meth:`Lane.tool_output`); everything else is a
+*control* change, published at once whatever the byte pause says. Where a method says
+"published now" (a call leaving the lane, a turn beginning) it publishes before it returns,
+so that every subscriber sees that state. The lane is derived: it is rebuilt from
 the log when a session is opened (``recent`` from its ``tool/result`` events) and never read
 back as the truth.
 """
@@ -55,7 +58,11 @@ class Lane:
                                    rate=rate)
 
     def mark_dirty(self) -> None:
+        """A bulk change (a call's output changed): the next paced publish copies it."""
         self.publisher.mark_dirty()
+
+    def _changed(self) -> None:
+        self.publisher.mark_changed()
 
     def publish_now(self) -> None:
         self.publisher.publish_now()
@@ -66,7 +73,7 @@ class Lane:
             self.tracker.set(["session", "approvalPolicy"], policy)
         if sandbox is not None:
             self.tracker.set(["session", "sandbox"], sandbox)
-        self.mark_dirty()
+        self._changed()
 
     # ----------------------------------------------------------------- tools
     def has_tool(self, call_id: str) -> bool:
@@ -74,19 +81,19 @@ class Lane:
 
     def enter_tool(self, call_id: str, entry: ToolEntry) -> None:
         self.tracker.set(["tools", call_id], plain(entry))
-        self.mark_dirty()
+        self._changed()
 
     def tool_running(self, call_id: str) -> None:
         """The call's command starts: its state is ``running`` (if it was not already)."""
         if self.tracker.value["tools"][call_id]["state"] != "running":
             self.tracker.set(["tools", call_id, "state"], "running")
-            self.mark_dirty()
+            self._changed()
 
     def drop_tool(self, call_id: str) -> None:
         """Remove a call that never really entered (its start failed)."""
         if self.has_tool(call_id):
             self.tracker.delete(["tools", call_id])
-            self.mark_dirty()
+            self._changed()
 
     def tool_output(self, call_id: str, text: str, truncation: dict,
                     spill_path: str | None) -> None:
@@ -98,51 +105,70 @@ class Lane:
         if spill_path is not None:
             self.tracker.set(base + ["details", "spillPath"], spill_path)
 
-    def settle_tool(self, call_id: str, entry: RecentEntry) -> None:
-        """A call settled: its final output is published now, then it leaves ``tools`` (and
-        ``approvals``) and enters ``recent``."""
-        self.publisher.publish_now()
+    def copy_output(self, call: Any) -> None:
+        """Copy one call's capture (``dshd.sessions.output.Running``) onto the lane when it
+        changed since the last copy."""
+        cap = call.capture
+        if cap is None or cap.version == call.synced_version:
+            return
+        spill = None
+        if cap.spill_path and call.synced_spill != cap.spill_path:
+            spill = call.synced_spill = cap.spill_path
+        self.tool_output(call.call_id, cap.text, cap.truncation, spill)
+        call.synced_version = cap.version
+
+    def settle_tool(self, call_id: str, entry: RecentEntry, call: Any = None) -> None:
+        """A call settled: its final output is published now (``call``, the settling
+        ``Running``: its output alone is copied; without it every call's), then it leaves
+        ``tools`` (and ``approvals``) and enters ``recent``, published now too. Both go at
+        once whatever the byte pause says; their bytes count toward it."""
+        if call is None:
+            self.publisher.publish_now()
+        else:
+            self.copy_output(call)
+            self.publisher.publish_control()
         self.tracker.delete(["tools", call_id])
         for approval_id, request in list(self.tracker.value["approvals"].items()):
             if request.get("callId") == call_id:
                 self.tracker.delete(["approvals", approval_id])
         self.enter_recent(entry)
+        self.publisher.publish_control()
 
     def enter_recent(self, entry: RecentEntry) -> None:
         self.tracker.insert(["recent"], 0, plain(entry))
         excess = len(self.tracker.value["recent"]) - RECENT_MAX
         if excess > 0:
             self.tracker.splice(["recent"], RECENT_MAX, excess, [])
-        self.mark_dirty()
+        self._changed()
 
     # ----------------------------------------------------------------- approvals
     def show_approval(self, approval_id: str, request: ApprovalRequest) -> None:
         self.tracker.set(["approvals", approval_id], plain(request))
-        self.mark_dirty()
+        self._changed()
 
     def hide_approval(self, approval_id: str) -> None:
         if approval_id in self.tracker.value["approvals"]:
             self.tracker.delete(["approvals", approval_id])
-            self.mark_dirty()
+            self._changed()
 
     # ----------------------------------------------------------------- the turn
     def begin_turn(self, view: TurnView) -> None:
         """A turn begins: published now, so every subscriber sees it however short it is."""
         self.tracker.set(["turn"], plain(view))
-        self.publisher.publish_now()
+        self.publisher.publish_control()
 
     def set_turn(self, view: TurnView | None) -> None:
         """Replace the turn value (a new step; None between turns)."""
         if view is None and self.tracker.value.get("turn") is None:
             return
         self.tracker.set(["turn"], None if view is None else plain(view))
-        self.mark_dirty()
+        self._changed()
 
     def update_turn(self, key: str, value: Any) -> None:
         """Change one key of the running turn (``state``, ``calls``); no turn: nothing."""
         if isinstance(self.tracker.value.get("turn"), dict):
             self.tracker.set(["turn", key], value)
-            self.mark_dirty()
+            self._changed()
 
     def turn_text(self, text: str, *, append: bool = False) -> None:
         """Set (or grow, ``a`` ops) the running turn's assistant text."""

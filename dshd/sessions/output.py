@@ -49,14 +49,7 @@ class Running(Checkpointed, Protocol):
 
 def sync_output(lane: Lane, call: Running) -> None:
     """Copy the call's capture onto the lane when it changed since the last copy."""
-    cap = call.capture
-    if cap is None or cap.version == call.synced_version:
-        return
-    spill = None
-    if cap.spill_path and call.synced_spill != cap.spill_path:
-        spill = call.synced_spill = cap.spill_path
-    lane.tool_output(call.call_id, cap.text, cap.truncation, spill)
-    call.synced_version = cap.version
+    lane.copy_output(call)
 
 
 async def checkpoint_output(call: Checkpointed, session_id: str) -> None:

@@ -7,9 +7,14 @@ counts the running calls over all open sessions for ``max_calls`` (``running_cal
 At daemon start, before the server accepts, :meth:`SessionRegistry.resume_unsettled`
 opens every session that has a call directory without its ``settled`` marker (found by
 listing ``sessions/*/calls/*/``, no log read): its calls that outlived the daemon come back
-(``dshd.sessions.resume``; HOST.md §7). Every open computes the session's resume plan before
-repair, so nothing the plan keeps is closed. Sessions that are not open are listed from their logs read-only, so a damaged log is listed as
-damaged without breaking the list. Opening is serialised per session id so two concurrent requests never race
+(``dshd.sessions.resume``; HOST.md §7). Every open computes the session's resume plan (from the log's ``RepairState``) before
+repair, so nothing the plan keeps is closed. Sessions that are not open are listed from their
+summaries (``dshd.storage.summary.read_summary``: the summary, brought up to date by the
+frames after it; never a whole log), cached by the log's size, mtime and inode; a damaged log
+is listed as damaged without breaking the list, and a session in which a read found a
+damaged old frame (``Session.damaged``) is listed with ``damaged`` added, open or closed;
+all closed sessions of one list are read in ONE worker thread (``dshd.sessions.listing``).
+Opening is serialised per session id so two concurrent requests never race
 to open the same log.
 
 A session that crashed (``Session.crash``; see ``Session`` on supervision) or is closing stays
@@ -49,10 +54,13 @@ from ..errors import SessionClosing, SessionLimit, SessionNotFound
 from ..paths import is_valid_id
 from ..storage.errors import LockHeld, StateDirMoved, StorageError
 from ..storage.format import Header
-from ..storage.reader import find_log, list_session_dirs, read_log
+from ..storage.pages import read_events
+from ..storage.reader import list_session_dirs
 from ..storage.writer import SessionLog
 from ..execution.capture import ShellOutputLimits
 from .calls import SETTLED_MARKER, StopPolicy
+from .chain import read_index
+from .listing import DiskListing
 from .faults import TestFault
 from .resume import ResumePlan, plan_resume, tail_windows
 from .session import Session
@@ -85,6 +93,10 @@ def mint_session_id() -> str:
 REOPEN_WAIT_SECONDS = 30.0
 #: Crashed sessions reopened for their subscribers, at most this many times per session a minute.
 REVIVE_MAX = 3
+#: Events per disk read of an open turn's events (``turn_events``).
+TURN_PAGE_EVENTS = 10_000
+#: Closed sessions remembered as damaged (an old frame found damaged by a read), at most.
+DAMAGED_MAX = 65_536
 
 
 class SessionRegistry:
@@ -107,11 +119,14 @@ class SessionRegistry:
         self.stopping = False
         self._claims: set[str] = set()
         self._last_used: dict[str, float] = {}
-        #: session.list cache of closed sessions: id -> ((size, mtime_ns, ino), info).
-        self._disk_infos: dict[str, tuple[tuple[int, int, int], dict | None]] = {}
+        #: session id -> why an old frame of its log is damaged (found by a read while it was
+        #: open; the summary of a closed one does not read those frames), at most DAMAGED_MAX.
+        self._damaged: dict[str, str] = {}
         #: session id -> trio times it was revived after a crash (the last minute's only).
         self._revivals: dict[str, list[float]] = {}
         self._nursery: trio.Nursery | None = None
+        #: session.list of the closed sessions, cached (``dshd.sessions.listing``).
+        self._listing = DiskListing(self.sessions_dir, self._defaults, self._damaged.get)
         self._fault = TestFault.parse(os.environ.get("DSH_TEST_FAULT"))
         if self._fault is not None:
             log.warning("test_fault.enabled", kind=self._fault.kind,
@@ -168,10 +183,10 @@ class SessionRegistry:
         for session in sessions:
             await session.finished.wait()
 
-    async def _start(self, log_: SessionLog) -> Session:
+    async def _start(self, log_: SessionLog, index=None) -> Session:
         session = Session(log_, self.sessions_dir / log_.header.id, self.config, self.sandbox,
                           running_calls=self.running_calls,
-                          fault=self._fault, plan=log_.resume_plan)
+                          fault=self._fault, plan=log_.resume_plan, index=index)
         assert self._nursery is not None
         await self._nursery.start(self._own, session)
         self.open[session.id] = session
@@ -203,6 +218,12 @@ class SessionRegistry:
             if session.crash is None:
                 log.exception("session.crashed", session=session.id)
         finally:
+            if session.damaged is not None:
+                self._damaged.pop(session.id, None)
+                self._damaged[session.id] = session.damaged
+                while len(self._damaged) > DAMAGED_MAX:
+                    del self._damaged[next(iter(self._damaged))]
+                self._listing.forget(session.id)
             if self.open.get(session.id) is session:
                 del self.open[session.id]
             if self.live.get(session.id) is session:
@@ -266,6 +287,7 @@ class SessionRegistry:
             compression=self.config.compression,
             coalesce=self.config.coalesce_seconds,
             claims=self._claims,
+            snapshot_every=self.config.snapshot_every_events,
         )
         session = await self._start(log_)
         try:
@@ -328,22 +350,46 @@ class SessionRegistry:
                     claims=self._claims,
                     repair=True,
                     output_limits=(self.config.output_max_bytes, self.config.output_max_lines),
-                    resume=functools.partial(self._plan, self.sessions_dir / session_id),
+                    plan=functools.partial(self._plan, session_id),
+                    snapshot_every=self.config.snapshot_every_events,
                 )
             except FileNotFoundError:
                 # A directory without a log: a crash between mkdir and the first publish.
                 raise SessionNotFound(_not_found(session_id)) from None
-            return await self._start(log_)
+            return await self._start(log_, await self._index_of(log_))
+
+    async def _index_of(self, log_: SessionLog):
+        """The call index of the log's snapshot chain (``chain.read_index``, a worker thread);
+        on damage the log is closed again and the session listed as damaged (STORAGE.md §5)."""
+        try:
+            return await trio.to_thread.run_sync(
+                read_index, log_.session_dir, log_.session_id, log_.snapshot_offset,
+                log_.snapshot_seq, log_.durable_bytes)
+        except BaseException as exc:
+            if isinstance(exc, StorageError):
+                self._damaged[log_.session_id] = str(exc)
+                self._listing.forget(log_.session_id)
+            with trio.CancelScope(shield=True):
+                await log_.aclose()
+            raise
+
+    def _defaults(self) -> dict:
+        return {"approvalPolicy": self.config.approval_policy, "sandbox": self.config.sandbox,
+                "owner": None}
 
     def _refuse_if_stopping(self) -> None:
         if self.stopping:
             raise SessionClosing("dshd is stopping; no session is opened or created until it "
                                  "restarts: ask again then")
 
-    async def _plan(self, session_dir: Path, events: list) -> ResumePlan:
-        """The resume plan of a session being opened (``dshd.sessions.resume``), with the log
-        tails of the calls repair will close ``TOOL_OUTCOME_UNKNOWN``."""
-        plan = await trio.to_thread.run_sync(plan_resume, events, session_dir)
+    async def _plan(self, session_id: str, state) -> ResumePlan:
+        """The resume plan of a session being opened (``dshd.sessions.resume``) from its
+        ``RepairState``, with the log tails of the calls repair will close
+        ``TOOL_OUTCOME_UNKNOWN``."""
+        session_dir = self.sessions_dir / session_id
+        plan = await trio.to_thread.run_sync(
+            plan_resume, state, session_dir,
+            functools.partial(turn_events, session_dir, session_id))
         limits = ShellOutputLimits(max_bytes=self.config.output_max_bytes,
                                    max_lines=self.config.output_max_lines)
         plan.windows = await tail_windows(session_dir, plan.unknown, limits)
@@ -372,66 +418,32 @@ class SessionRegistry:
         return opened
 
     async def list(self) -> list[dict]:
-        """SessionInfo for every session; damaged ones carry ``damaged``."""
+        """SessionInfo for every session; damaged ones carry ``damaged``. The closed ones
+        come from their summaries in ONE worker thread, cached (``dshd.sessions.listing``)."""
         ids = await trio.to_thread.run_sync(list_session_dirs, self.state_dir)
-        infos = []
-        for session_id in ids:
-            session = self.open.get(session_id)
-            if session is not None:
-                infos.append(session.info())
-                continue
-            info = await trio.to_thread.run_sync(self._info_from_disk, session_id)
-            if info is not None:
-                infos.append(info)
+        infos = [s.info() for s in map(self.open.get, ids) if s is not None]
+        closed = [i for i in ids if i not in self.open]
+        found, fresh = await trio.to_thread.run_sync(self._listing.infos, closed)
+        self._listing.store(fresh, closed)
+        infos += found
         infos.sort(key=lambda i: (i.get("createdAt") or 0, i["sessionId"]))
         return infos
 
-    def _info_from_disk(self, session_id: str) -> dict | None:
-        """SessionInfo of a session that is not open, cached by its log's (size, mtime):
-        ``session.list`` would otherwise re-read every log in full on every call."""
-        session_dir = self.sessions_dir / session_id
-        try:
-            path, _ = find_log(session_dir, session_id)
-            st = path.stat()
-            key = (st.st_size, st.st_mtime_ns, st.st_ino)
-        except (OSError, StorageError):
-            key = None
-        cached = self._disk_infos.get(session_id)
-        if key is not None and cached is not None and cached[0] == key:
-            return cached[1]
-        info = self._read_info(session_id)
-        if key is not None:
-            self._disk_infos[session_id] = (key, info)
-        return info
 
-    def _read_info(self, session_id: str) -> dict | None:
-        try:
-            read = read_log(self.sessions_dir / session_id, session_id)
-        except FileNotFoundError:
-            return None  # created but never published (a crash before the first write)
-        except StorageError as exc:
-            return {"sessionId": session_id, "damaged": str(exc)}
-        policy, mode = self.config.approval_policy, self.config.sandbox
-        owner = None
-        for ev in read.events:
-            if ev.type == "session/owner":
-                owner = ev.data.get("uid")
-            elif ev.type == "approval/policy":
-                policy = ev.data.get("policy", policy)
-            elif ev.type == "sandbox/mode":
-                mode = ev.data.get("mode", mode)
-        h = read.header
-        return {
-            "sessionId": session_id,
-            "title": h.title,
-            "cwd": h.cwd,
-            "createdAt": h.createdAt,
-            "approvalPolicy": policy,
-            "sandbox": mode,
-            "running": 0,
-            "lastSeq": read.events[-1].seq if read.events else -1,
-            "owner": owner,
-        }
+def turn_events(session_dir: Path, session_id: str, seq: int) -> list:
+    """The events from ``seq`` on (the open turn a resume plan looks at), read from disk and
+    verified; [] when a frame there is damaged (the turn then does not resume: repair ends
+    it ``interrupted``)."""
+    out: list = []
+    after = seq - 1
+    try:
+        while page := read_events(session_dir, session_id, after, TURN_PAGE_EVENTS):
+            out += page
+            after = page[-1].seq
+    except StorageError as exc:
+        log.warning("turn.events_unreadable", session=session_id, error=str(exc))
+        return []
+    return out
 
 
 def unsettled_sessions(sessions_dir: Path) -> list[str]:

@@ -23,14 +23,16 @@ by ``dshd.execution.hostlink``: regular files of the daemon's uid, bounded, well
    ``TOOL_NOT_STARTED``; ``dshd.storage.repair``). Its window is the pending-output sidecar's,
    or, without one, the tail of the call's own log (:func:`tail_windows`).
 
-The turns that go on after the restart are ``dshd.agent.resume.resumable_turns`` of the calls
-that are resumed. Repair closes nothing the plan keeps (``keep_calls``, ``keep_approvals``,
+The plan is made from the log's ``RepairState`` (``dshd.storage.repair``: the open calls and
+approvals, folded incrementally; no event list). The turns that go on after the restart are
+``dshd.agent.resume.resumable_turns`` of the calls that are resumed, over the events of the
+most recently opened turn only (from its ``turn/start``; nothing older is read). Repair closes nothing the plan keeps (``keep_calls``, ``keep_approvals``,
 ``keep_turns``); the session then rebuilds the kept calls (``dshd.sessions.resumed``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,6 +60,8 @@ class ResumePlan:
     turns: set[str] = field(default_factory=set)
     unknown: list[str] = field(default_factory=list)
     windows: dict[str, Any] = field(default_factory=dict)
+    #: The events of the turn that resumes, from its ``turn/start`` on (``resume_turn``'s).
+    turn_events: list[Any] = field(default_factory=list)
 
     @property
     def keep_calls(self) -> frozenset[str]:
@@ -75,33 +79,27 @@ class ResumePlan:
         return bool(self.adopt or self.finished or self.reask or self.turns)
 
 
-def _unsettled(events: Sequence[Any]) -> tuple[list[str], dict[str, str]]:
+def _unsettled(state: Any) -> tuple[list[str], dict[str, str]]:
     """callIds with ``tool/call`` and no ``tool/result`` (log order), and callId → the
-    approvalId asked for it and never decided."""
-    called: dict[str, None] = {}
-    resulted: set[str] = set()
-    asked: dict[str, str] = {}  # approvalId -> callId
-    decided: set[str] = set()
-    for ev in events:
-        data = ev.data if isinstance(ev.data, Mapping) else {}
-        cid, aid = data.get("callId"), data.get("approvalId")
-        if ev.type == "tool/call" and isinstance(cid, str):
-            called.setdefault(cid, None)
-        elif ev.type == "tool/result" and isinstance(cid, str):
-            resulted.add(cid)
-        elif ev.type == "approval/asked" and isinstance(aid, str) and isinstance(cid, str):
-            asked[aid] = cid
-        elif ev.type == "approval/decided" and isinstance(aid, str):
-            decided.add(aid)
-    pending = {cid: aid for aid, cid in asked.items() if aid not in decided}
-    return [cid for cid in called if cid not in resulted], pending
+    approvalId asked for it and never decided (the open calls and approvals of the
+    ``RepairState``)."""
+    pending: dict[str, str] = {}
+    for aid, asked in state.open_approvals.items():
+        cid = (asked.get("data") or {}).get("callId")
+        if isinstance(cid, str):
+            pending[cid] = aid
+    return list(state.open_calls), pending
 
 
-def plan_resume(events: Sequence[Any], session_dir: Path) -> ResumePlan:
-    """The session's :class:`ResumePlan` (module doc). Reads each unsettled call's
-    ``host.json`` / ``exit.json`` and ``/proc``; synchronous (a worker thread)."""
+def plan_resume(state: Any, session_dir: Path,
+                turn_events: Callable[[int], Iterable[Any]] | None = None) -> ResumePlan:
+    """The session's :class:`ResumePlan` (module doc) from its ``RepairState`` (the log
+    folded through its last event). Reads each unsettled call's ``host.json`` /
+    ``exit.json`` and ``/proc``; ``turn_events(seq)``: the events from ``seq`` on (the most
+    recently opened turn's, to tell whether it resumes; ``plan.turn_events`` keeps them).
+    Synchronous (a worker thread)."""
     plan = ResumePlan()
-    unsettled, pending = _unsettled(events)
+    unsettled, pending = _unsettled(state)
     for cid in unsettled:
         call_dir = Path(session_dir) / "calls" / cid
         # A call dir that is a symlink is none of this call's (it may point at another
@@ -121,7 +119,10 @@ def plan_resume(events: Sequence[Any], session_dir: Path) -> ResumePlan:
             # unowned (HOST.md §7; under bwrap the pid namespace took it down already).
             sweep_carriers(record)
             plan.unknown.append(cid)
-    plan.turns = set(resumable_turns(events, plan.keep_calls))
+    if state.open_turns and turn_events is not None:
+        # Only the most recently started open turn can resume (dshd.agent.resume).
+        plan.turn_events = list(turn_events(list(state.open_turns.values())[-1]))
+        plan.turns = set(resumable_turns(plan.turn_events, plan.keep_calls))
     return plan
 
 

@@ -51,10 +51,10 @@ __all__ = ["mark_dirs_settled", "mark_settled", "rebuild", "resume", "run_adopte
 SETTLED_MARKER = "settled"
 
 
-async def resume(table: CallTable, plan, session, events: tuple) -> None:
+async def resume(table: CallTable, plan, session) -> None:
     """Bring back the plan's calls (adopted, finished, re-asked) and turns
-    (``resume_turn(session, events, turnId)`` as tasks of ``session``), then mark every
-    other call dir settled (:func:`mark_dirs_settled`, a worker thread)."""
+    (``resume_turn(session, plan.turn_events, turnId)`` as tasks of ``session``), then mark
+    every other call dir settled (:func:`mark_dirs_settled`, a worker thread)."""
     if plan:
         for call_id, record in plan.adopt.items():
             table.adopt(call_id, record, None)
@@ -63,7 +63,7 @@ async def resume(table: CallTable, plan, session, events: tuple) -> None:
         for call_id, approval_id in plan.reask.items():
             table.reask(call_id, approval_id)
         for turn_id in sorted(plan.turns):
-            session.spawn(resume_turn, session, events, turn_id)
+            session.spawn(resume_turn, session, plan.turn_events, turn_id)
     await trio.to_thread.run_sync(mark_dirs_settled, table.dir / "calls", set(table.running))
 
 
@@ -95,8 +95,8 @@ def mark_dirs_settled(calls_dir: Path, running: set[str]) -> None:
 def rebuild(table: CallTable, call_id: str, stage: str, state: str) -> Call:
     """The logged call ``call_id`` as a running :class:`Call` at ``stage``, in the lane as
     ``state`` (module doc)."""
-    ev = table.logged_calls[call_id]
-    data = ev.data  # type: ignore[attr-defined]
+    logged = table.logged_calls[call_id]  # {seq, time, data} of its tool/call
+    data = logged["data"]
     encoded = data.get("arguments") if isinstance(data.get("arguments"), str) else "{}"
     try:
         arguments = json.loads(encoded)
@@ -104,11 +104,11 @@ def rebuild(table: CallTable, call_id: str, stage: str, state: str) -> Call:
         arguments = {}
     if not isinstance(arguments, dict):
         arguments = {}
-    call = Call(call_id, str(data.get("name", "")), arguments, False, ev.seq,  # type: ignore
+    call = Call(call_id, str(data.get("name", "")), arguments, False, int(logged["seq"]),
                 stage=stage)  # type: ignore[arg-type]
     table.propose(call_id, call.name)
     table.running[call_id] = call
-    table.enter_lane(call, encoded, state, int(ev.time))  # type: ignore[attr-defined]
+    table.enter_lane(call, encoded, state, int(logged.get("time") or 0))
     return call
 
 

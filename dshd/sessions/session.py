@@ -8,18 +8,22 @@ Theory of operation:
   turns, started through :meth:`spawn`). Work therefore lives as long as the session, never as
   long as the connection that asked for it: a client that disconnects never stops a tool.
 * The log (``dshd.storage.SessionLog``) is the truth; everything in memory is derived from it
-  and rebuilt on open (policy, sandbox mode, env, owner, settled results, the lane's
-  ``recent``). The jobs are split: ``calls`` (admission, gate → barrier → exec → settle, the
+  and rebuilt on open from the last ``log/snapshot``'s ``session`` dict (:meth:`snapshot_state`
+  gives it to the writer) and the events after it (policy, sandbox mode, env, owner, the known
+  call ids, the lane's ``recent``). Memory is bounded whatever the session's length: the
+  writer's tail, the unsettled calls, the pending approvals, ``RECENT_MAX`` recent calls, an
+  LRU of ``results_cache`` settled results and the compact call index
+  (``dshd.sessions.call_index``, read on open from the snapshot chain: ``chain``); older
+  events, results and the model's history are read back from disk and verified
+  (``logview``; damage marks it ``damaged``). The jobs are split: ``calls`` (admission, gate → barrier → exec → settle, the
   results), ``lane`` (the lane view), ``approval`` (the gate), ``barrier``, ``streams`` (the
   publisher and subscriptions). This module keeps the lifetime, the settings, the
   subscriptions and **the port**: the methods other rooms use (handlers, the service
   watchdog, the agent loop through ``dshd.agent.port.SessionPort``); nothing outside
   ``dshd/sessions`` touches a session's log, lane, publisher or private attributes.
 * Settings (approval policy, sandbox mode, env, owner) change in memory and on the lane only
-  after their event is durable. When it cannot be made durable the change is taken back in the
-  log (`SessionLog.retract` while it is the unwritten tail, else an event restoring the old
-  value goes into the same buffered batch) and the caller gets the storage error: a failed
-  durable change changes nothing.
+  after their event is durable; a change that cannot be made durable is taken back and changes
+  nothing (``dshd.sessions.settings``).
 * **Stop.** :meth:`close` (the registry: idle, evicted, daemon stop with the caller's
   deadline and policy) ends the running turn (``interrupted``; with ``"detach"`` a turn that
   waits for its tool calls stays open instead, to resume after the start), refuses new work
@@ -45,8 +49,12 @@ Theory of operation:
   or ``ABORTED_BEFORE_DISPATCH``. Results are appended and flushed, the log is closed, which
   releases its lock and the registry's claim, and every waiter is woken (``tool.wait`` returns
   the result, or a storage error when it could not be made durable). The lane of a crashed
-  session is not published again (its tracker may hold what broke it); the registry reopens
-  the session from its log on the next request that names it.
+  session is not published again (its tracker may hold what broke it), and the crash takes
+  back the log's snapshot callback: no ``log/snapshot`` is written after it, since its
+  ``session`` dict would carry the lane's ``recent``, which never took the settles of the
+  wind-down (the reopen would lose those calls from ``recent``); the registry reopens the
+  session from its log on the next request that names it, folding the events after the
+  last snapshot written while it was healthy.
 * **Test hook.** ``DSH_TEST_FAULT`` (``dshd.sessions.faults``) injects a crash for the
   supervision tests.
 """
@@ -69,10 +77,13 @@ from ..storage.writer import SessionLog
 from .approval import ApprovalDesk
 from . import resumed
 from .call import AgentSlot, CallOutput
+from .call_index import CallIndex
 from .calls import CallTable, StopPolicy
 from .resume import ResumePlan
 from .faults import TestFault
-from .lane import Lane, TurnLane
+from .lane import RECENT_MAX, Lane, TurnLane
+from .logview import HISTORY_TYPES, LogView, absorb, snapshot_state
+from .settings import record_durably
 from .streams import Subscription
 
 log = structlog.get_logger("dshd.session")
@@ -85,15 +96,13 @@ SETTLE_SHARE = 0.25
 SETTLE_RESERVE_SECONDS = 2.0
 
 
-
-
 class Session:
     """An open, writable session. Create through ``SessionRegistry``, never directly."""
 
     def __init__(
         self, log_: SessionLog, session_dir: Path, config: Config, sandbox,
         running_calls: Callable[[], int] | None = None, fault: TestFault | None = None,
-        plan: ResumePlan | None = None,
+        plan: ResumePlan | None = None, index: CallIndex | None = None,
     ) -> None:
         self._log = log_
         #: What comes back after a daemon restart (``dshd.sessions.resume``), once it runs.
@@ -106,12 +115,18 @@ class Session:
         #: uid that created the session (None: written before owners were recorded).
         self.owner: int | None = None
         self._approvals = ApprovalDesk(self, self.id)
+        #: Reads of the log's old frames (``dshd.sessions.logview``); ``damaged`` lives there.
+        self._view = LogView(log_, self.id)
         self._calls = CallTable(self, log_, self._approvals, config, sandbox, session_dir,
-                                running_calls=running_calls, fault=fault)
+                                running_calls=running_calls, fault=fault,
+                                read_result=self._view.result)
+        #: The env as logged (folded at append: the next snapshot's; ``_record_durably``).
+        self._logged_env: dict[str, str] = {}
         #: The agent loop (``dshd.agent.TurnDriver``), made on the first ``turn.*`` request.
         self.agent: AgentSlot | None = None
-        self._policy_seq = -1  # seq of the approval/policy event in force
-        recent = self._absorb_log()
+        #: seq of the approval/policy event in force (on open: any seq of the log).
+        self._policy_seq = -1
+        recent = self._absorb_log(index)
         h = log_.header
         self._lane = Lane(LaneSession(self.id, h.title, h.cwd, self.policy, self.mode), recent,
                          before_flush=self._sync_outputs,
@@ -128,28 +143,25 @@ class Session:
         self._closed = trio.Event()
         self.finished = trio.Event()
 
-    def _absorb_log(self) -> list:
-        """Fold the logged events into the in-memory state; the lane's ``recent``."""
-        recent = []
-        for ev in self._log.events:
-            type_, data = ev.type, ev.data
-            if type_ == "approval/decided":
-                self._approvals.absorb(type_, data)
-            elif type_ == "approval/policy":
-                self.policy = data.get("policy", self.policy)
-                self._policy_seq = ev.seq
-            elif type_ == "sandbox/mode":
-                self.mode = data.get("mode", self.mode)
-            elif type_ == "session/env":
-                self.env = dict(data.get("env") or {})
-            elif type_ == "session/owner":
-                self.owner = data.get("uid")
-            elif type_ in ("tool/call", "tool/result"):
-                entry = self._calls.absorb(ev)
-                if entry is not None:
-                    recent.append(entry)
-        recent.reverse()
-        return recent
+    def _absorb_log(self, index: CallIndex | None) -> list:
+        """Fold the log (its last snapshot's ``session`` dict, ``index``: its snapshot chain's
+        call index, then its tail) into memory (``logview.absorb``); ``recent``, newest first."""
+        settings = self._log.settings
+        self.policy = settings.get("approvalPolicy") or self.policy
+        self.mode = settings.get("sandbox") or self.mode
+        self.owner = settings.get("owner")
+        self.env, recent = absorb(self._log, self._calls, self._approvals, index)
+        self._logged_env = dict(self.env)
+        self._log.set_snapshot_state(self.snapshot_state)
+        return recent[:RECENT_MAX]
+
+    def snapshot_state(self) -> dict:
+        """The session's dict for the next ``log/snapshot`` (``SessionLog``'s callback): what
+        :meth:`_absorb_log` folds on the next open, as logged through ``last_seq``; the call
+        index as a delta since the last durable snapshot (``CallIndex.delta``)."""
+        delta = self._calls.known.index.delta(self._log.snapshot_seq, self._log.last_seq + 1)
+        return snapshot_state({"env": self._logged_env}, delta,
+                              self._lane.tracker.value["recent"], self._approvals.decided)
 
     def info(self) -> dict:
         """SessionInfo of PROTOCOL.md §3.1."""
@@ -164,6 +176,7 @@ class Session:
             "running": self.running,
             "lastSeq": self._log.last_seq,
             "owner": self.owner,
+            **({"damaged": self._view.damaged} if self._view.damaged else {}),
         }
 
     # ----------------------------------------------------------------- the port
@@ -187,16 +200,18 @@ class Session:
         """trio time the log write in flight began (None: none in flight; the watchdog)."""
         return self._log.write_started
 
-    def events(self, after_seq: int, limit: int) -> list:
-        """Events with seq > after_seq, oldest first, unflushed tail included."""
-        evs = self._log.events
-        start = max(after_seq + 1, 0)
-        return evs[start : start + limit]
+    async def events(self, after_seq: int, limit: int) -> list:
+        """Events with seq > after_seq, oldest first, unflushed tail included, old ones from
+        disk; no ``log/snapshot`` (``LogView.events``; LogCorrupt marks the session damaged)."""
+        return await self._view.events(after_seq, limit)
 
-    def history(self) -> tuple:
-        """Every event of the session, oldest first (the agent builds its messages from it); a
-        snapshot, so no caller can change the log's own list."""
-        return tuple(self._log.events)
+    async def history(self) -> list:
+        """The conversation's events, oldest first, from disk and the tail (the agent's)."""
+        return await self._view.history(HISTORY_TYPES)
+
+    @property
+    def damaged(self) -> str | None:  # why an old frame is damaged (found by a read), or None
+        return self._view.damaged
 
     def record(self, type_: str, data: dict) -> int:
         """Append an event to the log (buffered; :meth:`wait_durable` makes it durable)."""
@@ -266,7 +281,7 @@ class Session:
         call = self._calls.running.get(call_id)
         return CallOutput(self._calls.call_dir(call_id),
                           getattr(call, "host", None) if call is not None else None,
-                          self._calls.results.get(call_id))
+                          self._calls.known.settled_result(call_id))
 
     def decide(self, approval_id: str, decision: str) -> str:
         """Decide a pending approval (``dshd.sessions.approval``); the outcome recorded."""
@@ -362,6 +377,7 @@ class Session:
             exc = exc.exceptions[0]
         if self.crash is None:
             self.crash = exc
+            self._log.set_snapshot_state(None)  # module doc: no snapshot of a crashed state
             self._deadline = min(self._deadline, trio.current_time() + WIND_DOWN_SECONDS)
             log.error("session.crashed", session=self.id, error=f"{type(exc).__name__}: {exc}",
                       running=self.running, exc_info=exc)
@@ -399,7 +415,7 @@ class Session:
     async def _resume(self) -> None:
         """After a daemon restart: the resume plan's calls and turns come back (module doc)."""
         plan, self._plan = self._plan, None
-        await resumed.resume(self._calls, plan, self, tuple(self._log.events))
+        await resumed.resume(self._calls, plan, self)
 
     def usable(self) -> bool:
         """Neither crashed nor closing: requests may use it (else the registry reopens it)."""
@@ -453,27 +469,18 @@ class Session:
     async def _record_durably(
         self, change: list[tuple[str, dict, bool]], undo: list[tuple[str, dict, bool]]
     ) -> int:
-        """Append the ``change`` events and wait (shielded: a disconnect must not leave memory
-        and log apart) until they are durable; return the last seq.
+        """``dshd.sessions.settings.record_durably``; the env as logged follows the log."""
+        def fold(type_: str, data: dict) -> None:
+            if type_ == "session/env":  # the next snapshot's env (the writer folds the rest)
+                self._logged_env = dict(data.get("env") or {})
 
-        When that fails the change is taken back before StorageError reaches the caller: the
-        events are retracted while they are still the unwritten tail of the log, else the
-        ``undo`` events (the old values) are appended to the same buffered batch, so the retry
-        that finally writes it leaves the settings as they were.
-        """
-        first = last = -1
-        for type_, data, ignorable in change:
-            last = self._log.append(type_, data, ignorable=ignorable).seq
-            first = last if first < 0 else first
+        before = self._logged_env
         try:
-            with trio.CancelScope(shield=True):
-                await self._log.wait_durable(last)
-        except StorageError:
-            if not self._log.retract(first, last):
-                for type_, data, ignorable in undo:
-                    self._log.append(type_, data, ignorable=ignorable)
+            return await record_durably(self._log, change, undo, fold)
+        except StorageError as exc:
+            if getattr(exc, "retracted", False):
+                self._logged_env = before
             raise
-        return last
 
     # ----------------------------------------------------------------- subscriptions
     def subscribe(self, sub: Subscription, *, answerer: bool = False) -> None:

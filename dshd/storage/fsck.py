@@ -11,11 +11,13 @@ Theory of operation: a session checked from its log alone is in one of a few sta
 - ``torn``: the file ends inside its last frame; the complete records of that frame were
   recovered and the daemon trims the torn bytes on its next write -- nothing is lost that was
   durable (the closers it would append are listed too);
-- ``damaged``: a complete frame is corrupt (checksum, JSON, seq gap: the byte offset is named),
+- ``damaged``: a complete frame is corrupt (checksum, JSON, seq gap, a ``log/snapshot`` that
+  disagrees with the fold of the frames before it: the byte offset is named),
   the log is missing or was written by a newer dshd. The daemon refuses to open it;
 - ``unchecked``: the log could not be read (permissions, I/O error): neither good nor known bad.
 
-`check_offline` only reads (`reader.read_log` never changes a file). `Verdict.failed`
+`check_offline` only reads (`reader.read_log` never changes a file); it reads every frame,
+snapshots included, and keeps in memory only the events after the last snapshot. `Verdict.failed`
 (damaged, unchecked) decides the exit status of the command (`fsck_cli`). The online check --
 what opening a session through dshd repaired -- is the client's (``dsh fsck`` without
 ``--offline``); the two share the verdict words and the closers' labels
@@ -60,7 +62,7 @@ def check_offline(state_dir: Path, session_id: str) -> Verdict:
     """Read one session's log directly (never writes) and judge it."""
     directory = session_dir_for(Path(state_dir), session_id)
     try:
-        read = read_log(directory, session_id)
+        read = read_log(directory, session_id, fold=True, check=True)
     except FileNotFoundError:
         return Verdict(session_id, "damaged", "no log file (created but never written)")
     except LogCorrupt as exc:
@@ -71,7 +73,7 @@ def check_offline(state_dir: Path, session_id: str) -> Verdict:
                        f"upgrade ({exc.detail}, at byte {exc.offset})", offset=exc.offset)
     except OSError as exc:
         return Verdict(session_id, "unchecked", f"cannot read the log: {exc.strerror or exc}")
-    closers = [label for type_, data in repair_closers(read.events)
+    closers = [label for type_, data in repair_closers(read.repair)
                if (label := closer_label(type_, data)) is not None]
     if read.torn:
         return Verdict(session_id, "torn", offset=read.valid_bytes,

@@ -16,7 +16,8 @@ worker thread (`threads.run_sync`), one call at a time, under its write lock:
   batch to a temp file opened ``O_EXCL``, fsync it, ``link()`` it to the log's name (never
   overwriting), fsync the directory and unlink the temp name. The temp's fd becomes the log's.
 - **open_log**: take the session lock *before* reading, then read the log through the fd that
-  will write it (`reader.parse_log`).
+  will write it: from its last snapshot to EOF when one is found cheaply (`pages.open_read`),
+  else whole, in fold mode (`reader.parse_log`).
 - **close**: close the fd, remove the session directory this handle made for a log it never
   published (when asked), release the lock.
 
@@ -34,7 +35,9 @@ import zstandard
 
 from .format import LOCK_NAME, LOG_NAME_PLAIN, LOG_NAME_ZSTD, encode_trailer
 from .lock import HeldLock
+from .pages import open_read
 from .reader import LogRead, find_log, parse_log
+from .summary import summary_snapshot_offset
 
 __all__ = ["LogFile", "ZSTD_LEVEL", "open_log"]
 
@@ -80,9 +83,8 @@ def open_log(session_dir: Path, session_id: str) -> tuple[LogRead, int, HeldLock
         path, compression = find_log(session_dir, session_id)
         fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
         try:
-            read = parse_log(
-                _read_all(fd), session_id=session_id, path=path, compression=compression
-            )
+            read = open_read(fd, session_id, path, compression, _read_all, parse_log,
+                             summary_snapshot_offset(session_dir, session_id))
         except BaseException:
             os.close(fd)
             raise
@@ -128,16 +130,26 @@ class LogFile:
         finally:
             os.close(fd)
 
-    def _frames_of(self, payloads: list[bytes]) -> bytes:
+    def _frames_of(self, payloads: list, at: int) -> tuple[bytes, list[int]]:
+        """(bytes to write at ``at``, the offset of each payload's frame). A payload is bytes,
+        or a callable given its frame's offset that returns them (a snapshot names its own
+        offset)."""
         self.frames += len(payloads)
-        if self.compression == "zstd":
-            # Every frame is followed by its trailer (format.py): new logs and old ones alike.
-            frames = [self._compressor.compress(p) for p in payloads]
-            return b"".join(f + encode_trailer(f) for f in frames)
-        return b"".join(payloads)
+        out, offsets = [], []
+        for p in payloads:
+            offsets.append(at)
+            p = p(at) if callable(p) else p
+            if self.compression == "zstd":
+                # Every frame is followed by its trailer (format.py): new logs and old alike.
+                f = self._compressor.compress(p)
+                p = f + encode_trailer(f)
+            out.append(p)
+            at += len(p)
+        return b"".join(out), offsets
 
-    def append(self, payloads: list[bytes]) -> None:
-        """Write ``payloads`` as frames at the known-good end and fsync (module doc)."""
+    def append(self, payloads: list) -> list[int]:
+        """Write ``payloads`` as frames at the known-good end and fsync (module doc); return
+        the offset of each payload's frame."""
         fd = self.fd
         assert fd is not None
         if self.lock is not None:
@@ -148,9 +160,9 @@ class LogFile:
             self.size = self.truncate_to
             self.truncate_to = None
         if not payloads:
-            return
-        blob = self._frames_of(payloads)
+            return []
         noted = self.size
+        blob, offsets = self._frames_of(payloads, noted)
         self.writes += 1
         try:
             _pwrite_all(fd, blob, noted)
@@ -163,6 +175,7 @@ class LogFile:
                 self.truncate_to = noted
             raise
         self.size = noted + len(blob)
+        return offsets
 
     def _makedirs_durable(self, path: Path) -> None:
         """Make ``path`` and its missing parents, each entry fsynced in its parent.
@@ -187,7 +200,7 @@ class LogFile:
             self._fsync_dir(self._unsynced_dirs[0])
             del self._unsynced_dirs[0]
 
-    def publish(self, payloads: list[bytes]) -> None:
+    def publish(self, payloads: list) -> list[int]:
         """The first write of a new log: temp ``O_EXCL`` + fsync + ``link`` (module doc)."""
         self._makedirs_durable(self.session_dir)
         if self.lock is None:
@@ -197,7 +210,7 @@ class LogFile:
         other = self.session_dir / (LOG_NAME_PLAIN if self.compression == "zstd" else LOG_NAME_ZSTD)
         if os.path.lexists(other):
             raise FileExistsError(17, "a log of the other format already exists", str(other))
-        blob = self._frames_of(payloads)
+        blob, offsets = self._frames_of(payloads, 0)
         tmp = self.session_dir / f".{self.path.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp"
         self.writes += 1
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
@@ -217,6 +230,7 @@ class LogFile:
         unlink_quietly(tmp)  # a temp left by a crash here is harmless: never read
         self.fd = fd
         self.size = len(blob)
+        return offsets
 
     def close(self, *, remove_unpublished_dir: bool) -> None:
         """Close the fd and release the lock (idempotent); with ``remove_unpublished_dir``,

@@ -52,6 +52,8 @@ from .format import (
     encode_trailer,
     scan_zstd_frame,
 )
+from .repair import RepairState
+from .snapshot import EMPTY_SETTINGS, SNAPSHOT_TYPE, fold_settings, snapshot_problem
 from .torn import decompress_frame, torn_frame, zero_filled_cut
 
 _LOG_NAME_RE = re.compile(r"session\.v(\d+)\.jsonl(?:\.zst)?")
@@ -77,6 +79,15 @@ class LogRead(msgspec.Struct):
     compression: str
     size: int
     trailers: bool = False
+    #: The last snapshot read (its event; None when the part read holds none), its byte
+    #: offset, and the offset the read started at (0: the whole log; else a snapshot's).
+    snapshot: Event | None = None
+    snapshot_offset: int | None = None
+    start: int = 0
+    #: The crash-repair fold and the settings fold through the last event read (fold reads).
+    repair: RepairState | None = None
+    settings: dict | None = None
+    last_seq: int = -1
 
 
 def session_dir_for(state_dir: Path, session_id: str) -> Path:
@@ -121,8 +132,12 @@ def find_log(session_dir: Path, session_id: str) -> tuple[Path, str]:
     raise FileNotFoundError(errno.ENOENT, "no session log yet", str(zst))
 
 
-def read_log(session_dir: Path, session_id: str) -> LogRead:
-    """Read and check the log of one session (STORAGE.md §5); never changes the file.
+def read_log(session_dir: Path, session_id: str, *, fold: bool = False,
+             check: bool = False) -> LogRead:
+    """Read and check the whole log of one session (STORAGE.md §5); never changes the file.
+
+    ``fold``/``check`` as in `parse_log` (fsck: both, so every snapshot is checked and only
+    the events after the last one are kept).
 
     Raises `ValueError` (invalid id), `FileNotFoundError` (no log yet), `LogCorrupt`,
     `LogTooNew`.
@@ -132,14 +147,25 @@ def read_log(session_dir: Path, session_id: str) -> LogRead:
     path, compression = find_log(session_dir, session_id)
     with open(path, "rb") as f:
         data = f.read()
-    return parse_log(data, session_id=session_id, path=path, compression=compression)
+    return parse_log(data, session_id=session_id, path=path, compression=compression,
+                     fold=fold, check=check)
 
 
-def parse_log(data: bytes, *, session_id: str, path: Path, compression: str) -> LogRead:
-    """Parse the bytes of a whole log (pure). Same verdicts as `read_log`."""
-    lines = _LineChecker(session_id, Path(path))
+def parse_log(data: bytes, *, session_id: str, path: Path, compression: str,
+              fold: bool = False, check: bool = False, base: int = 0,
+              start: Event | None = None, header: Header | None = None) -> LogRead:
+    """Parse the bytes of a log (pure). Same verdicts as `read_log`.
+
+    ``fold``: keep only the events after the last snapshot in ``events`` and fold everything
+    into ``repair``/``settings`` (memory bounded by the snapshot interval). ``check``: a
+    snapshot that disagrees with the fold before it is damage (fsck). ``base``/``start``/
+    ``header``: ``data`` is the log from byte ``base`` on, which is the frame of the snapshot
+    ``start`` (already read), under ``header``: the read begins at that snapshot.
+    """
+    lines = _LineChecker(session_id, Path(path), fold=fold or start is not None, check=check,
+                         base=base, header=header, start=start)
     if compression == "zstd":
-        torn, valid, trailers = _parse_zstd(data, lines)
+        torn, valid, trailers = _parse_zstd(data, lines, trailers=start is not None)
     elif compression == "none":
         (torn, valid), trailers = _parse_plain(data, lines), False
     else:
@@ -149,27 +175,47 @@ def parse_log(data: bytes, *, session_id: str, path: Path, compression: str) -> 
         header=lines.header,
         events=lines.events,
         torn=torn,
-        valid_bytes=valid,
+        valid_bytes=valid + base,
         recovered=lines.recovered,
         path=Path(path),
         compression=compression,
-        size=len(data),
+        size=len(data) + base,
         trailers=trailers,
+        snapshot=lines.snapshot,
+        snapshot_offset=lines.snapshot_offset,
+        start=base,
+        repair=lines.repair,
+        settings=lines.settings,
+        last_seq=lines.next_seq - 1,
     )
 
 
 class _LineChecker:
-    """Accepts lines in order: the header first, then events with dense seq."""
+    """Accepts lines in order: the header first, then events with dense seq.
 
-    def __init__(self, session_id: str, path: Path) -> None:
+    In fold mode the events go through the repair and settings folds and a snapshot empties
+    the kept list (module doc); ``check`` compares each snapshot with the fold before it.
+    """
+
+    def __init__(self, session_id: str, path: Path, *, fold: bool = False, check: bool = False,
+                 base: int = 0, header: Header | None = None, start: Event | None = None) -> None:
         self.session_id = session_id
         self.path = path
-        self.header: Header | None = None
+        self.header: Header | None = header
         self.events: list[Event] = []
         self.recovered: list[Event] = []
+        self.fold, self.check, self.base = fold, check, base
+        self.next_seq = 0
+        self.snapshot: Event | None = None
+        self.snapshot_offset: int | None = None
+        self.repair: RepairState | None = RepairState() if fold else None
+        self.settings: dict | None = dict(EMPTY_SETTINGS) if fold else None
+        self.start = start
+        if start is not None:
+            self.next_seq = start.seq
 
     def corrupt(self, offset: int, reason: str) -> LogCorrupt:
-        return LogCorrupt(self.session_id, self.path, offset, reason)
+        return LogCorrupt(self.session_id, self.path, offset + self.base, reason)
 
     def complete(self, line: bytes, offset: int) -> None:
         """A line from a complete frame: anything wrong is damage (or too new)."""
@@ -188,26 +234,64 @@ class _LineChecker:
             event = decode_event(line)
         except ValueError as e:
             raise self.corrupt(offset, f"event line does not parse ({e})") from None
-        expected = len(self.events)
+        expected = self.next_seq
         if event.seq != expected:
             raise self.corrupt(offset, f"seq gap: expected {expected}, found {event.seq}")
         if event.type not in KNOWN_TYPES and not event.ignorable:
-            raise LogTooNew(self.session_id, self.path, offset, f"unknown event type {event.type!r}")
+            raise LogTooNew(self.session_id, self.path, offset + self.base,
+                            f"unknown event type {event.type!r}")
+        self._accept(event, offset)
+
+    def _accept(self, event: Event, offset: int) -> None:
+        self.next_seq = event.seq + 1
+        if not self.fold:
+            self.events.append(event)
+            return
+        if event.type == SNAPSHOT_TYPE and event.ignorable:
+            self._snapshot(event, offset)
+            return
         self.events.append(event)
+        self.repair.see(event)
+        self.settings = fold_settings(self.settings, event)
+
+    def _snapshot(self, event: Event, offset: int) -> None:
+        """A snapshot: the fold restarts from it (the first one of a read from a snapshot)
+        or, checked, must agree with the fold so far."""
+        problem = snapshot_problem(event.data, event.seq)
+        if problem is not None:
+            raise self.corrupt(offset, f"the snapshot at seq {event.seq} {problem}")
+        if event is self.start or (self.start is not None and event.seq == self.start.seq):
+            self.repair = RepairState.from_json(event.data["repair"])
+            self.settings = dict(event.data["settings"])
+        elif self.check or self.start is not None:
+            if event.data["verifiedThrough"] != offset + self.base:
+                raise self.corrupt(offset, f"the snapshot at seq {event.seq} says it is at byte "
+                                   f"{event.data['verifiedThrough']}")
+            want_prev = self.snapshot_offset
+            if event.data["prev"] != want_prev:
+                raise self.corrupt(offset, f"the snapshot at seq {event.seq} names the previous "
+                                   f"snapshot at {event.data['prev']}, not {want_prev}")
+            if event.data["repair"] != self.repair.to_json() or dict(
+                    event.data["settings"]) != self.settings:
+                raise self.corrupt(offset, f"the snapshot at seq {event.seq} disagrees with the "
+                                   "fold of the events before it")
+        self.snapshot, self.snapshot_offset = event, offset + self.base
+        self.events = []
 
     def tentative(self, line: bytes) -> bool:
-        """A complete line from a torn tail: keep it if it is a well-formed next event."""
+        """A complete line from a torn tail: keep it if it is a well-formed next event (a
+        snapshot there is not: it is written again)."""
         if self.header is None:
             return False
         try:
             event = decode_event(line)
         except ValueError:
             return False
-        if event.seq != len(self.events):
+        if event.seq != self.next_seq or event.type == SNAPSHOT_TYPE:
             return False
         if event.type not in KNOWN_TYPES and not event.ignorable:
             return False
-        self.events.append(event)
+        self._accept(event, 0)
         self.recovered.append(event)
         return True
 
@@ -252,11 +336,12 @@ def _parse_plain(data: bytes, lines: _LineChecker) -> tuple[bool, int]:
     return False, n
 
 
-def _parse_zstd(data: bytes, lines: _LineChecker) -> tuple[bool, int, bool]:
+def _parse_zstd(data: bytes, lines: _LineChecker, *, trailers: bool = False
+                ) -> tuple[bool, int, bool]:
     """(torn, valid_bytes, trailers) of a zstd log; see the module doc."""
     view = memoryview(data)
     pos, n = 0, len(data)
-    trailers = False
+    dctx = zstandard.ZstdDecompressor()  # one per read: building one per frame is costly
     while pos < n:
         scan = scan_zstd_frame(view, pos)
         if scan.kind == "bad":
@@ -278,7 +363,7 @@ def _parse_zstd(data: bytes, lines: _LineChecker) -> tuple[bool, int, bool]:
         if not scan.checksum:
             raise lines.corrupt(pos, "frame written without a content checksum")
         try:
-            content = decompress_frame(view[pos : scan.end])
+            content = decompress_frame(view[pos : scan.end], dctx)
         except zstandard.ZstdError as e:
             kept = None if lines.header is None else zero_filled_cut(data, pos, scan.end)
             if kept is not None:

@@ -1,7 +1,8 @@
 """Crash repair: the closers a session needs after an unclean stop (STORAGE.md §5).
 
-Theory of operation: `repair_closers` is pure. It walks the events once and keeps track of
-what was opened and never closed:
+Theory of operation: `RepairState` is the fold of the events into what was opened and never
+closed (``see`` one event at a time; serialisable, so a ``log/snapshot`` carries it and open
+folds only the tail after it). `repair_closers` is pure: it turns a state into closers:
 
 - tool calls announced in ``message/assistant.toolCalls`` with neither ``tool/call`` nor
   ``tool/result`` → ``tool/result`` with ``errorCode: TOOL_NOT_STARTED``;
@@ -28,7 +29,7 @@ resume; everything else is closed as above.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Set as AbstractSet
+from collections.abc import Iterable, Mapping, Set as AbstractSet
 from typing import Any
 
 from .format import Event
@@ -69,43 +70,82 @@ def _window_parts(window: Any) -> tuple[str | None, dict]:
     return "".join(text_parts), details
 
 
-class _Open:
-    """What the events opened and never closed, gathered in one walk (`repair_closers`)."""
+class RepairState:
+    """What the events opened and never closed, folded one event at a time (module doc).
+
+    Bounded by what is open: a call leaves with its ``tool/result``, an approval with its
+    decision, a step or turn with its end. Serialisable (`to_json` / `from_json`, the
+    ``repair`` of a ``log/snapshot``), so the fold can start at a snapshot: for any split of a
+    log, ``from_json(fold(prefix).to_json())`` then ``see`` of the rest equals the fold of all.
+    """
 
     def __init__(self) -> None:
-        self.named: dict[str, None] = {}  # callId in first-mention order (dicts keep it)
-        self.called: set[str] = set()
-        self.resulted: set[str] = set()
-        self.asked: dict[str, None] = {}
-        self.decided: set[str] = set()
-        self.gated: dict[str, str] = {}  # approvalId -> callId
-        self.granted: set[str] = set()  # callIds with an allowed-once decision
-        self.steps: dict[tuple[str, str], None] = {}
-        self.turns: dict[str, None] = {}
+        #: callId (first-mention order) -> its tool/call ``{"seq","time","data"}``, or None
+        #: while it is only named (message/assistant toolCalls).
+        self.calls: dict[str, dict | None] = {}
+        self.gates: dict[str, bool] = {}  # callId with an approval asked -> allowed-once seen
+        self.approvals: dict[str, dict] = {}  # approvalId (asked order) -> {"seq","data"}
+        self.steps: dict[tuple, None] = {}  # (turnId, stepId), most recently opened last
+        self.turns: dict = {}  # turnId -> seq of its turn/start, most recently opened last
 
+    # --- what resume and the owner read ------------------------------------------------------
+    @property
+    def open_calls(self) -> dict[str, dict]:
+        """callId -> ``{"seq", "time", "data"}`` of each ``tool/call`` without ``tool/result``."""
+        return {cid: c for cid, c in self.calls.items() if c is not None}
+
+    @property
+    def named_calls(self) -> list[str]:
+        """callIds named by ``message/assistant`` with neither ``tool/call`` nor result."""
+        return [cid for cid, c in self.calls.items() if c is None]
+
+    @property
+    def open_approvals(self) -> dict[str, dict]:
+        """approvalId -> ``{"seq", "data"}`` (the ``approval/asked`` data) not yet decided."""
+        return dict(self.approvals)
+
+    @property
+    def open_turns(self) -> dict:
+        """turnId -> seq of its ``turn/start``, for turns without ``turn/end`` (open order)."""
+        return dict(self.turns)
+
+    @property
+    def open_steps(self) -> list[tuple]:
+        """``(turnId, stepId)`` of steps without ``step/end`` (open order)."""
+        return list(self.steps)
+
+    # --- the fold ------------------------------------------------------------------------------
     def see(self, ev: Event) -> None:
+        """Fold one event (any type; unknown or odd data is ignored)."""
         d, t = ev.data, ev.type
         if t == "message/assistant":
             for tc in d.get("toolCalls") or []:
                 if isinstance(tc, Mapping) and isinstance(tc.get("callId"), str):
-                    self.named.setdefault(tc["callId"], None)
-        elif t in ("tool/call", "tool/result"):
+                    self.calls.setdefault(tc["callId"], None)
+        elif t == "tool/call":
             cid = d.get("callId")
             if isinstance(cid, str):
-                self.named.setdefault(cid, None)
-                (self.called if t == "tool/call" else self.resulted).add(cid)
+                entry = {"seq": ev.seq, "time": ev.time, "data": d}
+                if self.calls.get(cid) is None:
+                    self.calls.setdefault(cid, None)
+                    self.calls[cid] = entry  # keeps its first-mention position
+        elif t == "tool/result":
+            cid = d.get("callId")
+            if isinstance(cid, str):
+                self.calls.pop(cid, None)
+                self.gates.pop(cid, None)
         elif t == "approval/asked":
             aid = d.get("approvalId")
             if isinstance(aid, str):
-                self.asked.setdefault(aid, None)
+                self.approvals.setdefault(aid, {"seq": ev.seq, "data": d})
                 if isinstance(d.get("callId"), str):
-                    self.gated[aid] = d["callId"]
+                    self.gates.setdefault(d["callId"], False)
         elif t == "approval/decided":
-            aid = d.get("approvalId")
-            if isinstance(aid, str):
-                self.decided.add(aid)
-                if d.get("outcome") == "allowed-once" and aid in self.gated:
-                    self.granted.add(self.gated[aid])
+            asked = self.approvals.pop(d.get("approvalId"), None) if isinstance(
+                d.get("approvalId"), str) else None
+            cid = None if asked is None else asked["data"].get("callId")
+            if d.get("outcome") == "allowed-once" and isinstance(cid, str) and cid in self.gates:
+                self.gates[cid] = True
         elif t == "step/start":
             key = (d.get("turnId"), d.get("stepId"))
             self.steps.pop(key, None)
@@ -114,18 +154,57 @@ class _Open:
             self.steps.pop((d.get("turnId"), d.get("stepId")), None)
         elif t == "turn/start":
             self.turns.pop(d.get("turnId"), None)
-            self.turns[d.get("turnId")] = None
+            self.turns[d.get("turnId")] = ev.seq
         elif t == "turn/end":
             self.turns.pop(d.get("turnId"), None)
+
+    def see_all(self, events: Iterable[Event]) -> RepairState:
+        for ev in events:
+            self.see(ev)
+        return self
+
+    # --- serialisation -------------------------------------------------------------------------
+    def to_json(self) -> dict:
+        """A JSON-able dict (the ``repair`` of a snapshot); `from_json` reads it back."""
+        return {
+            "calls": [[cid, c] for cid, c in self.calls.items()],
+            "gates": [[cid, g] for cid, g in self.gates.items()],
+            "approvals": [[aid, a] for aid, a in self.approvals.items()],
+            "steps": [list(k) for k in self.steps],
+            "turns": [[tid, seq] for tid, seq in self.turns.items()],
+        }
+
+    @classmethod
+    def from_json(cls, d: Any) -> RepairState:
+        """The state `to_json` wrote. Raises ValueError when ``d`` is not of that shape."""
+        st = cls()
+        try:
+            st.calls = {_str(cid): _entry(c) for cid, c in d["calls"]}
+            st.gates = {_str(cid): bool(g) for cid, g in d["gates"]}
+            st.approvals = {_str(aid): _entry(a, optional=False) for aid, a in d["approvals"]}
+            st.steps = {(tid, sid): None for tid, sid in d["steps"]}
+            st.turns = {tid: int(seq) for tid, seq in d["turns"]}
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"not a repair state ({e!r})") from None
+        return st
+
+    def copy(self) -> RepairState:
+        return RepairState.from_json(self.to_json())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RepairState) and self.to_json() == other.to_json()
+
+    __hash__ = None  # type: ignore[assignment]
 
     def result(self, cid: str, windows: Mapping[str, Any], limits: tuple[int, int]) -> dict:
         """The ``tool/result`` closer of an unsettled call ``cid``; ``limits`` are the output
         window's ``(maxBytes, maxLines)`` for a result without a checkpointed window."""
-        never_granted = cid in self.gated.values() and cid not in self.granted
+        never_granted = cid in self.gates and not self.gates[cid]
+        called = self.calls.get(cid) is not None
         details: dict = {}
-        if cid in self.called and never_granted:
+        if called and never_granted:
             content, code = NOT_GRANTED_TEXT, TOOL_NOT_STARTED
-        elif cid in self.called:
+        elif called:
             content, code = OUTCOME_UNKNOWN_TEXT, TOOL_OUTCOME_UNKNOWN
             if cid in windows:
                 text, details = _window_parts(windows[cid])
@@ -141,14 +220,41 @@ class _Open:
                 "errorCode": code}
 
 
+def _str(v: Any) -> str:
+    if not isinstance(v, str):
+        raise ValueError(f"{v!r} is not a string")
+    return v
+
+
+def _entry(c: Any, optional: bool = True) -> dict | None:
+    if c is None and optional:
+        return None
+    if not isinstance(c, dict) or not isinstance(c.get("seq"), int) or not isinstance(
+            c.get("data"), dict):
+        raise ValueError(f"{c!r} is not an event entry")
+    return c
+
+
+def _state_of(state: RepairState | None, events: Iterable[Event] | None) -> RepairState:
+    if state is not None and events is not None:
+        raise TypeError("give a RepairState or events=, not both")
+    if state is None:
+        return RepairState().see_all(events or ())
+    if not isinstance(state, RepairState):  # a list of events (the old form)
+        return RepairState().see_all(state)
+    return state
+
+
 def repair_closers(
-    events: list[Event], pending_windows: Mapping[str, Any] | None = None,
-    limits: tuple[int, int] = DEFAULT_LIMITS, *,
+    state: RepairState | None = None, pending_windows: Mapping[str, Any] | None = None,
+    limits: tuple[int, int] = DEFAULT_LIMITS, *, events: Iterable[Event] | None = None,
     keep_calls: AbstractSet[str] = frozenset(), keep_approvals: AbstractSet[str] = frozenset(),
     keep_turns: AbstractSet[str] = frozenset(),
 ) -> list[tuple[str, dict]]:
-    """The ``(type, data)`` closers for ``events`` (STORAGE.md §5), in a deterministic order.
+    """The ``(type, data)`` closers for ``state`` (STORAGE.md §5), in a deterministic order.
 
+    ``state``: the `RepairState` folded through the last event (``events=``: fold these
+    instead; a list of events passed as ``state`` is folded too, the old form).
     ``pending_windows`` maps callId → the last checkpointed output of that call: its text
     (str) or the ToolOutput value read back from the sidecar (``content[].text``,
     ``truncation``, ``details.spillPath``). A ``TOOL_OUTCOME_UNKNOWN`` result appends the
@@ -164,15 +270,13 @@ def repair_closers(
     Offline (``fsck``) they are empty: what a repair without a daemon would append.
     """
     windows = pending_windows or {}
-    seen = _Open()
-    for ev in events:
-        seen.see(ev)
+    seen = _state_of(state, events)
     closers: list[tuple[str, dict]] = [
         ("approval/decided", {"approvalId": aid, "outcome": "cancelled", "by": "repair"})
-        for aid in seen.asked if aid not in seen.decided and aid not in keep_approvals
+        for aid in seen.approvals if aid not in keep_approvals
     ]
     closers += [("tool/result", seen.result(cid, windows, limits))
-                for cid in seen.named if cid not in seen.resulted and cid not in keep_calls]
+                for cid in seen.calls if cid not in keep_calls]
     closers += [("step/end", {"turnId": turn_id, "stepId": step_id})
                 for turn_id, step_id in reversed(seen.steps) if turn_id not in keep_turns]
     closers += [("turn/end", {"turnId": turn_id, "reason": "interrupted"})
@@ -180,17 +284,8 @@ def repair_closers(
     return closers
 
 
-def unresolved_calls(events: list[Event]) -> list[str]:
+def unresolved_calls(state: RepairState | None = None, *,
+                     events: Iterable[Event] | None = None) -> list[str]:
     """callIds with a ``tool/call`` and no ``tool/result``, in order (the calls whose pending
     output window the repair wants; STORAGE.md §5, §6)."""
-    called: dict[str, None] = {}
-    resulted: set[str] = set()
-    for ev in events:
-        cid = ev.data.get("callId")
-        if not isinstance(cid, str):
-            continue
-        if ev.type == "tool/call":
-            called.setdefault(cid, None)
-        elif ev.type == "tool/result":
-            resulted.add(cid)
-    return [cid for cid in called if cid not in resulted]
+    return list(_state_of(state, events).open_calls)

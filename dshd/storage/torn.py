@@ -44,9 +44,11 @@ from .format import TRAILER_HEAD, TRAILER_SIZE, ZSTD_MAGIC, scan_zstd_frame
 __all__ = ["decompress_frame", "torn_frame", "zero_filled_cut"]
 
 
-def decompress_frame(frame: bytes | memoryview) -> bytes:
-    """Decompress one complete frame, verifying its checksum. Raises zstandard.ZstdError."""
-    d = zstandard.ZstdDecompressor().decompressobj()
+def decompress_frame(frame: bytes | memoryview,
+                     dctx: zstandard.ZstdDecompressor | None = None) -> bytes:
+    """Decompress one complete frame, verifying its checksum. Raises zstandard.ZstdError.
+    ``dctx``: a decompressor to reuse (one per read; building one per frame is costly)."""
+    d = (dctx or zstandard.ZstdDecompressor()).decompressobj()
     out = d.decompress(frame)
     if not d.eof or d.unused_data:
         raise zstandard.ZstdError("frame does not end where its structure ends")

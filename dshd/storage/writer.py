@@ -1,48 +1,45 @@
-"""The one write handle of a session log: append, coalesce, group-commit, recover (STORAGE.md §4, §5).
+"""The one write handle of a session log: append, coalesce, group-commit, snapshot, recover (STORAGE.md §4, §5, §7).
 
 Theory of operation: a `SessionLog` owns the log for its whole life -- through a
-`logfile.LogFile`, which holds the file descriptor and the session lock and does the blocking
-writes (frames, pwrite + fsync, truncate-back, publishing by ``link``). ``append`` is
-synchronous and in memory only: it gives the event the next seq, encodes its line at once (so
-a value JSON cannot carry fails the caller, not a later write) and puts it in the buffer.
-Nothing is durable until a write has fsynced it:
+`logfile.LogFile`, which holds the fd and the session lock and does the blocking writes
+(frames, pwrite + fsync, truncate-back, publishing by ``link``). ``append`` is synchronous and
+in memory only: it gives the event the next seq, encodes its line at once (a value JSON cannot
+carry fails the caller, not a later write), folds it (`memory.LogMemory`: the tail since the
+last snapshot, the repair and settings folds) and buffers it. Nothing is durable until a
+write has fsynced it:
 
-- **flush()** writes everything buffered as ONE frame (plain: one run of lines) and returns
-  the durable seq once ``fsync`` has returned. Writes are serialised by one lock; a flusher
-  first notes the seq it needs, and if the write that held the lock already covered it, it
-  returns without writing: concurrent flushers share one fsync (group commit).
-- **run()** is the coalescing task the owner starts in its nursery: buffered events go out at
-  most ``coalesce`` seconds after the *first* of them was appended (later appends do not push
-  the deadline). It exits when `aclose` starts.
+- **flush()** writes everything buffered as ONE frame (plain: one run of lines) -- plus, when
+  ``snapshot_every`` events have passed since the last snapshot and the owner gave
+  ``snapshot_state``, a ``log/snapshot`` in a frame of its own after it, in the same append --
+  and returns the durable seq once ``fsync`` has returned. Writes are serialised by one lock;
+  a flusher whose seq the write holding the lock already covered returns without writing
+  (group commit). Once a snapshot is durable the events before it leave memory. The same
+  worker-thread call rewrites ``summary.json`` after a snapshot, at close, and at most every
+  `SUMMARY_EVERY` seconds (`summary.py`).
+- **run()** is the coalescing task: buffered events go out at most ``coalesce`` seconds after
+  the *first* of them (later appends do not push the deadline). It exits when `aclose` starts.
 - **Failure**: a failed write leaves the file as it was (`LogFile` truncates back), the batch
   stays buffered, timed writes pause, and every ``flush()`` retries and raises
-  `StorageWriteError` until one succeeds. Callers fail closed. A caller whose change must not
-  happen after all (a settings change answered "storage failure") takes its events back with
-  `retract` while they are still the unwritten tail.
+  `StorageWriteError` until one succeeds. Callers fail closed; a change that must not happen
+  after all is taken back with `retract` while it is the unwritten tail.
 - **Publishing** (a log made by `create`, which does no I/O): the first write makes the
   directories, takes the session lock and links the log into place (`LogFile.publish`).
 - **Opening** (`open_for_write`): the session lock is taken *before* the log is read, through
-  the fd that will write it (`logfile.open_log`). A torn tail's kept records are events that
-  are not yet durable: the first write truncates the torn bytes, fsyncs, and re-appends them
-  as their own frame before the new batch. With ``repair=True`` the crash closers
-  (`repair.repair_closers`) are appended and flushed before the handle is returned, and the
-  pending-output sidecars of calls whose ``tool/result`` is durable are unlinked.
+  the fd that will write it, from the last snapshot on (`logfile.open_log`, `pages.py`). A
+  torn tail's kept records are not yet durable: the first write truncates the torn bytes,
+  fsyncs, and re-appends them. With ``repair=True`` the resume plan and the crash closers run
+  (`opening.py`); closing is `closing.py`.
 
-Progress report: ``write_started`` is the trio time the write in flight (pwrite + fsync, or the
-publish) began, None when none is in flight. The service watchdog reads it to tell a writer
-that makes progress from one stuck in fsync (``dshd.service``).
-
-Blocking file work runs in a worker thread (`threads.run_sync`: never abandoned on cancel, so a
-write in flight always finishes and the in-memory state matches the file). A worker thread that
-cannot be started (the user's process limit: a fork bomb elsewhere) is a failed write like any
-other: `StorageWriteError` naming the limit, the batch kept, the next flush retries.
+``write_started`` is the trio time the write in flight began (None: none); the service
+watchdog reads it to tell a writer that makes progress from one stuck in fsync. Blocking file
+work runs in a worker thread (`threads.run_sync`: never abandoned on cancel); a thread that
+cannot be started (the user's process limit) is a failed write like any other.
 
 One writer per session: across processes the session lock (`lock.HeldLock`, held by the
-`LogFile`); inside one process the flocks refuse a second handle too, and the optional
-``claims`` set (one per daemon, owned by whoever owns the sessions; no module-level registry)
-refuses it before any file is touched. A write under a lost lock (``session.lock`` or the
-session directory removed or replaced) does not happen: `StorageWriteError` (cause
-`LockLost`) says so, and the log says so once (``storage.lock_lost``).
+`LogFile`); inside one process the flocks, and the optional ``claims`` set (one per daemon,
+owned by whoever owns the sessions), refuse a second handle before any file is touched. A
+write under a lost lock (``session.lock`` or the directory removed or replaced) does not
+happen: `StorageWriteError` (cause `LockLost`), logged once (``storage.lock_lost``).
 """
 
 from __future__ import annotations
@@ -67,19 +64,26 @@ from .format import (
     new_event,
     now_ms,
 )
+from .closing import ClosingMixin
 from .lock import HeldLock, claim
 from .logfile import LogFile, open_log
+from .memory import LogMemory, MemoryViews, PendingSnapshot, payloads_of
+from .opening import compat_events, repair_on_open, retire_settled_sidecars
+from .pages import read_events
 from .reader import LogRead, session_dir_for
-from .repair import DEFAULT_LIMITS, repair_closers, unresolved_calls
-from .sidecar import pending_windows, retire_settled
+from .repair import RepairState
+from .summary import summarising, summary_dict, write_summary
 from .threads import run_sync
 
 log = structlog.get_logger("dshd.storage")
 
 DEFAULT_COALESCE = 0.200
+DEFAULT_SNAPSHOT_EVERY = 10_000
+#: Seconds between summary rewrites while durable events are not in it (STORAGE.md §7).
+SUMMARY_EVERY = 5.0
 
 
-class SessionLog:
+class SessionLog(ClosingMixin, MemoryViews):
     """One writer per session (STORAGE.md §4). Build with `create` or `open_for_write`.
 
     Public state (read-only for callers): ``header`` (`Header`), ``events`` (every event,
@@ -90,11 +94,15 @@ class SessionLog:
 
     def __init__(self, *, state_dir: Path, session_id: str, header: Header, compression: str,
                  coalesce: float, claims: set[str] | None, read: LogRead | None = None,
-                 fd: int | None = None, lock: HeldLock | None = None) -> None:
+                 fd: int | None = None, lock: HeldLock | None = None,
+                 snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
+                 snapshot_state: Callable[[], dict] | None = None) -> None:
         if compression not in COMPRESSIONS:
             raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
         if coalesce < 0:
             raise ValueError("coalesce must be >= 0 seconds")
+        if snapshot_every < 0:
+            raise ValueError("snapshot_every must be >= 0 events")
         self.state_dir = Path(state_dir)
         self.session_id = session_id
         self.session_dir = session_dir_for(self.state_dir, session_id)
@@ -106,20 +114,27 @@ class SessionLog:
         self._lock_lost = False  # a lost lock was logged (once per episode)
         self._file = LogFile(self.session_dir, self.path, compression, fd=fd, lock=lock)
 
-        self.events: list[Event] = []
+        self._memory = LogMemory(read)
+        self.snapshot_every = snapshot_every
+        self._snapshot_state = snapshot_state
+        self._snapshots_allowed = read is None  # an open allows them once it has returned
+        self._compat: list[Event] | None = None  # the deprecated ``events`` (module doc)
         self.last_seq = -1
         self.durable_seq = -1
+        self.durable_bytes = 0
         self._published = read is not None
         self._fix: list[tuple[int, bytes]] = []  # torn-tail records to re-append
         if read is not None:
-            self.events = list(read.events)
-            self.last_seq = len(self.events) - 1
+            self.last_seq = read.last_seq
             self.durable_seq = self.last_seq - len(read.recovered)
             self._fix = [(ev.seq, encode_line(ev)) for ev in read.recovered]
-            self._file.size = read.valid_bytes
+            self._file.size = self.durable_bytes = read.valid_bytes
             if read.torn:
                 self._file.truncate_to = read.valid_bytes  # cut by the first write
-        self._pending: list[tuple[int, bytes, float]] = []  # (seq, line, trio time appended)
+        #: (seq, line or a pending snapshot, trio time appended)
+        self._pending: list[tuple[int, bytes | PendingSnapshot, float]] = []
+        self._summary_at: float | None = None  # trio time of the last summary write
+        self._summary_seq = self.durable_seq if read is None else None  # the seq it covers
         self._pending_since: float | None = None
 
         self._write_lock = trio.Lock()
@@ -148,8 +163,13 @@ class SessionLog:
         compression: str = "zstd",
         coalesce: float = DEFAULT_COALESCE,
         claims: set[str] | None = None,
+        snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
+        snapshot_state: Callable[[], dict] | None = None,
     ) -> SessionLog:
         """A handle for a new session log; no I/O (STORAGE.md §4).
+
+        ``snapshot_every``: events between snapshots (0: never); ``snapshot_state()``: the
+        owner's state for a snapshot (no snapshot is written without it; STORAGE.md §7).
 
         The first write publishes the log (temp ``O_EXCL`` + fsync + ``link`` + directory
         fsync); it fails with `StorageWriteError` if a log already exists or the session lock
@@ -163,7 +183,8 @@ class SessionLog:
             raise ValueError(f"header.id {header.id!r} differs from session id {session_id!r}")
         with claim(claims, session_dir, session_id):
             return cls(state_dir=state_dir, session_id=session_id, header=header,
-                       compression=compression, coalesce=coalesce, claims=claims)
+                       compression=compression, coalesce=coalesce, claims=claims,
+                       snapshot_every=snapshot_every, snapshot_state=snapshot_state)
 
     @classmethod
     async def open_for_write(
@@ -177,6 +198,9 @@ class SessionLog:
         repair: bool = False,
         output_limits: tuple[int, int] | None = None,
         resume: Callable[[list[Event]], Awaitable[Any]] | None = None,
+        plan: Callable[[RepairState], Awaitable[Any]] | None = None,
+        snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
+        snapshot_state: Callable[[], dict] | None = None,
     ) -> SessionLog:
         """Open an existing session log for writing (STORAGE.md §4, §5).
 
@@ -187,6 +211,10 @@ class SessionLog:
         ``resume(events)``: the daemon's resume plan (``dshd.sessions.resume``), awaited
         before the repair; what its ``keep_calls`` / ``keep_approvals`` / ``keep_turns`` name
         is not closed, its ``windows`` add to the sidecars' (kept as ``self.resume_plan``).
+        ``plan(repair_state)`` is the same with the `RepairState` instead of every event
+        (``resume`` is deprecated: it makes the handle read the whole log once). The log is
+        read from its last snapshot (STORAGE.md §7); ``snapshot_every``/``snapshot_state`` as
+        in `create` (no snapshot is taken before this returns).
         ``compression`` is informational: the format on disk wins (a config change applies to
         new sessions only). Raises `ValueError` (invalid id), `FileNotFoundError` (no session
         directory or no log), `LockHeld`, `LogCorrupt`, `LogTooNew`, `StorageWriteError`
@@ -197,41 +225,18 @@ class SessionLog:
             read, fd, lock = await run_sync(open_log, session_dir, session_id)
         log = cls(state_dir=state_dir, session_id=session_id, header=read.header,
                   compression=read.compression, coalesce=coalesce, claims=claims, read=read,
-                  fd=fd, lock=lock)
+                  fd=fd, lock=lock, snapshot_every=snapshot_every,
+                  snapshot_state=snapshot_state)
         try:
             if repair:
-                await log._repair(output_limits, resume)
-            await log._retire_settled_sidecars()
+                await repair_on_open(log, output_limits, resume, plan)
+            await retire_settled_sidecars(log)
+            log._snapshots_allowed = True
         except BaseException:
             with trio.CancelScope(shield=True):
                 await log._close_files()
             raise
         return log
-
-    async def _repair(self, limits: tuple[int, int] | None, resume) -> None:
-        plan = self.resume_plan = await resume(self.events) if resume is not None else None
-        windows = await run_sync(
-            pending_windows, self.session_dir, unresolved_calls(self.events))
-        if plan is not None:
-            windows = {**plan.windows, **windows}  # a checkpointed window wins
-        keep = {} if plan is None else {"keep_calls": plan.keep_calls, "keep_turns": plan.keep_turns,
-                                        "keep_approvals": plan.keep_approvals}
-        at = now_ms()
-        for type_, data in repair_closers(self.events, windows, limits or DEFAULT_LIMITS, **keep):
-            self.append(type_, data, time_ms=at)
-        if not self._durable_through(self.last_seq):
-            await self.flush()
-
-    async def _retire_settled_sidecars(self) -> None:
-        settled = [
-            ev.data["callId"]
-            for ev in self.events
-            if ev.type == "tool/result"
-            and ev.seq <= self.durable_seq
-            and isinstance(ev.data.get("callId"), str)
-        ]
-        if settled:
-            await run_sync(retire_settled, self.session_dir, settled)
 
     # --- appending and flushing -----------------------------------------------------------
 
@@ -257,7 +262,9 @@ class SessionLog:
         event, line = new_event(self.last_seq + 1, type, data, ignorable=ignorable,
                                 time_ms=now_ms() if time_ms is None else time_ms)
         now = trio.current_time()
-        self.events.append(event)
+        self._memory.see(event)
+        if self._compat is not None:
+            self._compat.append(event)
         self.last_seq = event.seq
         self._pending.append((event.seq, line, now))
         if self._pending_since is None:
@@ -281,8 +288,12 @@ class SessionLog:
         count = last - first + 1
         if len(self._pending) < count or self._pending[-count][0] != first:
             return False
+        if any(isinstance(line, PendingSnapshot) for _, line, _ in self._pending[-count:]):
+            return False
         del self._pending[-count:]
-        del self.events[-count:]
+        self._memory.retract(first)
+        if self._compat is not None:
+            del self._compat[-count:]
         self.last_seq = first - 1
         self._pending_since = self._pending[0][2] if self._pending else None
         if not self._pending and not self._fix:
@@ -362,22 +373,32 @@ class SessionLog:
         finally:
             self._runner_active = False
 
-    async def _write_locked(self) -> None:
+    def _maybe_snapshot(self, force: bool = False) -> None:
+        """Append a snapshot as the next seq when one is due (STORAGE.md §7)."""
+        if not self._snapshots_allowed:
+            return
+        snap = self._memory.maybe_snapshot(self.last_seq, self.snapshot_every, force,
+                                           self._snapshot_state, self.session_id)
+        if snap is not None:
+            self.last_seq = snap.seq
+            self._pending.append((snap.seq, snap, trio.current_time()))
+            if self._compat is not None:
+                self._compat.append(snap.event(-1))
+
+    async def _write_locked(self, *, closing: bool = False) -> None:
+        self._maybe_snapshot(force=closing)
         pending = list(self._pending)
         fix = list(self._fix)
-        payloads: list[bytes] = []
-        if not self._published:
-            payloads.append(encode_line(self.header))
-        if fix:
-            payloads.append(b"".join(line for _, line in fix))
-        if pending:
-            payloads.append(b"".join(line for _, line, _ in pending))
+        payloads = payloads_of(None if self._published else encode_line(self.header),
+                               pending, fix)
+        snapped = [line for _, line, _ in pending if isinstance(line, PendingSnapshot)]
+        last = pending[-1][0] if pending else fix[-1][0] if fix else self.durable_seq
+        summary = (self._summary_of(self._memory.settings, last, snapped)
+                   if snapped or closing or self._summary_due() else None)
+        write = self._file.append if self._published else self._file.publish
         self.write_started = trio.current_time()
         try:
-            if self._published:
-                await run_sync(self._file.append, payloads)
-            else:
-                await run_sync(self._file.publish, payloads)
+            summary_error = await run_sync(summarising(write, summary), payloads)
         except (OSError, LockHeld, LockLost, zstandard.ZstdError) as e:
             self._failed = e
             self._write_errors += 1
@@ -400,74 +421,60 @@ class SessionLog:
             self.durable_seq = pending[-1][0]
         elif fix:
             self.durable_seq = fix[-1][0]
+        self.durable_bytes = self._file.size
+        for snap in snapped:
+            self._memory.snapshot_durable(snap)
         self._pending_since = self._pending[0][2] if self._pending else None
         self._failed = None
         self._lock_lost = False
+        if summary is not None:
+            self._summary_at, self._summary_seq = trio.current_time(), self.durable_seq
+            if summary_error is not None:
+                log.warning("storage.summary_failed", session=self.session_id,
+                            error=str(summary_error))
         self._notify()
 
-    # --- closing --------------------------------------------------------------------------
+    def _summary_of(self, settings: dict, last_seq: int, snapped: list) -> Callable[[int], dict]:
+        """The summary of this write, given the file size after it (written in its thread)."""
+        header, before = self.header, self._memory.snapshot_offset
 
-    async def _close_files(self) -> None:
-        async with self._write_lock:  # a write in flight finishes before its fd closes
-            try:
-                self._file.close(remove_unpublished_dir=self._discarded)
-            finally:
-                if self._claims is not None:
-                    self._claims.discard(self.session_id)
-                self._closed = True
-                self._closing = True
-                self._notify()
+        def summary(size: int) -> dict:
+            offset = snapped[-1].offset if snapped else before
+            return summary_dict(header, settings, last_seq, size, offset)
+        return summary
 
-    def discard_unpublished(self) -> bool:
-        """Give up a log whose first durable write never happened (STORAGE.md §4).
+    def _summary_due(self) -> bool:
+        return self._summary_at is None or trio.current_time() - self._summary_at >= SUMMARY_EVERY
 
-        `create` does no I/O, so until the log is published nobody was promised anything:
-        when the first flush failed (the caller answered "storage failure"), the owner calls
-        this so that `aclose` writes nothing and the session does not appear later. Returns
-        True when the log was unpublished: its buffer is dropped, further appends raise
-        `StorageError`, and `aclose` writes nothing; it releases the lock and removes the
-        session directory if this handle made it. Returns False, changing nothing, when the
-        log is published (its events are someone's truth: they stay).
-        """
-        if self._published:
-            return False
-        self._discarded = True
-        self._pending.clear()
-        self._fix.clear()
-        self._pending_since = None
-        self._closing = True
-        self._notify()
-        return True
-
-    async def aclose(self, *, timeout: float = 30.0) -> None:
-        """Final flush, then release the lock and close the file (idempotent).
-
-        The flush runs shielded, bounded by ``timeout`` seconds; its error
-        (`StorageWriteError`) is raised after everything is closed: events still buffered
-        then are lost, and the caller is told. The `run` task returns.
-        """
-        if self._closed:
-            return
-        self._closing = True
-        self._notify()
-        error: BaseException | None = None
-        with trio.CancelScope(shield=True):
-            try:
-                with trio.move_on_after(timeout) as scope:
-                    if not self._durable_through(self.last_seq) and (self._pending or self._fix):
-                        await self.flush()
-                if scope.cancelled_caught:
-                    error = StorageWriteError(
-                        f"session {self.session_id}: the final flush did not finish in {timeout} s"
-                    )
-            except StorageError as e:
-                error = e
-            finally:
-                await self._close_files()
-        if error is not None:
-            raise error
+    async def _write_summary(self, settings: dict) -> None:
+        """Rewrite summary.json for what is durable (derived: a failure is only logged)."""
+        self._summary_at, self._summary_seq = trio.current_time(), self.durable_seq
+        summary = summary_dict(self.header, settings, self.durable_seq, self.durable_bytes,
+                               self._memory.snapshot_offset)
+        try:
+            await run_sync(write_summary, self.session_dir, summary)
+        except OSError as e:
+            log.warning("storage.summary_failed", session=self.session_id, error=str(e))
 
     # --- introspection --------------------------------------------------------------------
+
+    def set_snapshot_state(self, snapshot_state: Callable[[], dict] | None) -> None:
+        """Give (or take back) the owner's snapshot callback (STORAGE.md §7)."""
+        self._snapshot_state = snapshot_state
+
+    def read_events(self, after_seq: int, limit: int) -> list[Event]:
+        """Durable events with seq > ``after_seq`` from disk, verified (`pages.read_events`);
+        sync: run it in a worker thread. The non-durable tail is in `tail`."""
+        return read_events(self.session_dir, self.session_id, after_seq, limit,
+                           snapshot_offset=self.snapshot_offset, end=self.durable_bytes)
+
+    @property
+    def events(self) -> list[Event]:
+        """DEPRECATED (room sessions moves to `tail`/`read_events`/`repair_state`): every
+        event, read from disk once on first use and kept appended from then on."""
+        if self._compat is None:
+            self._compat = compat_events(self)
+        return self._compat
 
     def statistics(self) -> dict:
         """Counters and state: ``last_seq``, ``durable_seq``, ``buffered`` (events not yet
@@ -489,3 +496,5 @@ class SessionLog:
             "published": self._published,
             "closed": self._closed,
         }
+
+

@@ -83,7 +83,8 @@ class FakePort:
     async def wait_durable(self, seq: int) -> None:
         await trio.lowlevel.checkpoint()
 
-    def history(self) -> list:
+    async def history(self) -> list:
+        await trio.lowlevel.checkpoint()
         return list(self.log)
 
     def accepting(self) -> bool:

@@ -6,9 +6,11 @@ from pathlib import Path
 
 import msgspec
 import trio._threads
+import zstandard
 
-from dshd.storage import Event
+from dshd.storage import Event, read_log
 from dshd.storage.format import LOG_NAME_ZSTD, scan_zstd_frame
+from dshd.storage.snapshot import SNAPSHOT_TYPE
 
 #: STORAGE.md §5, verbatim.
 OUTCOME_UNKNOWN_TEXT = (
@@ -49,9 +51,30 @@ def frames(path: Path) -> list[tuple[int, int]]:
     return out
 
 
-def assert_paired(events: list[dict]) -> None:
-    """seq dense from 0, and every tool/call has exactly one tool/result."""
-    assert [e["seq"] for e in events] == list(range(len(events)))
+def frame_types(path: Path, span: tuple[int, int]) -> list[str]:
+    """The event types in the zstd data frame at ``span`` (start, end) of a log."""
+    raw = zstandard.ZstdDecompressor().decompressobj().decompress(path.read_bytes()[slice(*span)])
+    return [msgspec.json.decode(line)["type"] for line in raw.splitlines()]
+
+
+def shown(events: list[Event]) -> list[dict]:
+    """Events read from disk, as ``session.events`` answers them: the daemon's own
+    ``log/snapshot`` events left out (PROTOCOL.md §3.1: their seqs are holes in a page)."""
+    return [e for e in as_dicts(events) if e["type"] != SNAPSHOT_TYPE]
+
+
+def assert_as_on_disk(events: list[dict], session_dir: Path) -> None:
+    """What ``session.events`` answered is exactly the log on disk (read whole and verified:
+    seq dense from 0 there, every frame checked) minus its ``log/snapshot`` events, so a
+    hole in the answer's seqs is a snapshot and nothing else."""
+    on_disk = read_log(session_dir, session_dir.name).events
+    assert [e.seq for e in on_disk] == list(range(len(on_disk)))
+    assert events == shown(on_disk)
+
+
+def assert_paired(events: list[dict], session_dir: Path) -> None:
+    """`assert_as_on_disk`, and every tool/call has exactly one tool/result."""
+    assert_as_on_disk(events, session_dir)
     calls = [e["data"]["callId"] for e in events if e["type"] == "tool/call"]
     results = [e["data"]["callId"] for e in events if e["type"] == "tool/result"]
     assert len(calls) == len(set(calls))

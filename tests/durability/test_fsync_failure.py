@@ -86,7 +86,7 @@ async def test_fsync_failure_fails_closed_then_recovers(root, workdir, monkeypat
             await c.call("session.setApprovalPolicy", {"sessionId": sid, "policy": "ask"})
             events = await all_events(c, sid)
             assert events[: len(durable_before)] == durable_before
-            assert_paired(events)
+            assert_paired(events, root / "state" / "sessions" / sid)
             assert [e["data"]["callId"] for e in events if e["type"] == "tool/call"] == [
                 one, two, three]
         nursery.cancel_scope.cancel()

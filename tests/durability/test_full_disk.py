@@ -104,7 +104,7 @@ async def test_full_disk_fails_closed_and_recovers(root, tmpfs_state, workdir, t
             assert not marker.exists()
             events = await all_events(c, sid)
             assert events[: len(before)] == before
-            assert_paired(events)
+            assert_paired(events, daemon.state_dir / "sessions" / sid)
         daemon.kill9()  # what tool.wait acknowledged is on disk without a graceful flush
         read = read_log(tmpfs_state / "sessions" / sid, sid)
         assert as_dicts(read.events)[: len(events)] == events
@@ -113,7 +113,7 @@ async def test_full_disk_fails_closed_and_recovers(root, tmpfs_state, workdir, t
         async with connect(daemon.socket) as c:
             after = await all_events(c, sid)
             assert after[: len(events)] == events
-            assert_paired(after)
+            assert_paired(after, daemon.state_dir / "sessions" / sid)
             four = await c.run_tool(sid, f"echo four # {token}", approved=True)
             assert (await c.wait(sid, four))["exitCode"] == 0
         assert daemon.stop(signal.SIGTERM) == 0

@@ -12,7 +12,8 @@ from client.api import connect
 from crash.campaign import kill_marked
 from dshd.storage import SessionLog
 
-from .helpers import NOT_STARTED_TEXT, OUTCOME_UNKNOWN_TEXT, all_events, assert_paired
+from .helpers import (NOT_STARTED_TEXT, OUTCOME_UNKNOWN_TEXT, all_events, assert_as_on_disk,
+                      assert_paired)
 
 #: details.truncation of a repaired call with no checkpointed window (PROTOCOL.md §3.2).
 ZERO_TRUNCATION = {"truncated": False, "truncatedBy": None, "totalBytes": 0, "totalLines": 0,
@@ -54,7 +55,7 @@ async def test_kill9_mid_call_settles_outcome_unknown(daemon, workdir, token):
         assert result["errorCode"] == "TOOL_OUTCOME_UNKNOWN"
         assert result["content"].startswith(OUTCOME_UNKNOWN_TEXT)
         events = await all_events(c, sid)
-        assert_paired(events)
+        assert_paired(events, daemon.state_dir / "sessions" / sid)
         assert events[-1]["type"] == "tool/result" and events[-1]["data"] == result
         # Never re-run: the same callId names the existing call.
         again = await c.call("tool.run", {"sessionId": sid, "name": "bash", "callId": cid,
@@ -111,7 +112,7 @@ async def test_announced_call_without_tool_call_settles_not_started(daemon, work
         ("step/end", {"turnId": "t1", "stepId": "s1"}),
         ("turn/end", {"turnId": "t1", "reason": "interrupted"}),
     ]
-    assert [e["seq"] for e in events] == list(range(len(events)))
+    assert_as_on_disk(events, daemon.state_dir / "sessions" / sid)
     assert not any(e["type"] == "tool/call" for e in events)
 
 

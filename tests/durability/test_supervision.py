@@ -56,6 +56,6 @@ async def test_a_crash_in_the_writer_task_is_supervised(root, workdir, monkeypat
             assert await c.wait(a, sleeper) == result
             cid = await c.run_tool(a, "echo a")
             assert (await c.wait(a, cid))["content"] == "a\n"
-            assert_paired(await all_events(c, a))
+            assert_paired(await all_events(c, a), root / "state" / "sessions" / a)
             assert (await c.get_session(a))["running"] == 0
         nursery.cancel_scope.cancel()

@@ -97,7 +97,7 @@ async def test_thread_exhaustion_fails_closed_and_keeps_known_results(root, work
             for sid in (a, b):
                 cid = await c.run_tool(sid, "echo again", approved=True)
                 assert (await c.wait(sid, cid))["content"] == "again\n"
-                assert_paired(await all_events(c, sid))
+                assert_paired(await all_events(c, sid), root / "state" / "sessions" / sid)
         nursery.cancel_scope.cancel()
     assert not marker.exists()
     for sid, cid, code in ((a, running, None), (b, blocked, "STORAGE_FAILURE")):

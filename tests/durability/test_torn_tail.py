@@ -1,5 +1,7 @@
 """A torn tail (the log cut short while dshd is stopped) opens with its complete records, and
-the session carries on durably (STORAGE.md §5)."""
+the session carries on durably (STORAGE.md §5). A clean stop ends the log with a snapshot
+frame (STORAGE.md §7): cutting the frame of the last tool/result means the crash came before
+that snapshot, so the cut drops it too; a cut snapshot alone loses no event."""
 
 from __future__ import annotations
 
@@ -10,12 +12,14 @@ import pytest
 
 from client.api import connect
 from dshd.storage import read_log
+from dshd.storage.snapshot import SNAPSHOT_TYPE
 
-from .helpers import all_events, as_dicts, assert_paired, frames, log_path
+from .helpers import all_events, assert_as_on_disk, assert_paired, frame_types, frames, log_path, shown
 
 
-@pytest.mark.parametrize("cut", [3, 9], ids=["checksum-cut", "block-cut"])
-async def test_torn_tail_keeps_complete_records_and_continues(daemon, workdir, cut):
+@pytest.mark.parametrize("frame,cut", [("result", 3), ("result", 9), ("snapshot", 9)],
+                         ids=["checksum-cut", "block-cut", "snapshot-cut"])
+async def test_torn_tail_keeps_complete_records_and_continues(daemon, workdir, frame, cut):
     async with connect(daemon.socket) as c:
         sid = await c.create_session(str(workdir), title="torn")
         other = await c.create_session(str(workdir), title="untouched")
@@ -28,14 +32,19 @@ async def test_torn_tail_keeps_complete_records_and_continues(daemon, workdir, c
     assert daemon.stop(signal.SIGTERM) == 0
 
     path = log_path(daemon.state_dir, sid)
-    start, end = frames(path)[-1]  # the frame holding the last tool/result alone
+    spans = frames(path)
+    assert frame_types(path, spans[-1]) == [SNAPSHOT_TYPE]  # the clean stop's snapshot
+    assert frame_types(path, spans[-2]) == ["tool/result"]  # the last tool/result, alone
+    start, end = spans[-1] if frame == "snapshot" else spans[-2]
     assert end - start > cut + 8
     os.truncate(path, end - cut)
     torn = read_log(path.parent, sid)
     assert torn.torn and torn.valid_bytes == start
-    kept = as_dicts(torn.events)
+    kept = shown(torn.events)
+    assert [e.seq for e in torn.events] == list(range(len(torn.events)))
     assert kept == before[: len(kept)]
-    if cut == 3:  # only the checksum is gone: the last block decodes, the result is kept
+    whole = cut == 3 or frame == "snapshot"
+    if whole:  # only the checksum (or the snapshot) is gone: every event is kept
         assert kept == before
     else:  # the last block is cut: the tool/result of the last call is gone
         assert kept == before[:-1]
@@ -46,8 +55,8 @@ async def test_torn_tail_keeps_complete_records_and_continues(daemon, workdir, c
         result = await c.wait(sid, last)
         after = await all_events(c, sid)
         assert after[: len(kept)] == kept
-        assert_paired(after)
-        if cut == 3:
+        assert_paired(after, path.parent)
+        if whole:
             assert after == before and result["content"] == "last\n"
         else:
             # The call whose result was torn off is settled again from its host's exit
@@ -63,7 +72,8 @@ async def test_torn_tail_keeps_complete_records_and_continues(daemon, workdir, c
         assert final[: len(after)] == after
     daemon.kill9()  # no graceful flush: what tool.wait acknowledged must already be on disk
     clean = read_log(path.parent, sid)
-    assert not clean.torn and as_dicts(clean.events) == final
+    assert not clean.torn
+    assert_as_on_disk(final, path.parent)
 
     daemon.start()
     async with connect(daemon.socket) as c:
@@ -87,8 +97,11 @@ async def test_torn_plain_log_line(root, workdir):
             before = await all_events(c, sid)
         assert daemon.stop() == 0
         path = daemon.state_dir / "sessions" / sid / "session.v1.jsonl"
-        data = path.read_bytes()
-        path.write_bytes(data[:-7])  # the last line (the tool/result) loses its end
+        lines = path.read_bytes().splitlines(keepends=True)
+        # The clean stop's snapshot is the last line; the crash came before it, while the
+        # tool/result's line (the one before) was being written: it loses its end.
+        assert SNAPSHOT_TYPE.encode() in lines[-1] and b'"tool/result"' in lines[-2]
+        path.write_bytes(b"".join(lines[:-1])[:-7])
         daemon.start()
         async with connect(daemon.socket) as c:
             await c.wait(sid, cid)  # settled again in a task of the reopened session
@@ -102,6 +115,7 @@ async def test_torn_plain_log_line(root, workdir):
             final = await all_events(c, sid)
         daemon.kill9()
         read = read_log(path.parent, sid)
-        assert not read.torn and as_dicts(read.events) == final
+        assert not read.torn
+        assert_as_on_disk(final, path.parent)
     finally:
         daemon.close(signal.SIGKILL)

@@ -149,8 +149,12 @@ def _install_system_and_serve(short_dir: Path, locs: list[str]) -> None:
         assert json.loads(st.stdout)["pid"] == proc.pid  # activation exec'd dshd itself
         notify.wait_for(lambda m: m.get("READY") == "1", 30, since=0)
         notify.wait_for(lambda m: m.get("WATCHDOG") == "1", 30)
-        log = (short_dir / "dshd.log").read_text()
-        assert f'"socket": "{sock}"' in log  # the passed socket, not /run/dsh/dshd.sock
+        # The passed socket, not /run/dsh/dshd.sock: read from dshd's JSON ready line (the
+        # lines are JSON values, not a byte layout; systemd-socket-activate's own lines are not
+        # JSON).
+        ready = [line for line in _json_lines(short_dir / "dshd.log")
+                 if line.get("event") == "dshd.ready"]
+        assert [line.get("socket") for line in ready] == [str(sock)], ready
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
         stopping = notify.wait_for(lambda m: m.get("STOPPING") == "1", 30, since=0)
@@ -164,6 +168,19 @@ def _install_system_and_serve(short_dir: Path, locs: list[str]) -> None:
 
     r = _make("uninstall-system", *locs)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def _json_lines(path: Path) -> list[dict]:
+    """The lines of ``path`` that are JSON objects (dshd's log with ``--log-format json``)."""
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            out.append(value)
+    return out
 
 
 def _user_env(home: Path) -> dict[str, str]:

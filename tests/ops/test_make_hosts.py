@@ -123,3 +123,25 @@ def test_stop_leaves_calls_running_and_clean_refuses_until_cancel(scratch):
     while (_alive(host_pid) or _carriers(token)) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(host_pid) and _carriers(token) == []
+
+
+def test_clean_deletes_nothing_when_the_hosts_cannot_be_counted(scratch):
+    """`make clean` fails closed: when `python -m dshd hosts` fails (here a venv whose python
+    exits 3 — a named fake, since a real failure of the listing cannot be provoked on
+    demand), the count is "unknown", never 0, and the state dir, which may hold running calls'
+    logs, is left alone with a message that says why."""
+    d, _ = scratch
+    state = d / ".run/state"
+    (state / "sessions").mkdir(parents=True)
+    (state / "sessions/keep").write_text("a running call's state")
+    broken = d / "broken-venv/bin"
+    broken.mkdir(parents=True)
+    for name in ("python", "dsh"):
+        (broken / name).write_text("#!/bin/sh\nexit 3\n")
+        (broken / name).chmod(0o755)
+    r = subprocess.run(["make", "--no-print-directory", f"VENV={broken.parent}", "clean"],
+                       cwd=d, env=_env(d), capture_output=True, text=True, timeout=120,
+                       stdin=subprocess.DEVNULL)
+    assert r.returncode != 0, r.stdout + r.stderr
+    assert "could not count the call hosts" in r.stdout and "nothing was deleted" in r.stdout
+    assert (state / "sessions/keep").read_text() == "a running call's state"

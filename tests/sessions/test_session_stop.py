@@ -32,7 +32,7 @@ async def test_aclose_passes_the_callers_deadline_and_stops_the_turn(tmp_path):
         driver = TurnDriver.of(session)
         driver.start("hi")
         with trio.fail_after(10):
-            while not any(e.type == "step/start" for e in session.events(-1, 100)):
+            while not any(e.type == "step/start" for e in await session.events(-1, 100)):
                 await trio.sleep(0.01)
         deadline = trio.current_time() + 30
         with trio.fail_after(10):  # liveness: the wind-down does not wait for the model

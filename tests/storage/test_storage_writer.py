@@ -111,7 +111,9 @@ async def test_permissions_and_publish_layout(state_dir):
     assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(path.parent / "session.lock").st_mode) == 0o600
-    assert sorted(p.name for p in path.parent.iterdir()) == ["session.lock", "session.v1.jsonl.zst"]
+    assert sorted(p.name for p in path.parent.iterdir()) == [
+        "session.lock", "session.v1.jsonl.zst", "summary.json"]
+    assert stat.S_IMODE(os.stat(path.parent / "summary.json").st_mode) == 0o600
     assert os.stat(path).st_nlink == 1  # the temp name is gone
 
 
