@@ -49,12 +49,9 @@ Theory of operation:
   or ``ABORTED_BEFORE_DISPATCH``. Results are appended and flushed, the log is closed, which
   releases its lock and the registry's claim, and every waiter is woken (``tool.wait`` returns
   the result, or a storage error when it could not be made durable). The lane of a crashed
-  session is not published again (its tracker may hold what broke it), and the crash takes
-  back the log's snapshot callback: no ``log/snapshot`` is written after it, since its
-  ``session`` dict would carry the lane's ``recent``, which never took the settles of the
-  wind-down (the reopen would lose those calls from ``recent``); the registry reopens the
-  session from its log on the next request that names it, folding the events after the
-  last snapshot written while it was healthy.
+  session is not published again (its tracker may hold what broke it), and no ``log/snapshot``
+  is written after a crash (its ``recent`` never took the wind-down's settles); the registry
+  reopens the session from its log on the next request that names it.
 * **Test hook.** ``DSH_TEST_FAULT`` (``dshd.sessions.faults``) injects a crash for the
   supervision tests.
 """
@@ -144,8 +141,7 @@ class Session:
         self.finished = trio.Event()
 
     def _absorb_log(self, index: CallIndex | None) -> list:
-        """Fold the log (its last snapshot's ``session`` dict, ``index``: its snapshot chain's
-        call index, then its tail) into memory (``logview.absorb``); ``recent``, newest first."""
+        """Fold the last snapshot, ``index`` (its chain's) and the tail in; ``recent``, newest first."""
         settings = self._log.settings
         self.policy = settings.get("approvalPolicy") or self.policy
         self.mode = settings.get("sandbox") or self.mode
@@ -493,8 +489,7 @@ class Session:
         self._lane.publisher.detach(sub)
         self._approvals.answerer_left(sub.id)
 
-    # ----------------------------------------------------------------- for the registry
-    def subscriptions(self) -> list[Subscription]:
+    def subscriptions(self) -> list[Subscription]:  # for the registry, as are the two below
         return list(self._lane.publisher.subscriptions.values())
 
     def is_answerer(self, sub: Subscription) -> bool:

@@ -143,15 +143,22 @@ def _head(view: LogView, frame: bytes | memoryview) -> bytes:
         return b""
 
 
-def _snapshot_head(view: LogView, offset: int) -> tuple[int, int | None]:
-    """(seq, prev) of the snapshot whose frame (and trailer) is at ``offset``, reading only
-    its head when it has the writer's shape; `LogCorrupt` when no snapshot is there."""
+def _snapshot_frame(view: LogView, offset: int) -> memoryview:
+    """The complete, checksummed frame at ``offset`` whose trailer matches (a snapshot's, by
+    its caller's reading); `LogCorrupt` when no such frame is there."""
     scan, buf = view.scan(offset) if 0 < offset < view.size else (None, b"")
     if scan is None or scan.kind != "frame" or not scan.checksum:
         raise view.corrupt(offset, "no complete snapshot frame where one is named")
     frame = memoryview(buf)[: scan.end]
     if view.read(offset + scan.end, TRAILER_SIZE) != encode_trailer(frame):
         raise view.corrupt(offset, "the snapshot frame's trailer does not match")
+    return frame
+
+
+def _snapshot_head(view: LogView, offset: int) -> tuple[int, int | None]:
+    """(seq, prev) of the snapshot whose frame (and trailer) is at ``offset``, reading only
+    its head when it has the writer's shape; `LogCorrupt` when no snapshot is there."""
+    frame = _snapshot_frame(view, offset)
     m = _SNAPSHOT_HEAD.match(_head(view, frame))
     if m is not None:
         return int(m[1]), None if m[2] == b"null" else int(m[2])
@@ -190,12 +197,7 @@ def last_snapshot(view: LogView, header_end: int) -> tuple[int, Event] | None:
 def snapshot_at(view: LogView, offset: int) -> Event:
     """The snapshot whose frame (and trailer) is at ``offset``; `LogCorrupt` when there is
     none there (a ``prev`` or ``snapshotOffset`` that names no snapshot)."""
-    scan, buf = view.scan(offset) if 0 < offset < view.size else (None, b"")
-    if scan is None or scan.kind != "frame" or not scan.checksum:
-        raise view.corrupt(offset, "no complete snapshot frame where one is named")
-    frame = memoryview(buf)[: scan.end]
-    if view.read(offset + scan.end, TRAILER_SIZE) != encode_trailer(frame):
-        raise view.corrupt(offset, "the snapshot frame's trailer does not match")
+    frame = _snapshot_frame(view, offset)
     ev = _snapshot_of(view, bytes(frame), offset)
     if ev is None:
         raise view.corrupt(offset, "the frame named as a snapshot is not one")

@@ -11,8 +11,9 @@ import pytest
 
 from client.api import connect
 from dshd.storage import iter_all
-from dshd.storage.format import TRAILER_SIZE, scan_zstd_frame
+from dshd.storage.format import TRAILER_SIZE
 from protocol.rpc import STORAGE_FAILURE, RpcError
+from tests.durability.helpers import frames
 
 
 async def _all_events(c, sid: str) -> list[dict]:
@@ -153,7 +154,7 @@ async def test_damage_before_the_summary_end_is_found_when_read(daemon, workdir)
     LOG_DAMAGED naming the byte, and from then on the session is listed damaged (PROTOCOL.md
     §3.1)."""
     sid, log = await _closed_session(daemon, workdir, "damaged in the middle")
-    spans = _frames(log)
+    spans = frames(log)
     assert len(spans) >= 4
     start, end = spans[len(spans) // 2]  # a middle frame, before the close snapshot
     _flip(log, (start + end) // 2)
@@ -166,16 +167,3 @@ async def test_damage_before_the_summary_end_is_found_when_read(daemon, workdir)
         listed = {i["sessionId"]: i for i in await c.list_sessions()}
         assert f"byte {start}" in listed[sid]["damaged"], listed[sid]
         assert listed[sid]["title"] == "damaged in the middle"  # its full SessionInfo kept
-
-
-def _frames(path: Path) -> list[tuple[int, int]]:
-    """(start, end) of every zstd data frame in a log (their trailers skipped)."""
-    data = path.read_bytes()
-    out, pos = [], 0
-    while pos < len(data):
-        scan = scan_zstd_frame(data, pos)
-        assert scan.kind in ("frame", "skippable"), scan
-        if scan.kind == "frame":
-            out.append((pos, scan.end))
-        pos = scan.end
-    return out
