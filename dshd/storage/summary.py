@@ -51,16 +51,10 @@ class SessionSummary(msgspec.Struct, frozen=True):
     snapshotOffset: int | None
 
 
-class _Stored(msgspec.Struct):
+class _Stored(SessionSummary, frozen=True):
+    """``summary.json`` as written: a SessionSummary with its format version."""
+
     v: int
-    sessionId: str
-    title: str | None
-    cwd: str
-    createdAt: int
-    settings: dict
-    lastSeq: int
-    logBytes: int
-    snapshotOffset: int | None
 
 
 _decoder = msgspec.json.Decoder(_Stored)

@@ -22,26 +22,12 @@ import trio
 from dshd.callhost import tree
 from dshd.execution import hostlink
 from dshd.execution.hosted import HostStartError, connect
+from tests.callhost.helpers import token_carriers
 
 from .test_restart import (
     LIVENESS, call_dir, host_alive, host_json, output_reaches, restartable, start_loop,  # noqa: F401
     stopped_with_dead_host, wait_for, work,  # noqa: F401
 )
-
-
-def _carriers(token: str) -> list[int]:
-    needle = f"DSH_RUN={token}".encode()
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    found.append(int(name))
-        except OSError:
-            pass
-    return found
 
 
 def test_a_host_json_naming_a_live_process_that_is_no_call_host_is_never_signalled(
@@ -168,11 +154,11 @@ def test_a_host_killed_while_dshd_was_down_leaves_no_command_running(restartable
     assert d.stop(signal.SIGTERM) == 0
     os.kill(record["pid"], signal.SIGKILL)
     wait_for(lambda: not host_alive(record), "the host is gone")
-    wait_for(lambda: len(_carriers(record["token"])) >= 3, "the orphans run on")
+    wait_for(lambda: len(token_carriers(record["token"])) >= 3, "the orphans run on")
     d.start()
     result = d.rpc().wait(sid, cid, timeout=LIVENESS)
     assert result["errorCode"] == "TOOL_OUTCOME_UNKNOWN", result
-    wait_for(lambda: _carriers(record["token"]) == [], "no process of the call is left")
+    wait_for(lambda: token_carriers(record["token"]) == [], "no process of the call is left")
 
 
 def test_a_symlinked_call_dir_is_neither_read_nor_written_through(restartable, work, tmp_path):
