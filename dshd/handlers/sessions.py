@@ -17,14 +17,18 @@ import os
 import re
 
 import msgspec
+import trio
 
 from protocol import methods as m
 
 from .. import identity
-from ..errors import InvalidParams, PermissionDenied
+from ..errors import InvalidParams, PermissionDenied, StorageFailure
 from ..execution.sandbox import refused_workspace
 from ..paths import is_within
 from ..sessions.names import find
+from ..storage.errors import LogCorrupt
+from ..storage.intact import read_intact
+from ..storage.summary import summary_owner
 from . import port
 from .context import ConnectionPort, may_use
 
@@ -101,11 +105,41 @@ async def session_get(conn: ConnectionPort, p: m.SessionGetParams) -> m.SessionI
 
 async def session_events(conn: ConnectionPort,
                          p: m.SessionEventsParams) -> m.SessionEventsResult:
-    session = await port.open_session(conn, p.session_id)
     # The log's own event structs: encoded as they are (the result's Raw is the reading side);
-    # old ones are read from disk and verified (LogCorrupt: -32014 LOG_DAMAGED).
-    events = await session.events(p.after_seq, p.limit)
+    # old ones are read from disk and verified. A damaged log (it does not open, or a read
+    # meets a damaged frame) answers its intact events first (`_intact_events`).
+    try:
+        session = await port.open_session(conn, p.session_id)
+        events = await session.events(p.after_seq, p.limit)
+    except (StorageFailure, LogCorrupt) as exc:
+        if not (isinstance(exc.data, dict) and exc.data.get("code") == "LOG_DAMAGED"):
+            raise
+        return await _intact_events(conn, p)
     return m.SessionEventsResult(events=events, last_seq=session.last_seq)
+
+
+async def _intact_events(conn: ConnectionPort,
+                         p: m.SessionEventsParams) -> m.SessionEventsResult:
+    """The events of a damaged log before its damage, read only (``storage.intact``): a
+    page of them says ``lastSeq`` one past its last event (there is more: the damage); the
+    page that starts at the damage is -32014 ``LOG_DAMAGED`` with ``offset`` and
+    ``afterSeq``. Only its owner (by its summary) or root / dshd's user may read it."""
+    session_dir = conn.daemon.registry.sessions_dir / p.session_id
+    owner = summary_owner(session_dir, p.session_id)
+    if conn.uid not in (0, os.geteuid()) and (owner is None or owner != conn.uid):
+        raise PermissionDenied(f"session {p.session_id} is damaged and its owner is not "
+                               "known; only root or dshd's user may read it")
+    events, damage = await trio.to_thread.run_sync(
+        read_intact, session_dir, p.session_id, p.after_seq, p.limit)
+    if events:
+        return m.SessionEventsResult(events=events,
+                                     last_seq=events[-1].seq + (damage is not None))
+    if damage is None:
+        return m.SessionEventsResult(events=[], last_seq=p.after_seq)
+    raise StorageFailure(
+        f"session {p.session_id}: the log is damaged at byte {damage.offset} ({damage.reason}),"
+        f" after seq {p.after_seq}; the events before it are intact (`dsh fsck` checks it)",
+        {"code": "LOG_DAMAGED", "offset": damage.offset, "afterSeq": p.after_seq})
 
 
 async def session_set_policy(conn: ConnectionPort,

@@ -33,8 +33,8 @@ from .snapshot import (EMPTY_ACTIVITY, EMPTY_SETTINGS, SNAPSHOT_TYPE, activity_o
                        base_activity, fold_settings, snapshot_settings)
 
 __all__ = ["SUMMARY_NAME", "SessionSummary", "fold_settings", "read_summary",
-           "summarising", "summary_dict", "summary_snapshot_offset", "write_summary",
-           "write_then_summarise"]
+           "summarising", "summary_dict", "summary_owner", "summary_snapshot_offset",
+           "write_summary", "write_then_summarise"]
 
 SUMMARY_NAME = "summary.json"
 SUMMARY_VERSION = 2
@@ -112,6 +112,12 @@ def summary_snapshot_offset(session_dir: Path, session_id: str) -> int | None:
     """The ``snapshotOffset`` of a well-formed summary (unchecked against the log), or None."""
     stored = _load(session_dir, session_id)
     return None if stored is None else stored.snapshotOffset
+
+
+def summary_owner(session_dir: Path, session_id: str) -> int | None:
+    """The ``owner`` of a well-formed summary (unchecked against the log), or None."""
+    stored = _load(session_dir, session_id)
+    return None if stored is None else stored.settings.get("owner")
 
 
 def _ends_frame(fd: int, at: int) -> bool:
