@@ -11,6 +11,7 @@ and option; its ``shell_complete`` lists the names and ids the daemon holds that
 what was typed. Completion runs inside the user's shell, so it never fails and never hangs
 it: one connection with a short bound (:data:`COMPLETE_TIMEOUT_S`, all of it: connect,
 ``initialize``, ``session.list``); on any error or past the bound it completes nothing.
+An older dshd that lists no ``session.find`` gets the reference as given (an exact id).
 """
 
 from __future__ import annotations
@@ -85,6 +86,13 @@ async def resolve_session(client: Any, ref: str | None, *, cwd: str | None = Non
     """The id of the session ``ref`` names, or with ``ref`` None the newest session of
     ``cwd`` (default: the current directory); says on stderr what a prefix or the default
     chose (module doc). Raises ``RpcError`` (-32004) when nothing or more than one matches."""
+    server = getattr(client, "server", None)
+    if server is not None and "session.find" not in server.methods:
+        # An older dshd (it lists no session.find): a reference is an exact id there.
+        if ref is None:
+            raise click.UsageError("this dshd cannot pick a session for you (it is older than "
+                                   "dsh); name the session's id")
+        return ref
     if ref is None and cwd is None:
         try:
             cwd = os.path.realpath(os.getcwd())

@@ -85,8 +85,8 @@ def find(infos: list[dict], ref: str | None, cwd: str | None) -> tuple[dict, str
         return matched[0], "prefix"
     if matched:
         raise _ambiguous(ref, matched)
-    raise SessionNotFound(f"no session has the id or name {ref!r}, nor one starting with it; "
-                          "`dsh sessions` lists them")
+    raise SessionNotFound(f"session {ref} not found: no session has that id or name, nor one "
+                          "starting with it; `dsh sessions` lists them")
 
 
 def _newest_in(infos: list[dict], cwd: str | None) -> dict:

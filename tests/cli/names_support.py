@@ -8,6 +8,8 @@ import json
 
 import pytest
 
+import sys
+
 from e2e.conftest import DaemonProcess, running_daemon
 
 __all__ = ["daemon", "listed", "run_in", "workdir"]
@@ -24,6 +26,13 @@ def workdir(tmp_path):
     w = tmp_path / "work"
     w.mkdir()
     return w
+
+
+def _argv(self) -> list[str]:
+    return [sys.executable, "-m", "client.cli"]
+
+
+DaemonProcess.dsh_argv = _argv  # the argv ``dsh`` runs as (completion tests set their env)
 
 
 def run_in(daemon: DaemonProcess, cwd, *args: str) -> str:
