@@ -135,3 +135,27 @@ def test_wait_timeout_exits_124_and_says_the_call_still_runs(daemon, workdir):
     finally:
         daemon.dsh("cancel", sid, "slow")
         long.communicate(timeout=60)
+
+
+def test_sessions_on_a_terminal_is_a_table_with_the_name_and_status(daemon, workdir, tmp_path):
+    from e2e.tmux import Pane, have_tmux
+
+    if not have_tmux():
+        raise AssertionError("tmux is needed for the terminal case (it is installed here)")
+    sid = run_in(daemon, workdir, "--", "true")
+    assert daemon.dsh("rename", sid, "build").returncode == 0
+    pane = Pane(tmp_path, str(daemon.socket), workdir)
+    try:
+        mark = pane.run("dsh sessions")
+        assert pane.done(mark) == 0
+        header = pane.until(r"^ *NAME +ID +STATUS +CWD +UPDATED +EXIT +TITLE")
+        row = pane.until(rf"^ *build +{sid} +idle +\S+")
+        assert row.start() > header.start()
+        screen = pane.screen()
+        assert "\t" not in screen
+        lines = screen.splitlines()
+        head = next(line for line in lines if line.lstrip().startswith("NAME"))
+        body = next(line for line in lines if line.lstrip().startswith("build"))
+        assert body.index(sid) == head.index("ID")  # columns line up on the terminal too
+    finally:
+        pane.close()
