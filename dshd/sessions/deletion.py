@@ -4,10 +4,11 @@ Theory of operation (STORAGE.md §1, PROTOCOL.md §3.1 ``session.delete``):
 
 * **Busy.** A session with running tool calls, pending approvals or a running turn is busy:
   without ``force`` the delete is refused (``SessionBusy``, ``-32013`` ``SESSION_BUSY``) and
-  nothing changes. With ``force`` the session is closed with the ``cancel`` stop policy (its
-  calls settle ``TOOL_CANCELLED`` / ``APPROVAL_CANCELLED``, its turn ends ``interrupted``) and
-  the delete waits, bounded by :data:`FORCE_WAIT_SECONDS`, for it to finish winding down; a
-  session that does not finish by then is not deleted (``StorageFailure``; ask again).
+  nothing changes. With ``force`` its turn and calls are cancelled as ``turn.cancel`` and
+  ``tool.cancel`` do (calls settle ``TOOL_CANCELLED`` / ``APPROVAL_CANCELLED``, durably, so a
+  client following them sees why), then the session is closed; all of it bounded by
+  :data:`FORCE_WAIT_SECONDS`: a session that has not finished by then is not deleted
+  (``StorageFailure``; ask again).
 * **Order.** Once the session has finished (its log closed, its lock released) and no call
   host of it is alive (``end_host`` for any left), its id is appended to the **deleted-ids
   ledger** ``<state>/deleted.ids`` (one id a line, fsync'd), then ``sessions/<id>`` is renamed
@@ -22,7 +23,7 @@ Theory of operation (STORAGE.md §1, PROTOCOL.md §3.1 ``session.delete``):
   start; it grows 13 bytes per deleted session (a million deletions are 13 MB) and is never
   compacted: ids are only minted here, and the guarantee must not depend on the clock.
 * **Audit.** Every delete is one ``session.deleted`` line in the daemon log: ``session``,
-  ``name`` (the title until sessions have names), ``by`` (uid, None for retention),
+  ``name``, ``title``, ``by`` (uid, None for retention),
   ``freed_bytes`` (the sum of the removed files' sizes), ``forced``, ``cancelled``, ``why``.
 * **Test hook.** ``DSH_TEST_FAULT=delete-kill:TOKEN`` SIGKILLs the daemon between the rename
   and the removal when the session's cwd contains TOKEN (``dshd.sessions.faults``).
@@ -164,6 +165,22 @@ class Deletions:
         return len(names)
 
 
+async def _cancel_work(session, deadline: float) -> None:
+    """Cancel the running turn and calls as ``turn.cancel`` / ``tool.cancel`` would (so their
+    results say "cancelled", not "dshd is shutting down") and wait, until ``deadline``, for
+    them to settle; what is left then the close cancels."""
+    if session.agent is not None:
+        session.agent.cancel()
+    call_ids = list(session._calls.running)
+    for call_id in call_ids:
+        session.cancel_call(call_id)
+    with trio.move_on_at(deadline):
+        for call_id in call_ids:
+            await session.wait_result(call_id, max(deadline - trio.current_time(), 0.001))
+        while session.agent is not None and session.agent.busy():
+            await trio.sleep(0.05)  # a turn ends at its next await; bounded by the deadline
+
+
 async def delete_session(registry, session, *, force: bool, by: int | None, why: str,
                          kill_after_rename: bool = False) -> dict:
     """Delete the open ``session`` (module doc); the caller holds the registry's opening
@@ -172,8 +189,11 @@ async def delete_session(registry, session, *, force: bool, by: int | None, why:
     if busy and not force:
         raise SessionBusy(session.id, busy)
     info = session.info()
-    session.close(trio.current_time() + FORCE_WAIT_SECONDS, "cancel")
-    with trio.move_on_after(FORCE_WAIT_SECONDS + 5):
+    deadline = trio.current_time() + FORCE_WAIT_SECONDS
+    if busy:
+        await _cancel_work(session, deadline)
+    session.close(deadline, "cancel")
+    with trio.move_on_at(deadline + 5):
         await session.finished.wait()
     if not session.finished.is_set():
         raise StorageFailure(f"session {session.id} did not finish stopping within "
@@ -181,6 +201,6 @@ async def delete_session(registry, session, *, force: bool, by: int | None, why:
     freed = await trio.to_thread.run_sync(
         lambda: registry.deletions.remove(session.id, kill_after_rename=kill_after_rename))
     registry.forget_deleted(session.id)
-    log.info("session.deleted", session=session.id, name=info.get("name") or info.get("title"),
-             by=by, freed_bytes=freed, forced=bool(force and busy), cancelled=busy, why=why)
+    log.info("session.deleted", session=session.id, name=info.get("name"),
+             title=info.get("title"), by=by, freed_bytes=freed, forced=bool(force and busy), cancelled=busy, why=why)
     return {"deleted": True, "cancelled": busy, "freedBytes": freed}

@@ -58,13 +58,14 @@ def background_run(d, workdir, *args: str) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
 
 
+def busy_sessions(d) -> list[str]:
+    out = json.loads(d.dsh("--json", "sessions").stdout)
+    rows = out["sessions"] if isinstance(out, dict) else out
+    return [s["sessionId"] for s in rows if s.get("running")]
+
+
 def running_session(d) -> str:
-    def find():
-        out = json.loads(d.dsh("--json", "sessions").stdout)
-        rows = out["sessions"] if isinstance(out, dict) else out
-        busy = [s["sessionId"] for s in rows if s.get("running")]
-        return busy[0] if busy else None
-    return until(find, "a session with a running call")
+    return until(lambda: (busy_sessions(d) or [None])[0], "a session with a running call")
 
 
 def test_rm_deletes_an_idle_session_audited_and_others_keep_working(daemon, workdir):
@@ -94,10 +95,14 @@ def test_rm_deletes_an_idle_session_audited_and_others_keep_working(daemon, work
 
 def test_rm_refuses_a_busy_session_and_force_cancels_it(daemon, workdir):
     needle = "sleep 100.731"
-    other = session_of(daemon.dsh("run", "--", "echo", "other", cwd=str(workdir)))
+    # Another client's call in another session runs through the delete untouched.
+    other = background_run(daemon, workdir, "--", "sh", "-c",
+                           "echo other-up; while [ ! -e go ]; do sleep 0.05; done; echo other-done")
+    other_sid = running_session(daemon)
     runner = background_run(daemon, workdir, "--", "sh", "-c", f"echo up; {needle}")
     try:
-        sid = running_session(daemon)
+        sid = until(lambda: next((s for s in busy_sessions(daemon) if s != other_sid), None),
+                    "the second running session")
         r = daemon.dsh("rm", sid)
         assert r.returncode == 1, r.stderr
         assert "busy" in r.stderr and "--force" in r.stderr
@@ -107,16 +112,19 @@ def test_rm_refuses_a_busy_session_and_force_cancels_it(daemon, workdir):
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout) == {"sessionId": sid, "deleted": True, "cancelled": 1}
         assert wait_until_gone(needle) == []
-        runner.wait(LIVENESS)
+        _, err = runner.communicate(timeout=LIVENESS)
+        assert runner.returncode != 0 and err.strip(), err  # its client was told, not hung
+        (workdir / "go").touch()
+        out, err = other.communicate(timeout=LIVENESS)
+        assert other.returncode == 0 and out == "other-up\nother-done\n", err
     finally:
-        if runner.poll() is None:
-            runner.kill()
-            runner.wait(10)
-    assert sid not in listed(daemon) and other in listed(daemon)
+        for proc in (runner, other):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+    assert sid not in listed(daemon) and other_sid in listed(daemon)
     audit = [rec for rec in log_lines(daemon, "session.deleted") if rec["session"] == sid]
     assert audit and audit[0]["forced"] is True and audit[0]["cancelled"] == 1
-    r = daemon.dsh("run", "--session", other, "--", "echo", "fine", cwd=str(workdir))
-    assert r.returncode == 0 and r.stdout == "fine\n"
 
 
 def test_rm_of_several_goes_on_past_one_that_fails(daemon, workdir):
