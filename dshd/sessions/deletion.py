@@ -202,5 +202,6 @@ async def delete_session(registry, session, *, force: bool, by: int | None, why:
         lambda: registry.deletions.remove(session.id, kill_after_rename=kill_after_rename))
     registry.forget_deleted(session.id)
     log.info("session.deleted", session=session.id, name=info.get("name"),
-             title=info.get("title"), by=by, freed_bytes=freed, forced=bool(force and busy), cancelled=busy, why=why)
+             title=info.get("title"), by=by, freed_bytes=freed, forced=bool(force and busy),
+             cancelled=busy, why=why)
     return {"deleted": True, "cancelled": busy, "freedBytes": freed}

@@ -259,3 +259,28 @@ def test_retention_removes_old_output_past_max_state_bytes(workdir):
         fsck = d.dsh("fsck", "--json")
         assert fsck.returncode == 0, (fsck.stdout, fsck.stderr)
         assert before["content"]  # the window the result logged is still what wait saw
+
+
+def state_bytes(state_dir: Path) -> int:
+    return sum(p.stat().st_size for p in state_dir.rglob("*") if p.is_file())
+
+
+def test_retention_removes_the_oldest_output_first_and_only_what_it_must(workdir):
+    with running_daemon("max_state_bytes = 0\n") as d:
+        big = "head -c 400000 /dev/zero | tr '\\0' z"
+        r = d.dsh("run", "--call-id", "older", "--", "sh", "-c", big, cwd=str(workdir))
+        sid = session_of(r)
+        time.sleep(0.05)  # the settled markers' mtimes order the two calls
+        assert d.dsh("run", "--session", sid, "--call-id", "newer", "--", "sh", "-c", big,
+                     cwd=str(workdir)).returncode == 0
+        d.stop()
+        # Over the bound by less than one call's output: only the older one must go.
+        bound = state_bytes(d.state_dir) - 1000
+        Path(d.extra_args[1]).write_text(f"max_state_bytes = {bound}\n")
+        d.start()
+        calls = d.state_dir / "sessions" / sid / "calls"
+        until(lambda: (calls / "older" / "output.removed").exists(), "the older output removed")
+        assert not (calls / "newer" / "output.removed").exists()
+        assert (calls / "newer" / "output.raw").stat().st_size == 400_000
+        r = d.dsh("wait", sid, "newer")
+        assert r.returncode == 0 and len(r.stdout) == 400_000
