@@ -420,7 +420,7 @@ class SessionRegistry:
 
     def forget_deleted(self, session_id: str) -> None:
         """Drop what the registry remembers of a deleted session (room names: its name)."""
-        for table in (self._last_used, self._damaged, self._revivals):
+        for table in (self._last_used, self._damaged, self._revivals, self._opening):
             table.pop(session_id, None)
         self._listing.forget(session_id)
 
