@@ -146,7 +146,10 @@ class Deletions:
         _fsync_dir(self.sessions_dir)
         if kill_after_rename:  # DSH_TEST_FAULT=delete-kill: a crash mid-delete
             os.kill(os.getpid(), signal.SIGKILL)
-        shutil.rmtree(tombstone)
+        shutil.rmtree(tombstone, ignore_errors=True)
+        if os.path.lexists(tombstone):  # the session is gone (it never lists); the rest later
+            log.warning("session.delete_incomplete", session=session_id,
+                        hint="its tombstone is removed at the next start")
         return freed
 
     def sweep(self) -> int:
@@ -198,8 +201,18 @@ async def delete_session(registry, session, *, force: bool, by: int | None, why:
     if not session.finished.is_set():
         raise StorageFailure(f"session {session.id} did not finish stopping within "
                              f"{FORCE_WAIT_SECONDS:g} s; nothing was deleted: ask again")
-    freed = await trio.to_thread.run_sync(
-        lambda: registry.deletions.remove(session.id, kill_after_rename=kill_after_rename))
+    try:
+        freed = await trio.to_thread.run_sync(
+            lambda: registry.deletions.remove(session.id, kill_after_rename=kill_after_rename))
+    except OSError as exc:
+        if (registry.sessions_dir / session.id).exists():  # before the rename: it is whole
+            raise StorageFailure(
+                f"session {session.id} could not be deleted: {exc.strerror or exc} "
+                f"({exc.filename}); it is still there: check the state directory's "
+                "permissions and free space, then ask again") from None
+        log.warning("session.delete_incomplete", session=session.id, error=str(exc),
+                    hint="renamed to its tombstone: removed at the next start")
+        freed = 0
     registry.forget_deleted(session.id)
     log.info("session.deleted", session=session.id, name=info.get("name"),
              title=info.get("title"), by=by, freed_bytes=freed, forced=bool(force and busy),

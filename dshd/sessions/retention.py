@@ -37,6 +37,7 @@ import trio
 
 from ..callhost.spec import write_json
 from ..errors import DshError, InvalidParams
+from ..paths import is_valid_id
 from ..storage.errors import StorageError
 from .deletion import SessionBusy, tree_bytes
 
@@ -144,6 +145,8 @@ def _settled_outputs(sessions_dir: Path) -> list[tuple[float, Path, list[Path]]]
     have output files (a half-done removal included), oldest first."""
     candidates = []
     for call_dir in sessions_dir.glob("*/calls/*"):
+        if not is_valid_id(call_dir.parent.parent.name):  # a tombstone being removed
+            continue
         try:
             settled = os.stat(call_dir / "settled").st_mtime
         except OSError:

@@ -53,3 +53,9 @@ def test_the_per_pass_limit_bounds_the_work(tmp_path):
     assert trim_outputs(tmp_path, max_bytes=1, limit=2)["removed"] == 2
     assert [removed_at(tmp_path / "sessions/s1/calls" / f"c{i}") is not None
             for i in range(5)] == [True, True, False, False, False]
+
+
+def test_a_tombstone_being_removed_is_never_touched(tmp_path):
+    c = call(tmp_path, ".deleting-s1", "c", 100, settled_at=1)
+    assert trim_outputs(tmp_path, max_bytes=1)["removed"] == 0
+    assert (c / "output.raw").exists() and removed_at(c) is None
