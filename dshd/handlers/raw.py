@@ -57,7 +57,9 @@ async def _source(conn: ConnectionPort, session_id: str, call_id: str) -> tuple[
     if not session.has_call(call_id):
         raise CallNotFound(f"call {call_id} not found in session {session_id}")
     registry = conn.daemon.registry
-    await check_output(session.call_output(call_id).dir, session_id, call_id)
+    output = session.call_output(call_id)
+    if output.result is not None:  # only a settled call's output is ever removed
+        await check_output(output.dir, session_id, call_id)
 
     def lookup() -> Any:  # the session now: a follower outlives an evicted or revived one
         return (registry.opened(session_id) or session).call_output(call_id)

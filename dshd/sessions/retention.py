@@ -5,9 +5,9 @@ Theory of operation (OPS.md "Retention", STORAGE.md §1):
 * :func:`prune` is ``session.prune`` and the retention task's first half: every session the
   caller may delete whose ``updatedAt`` (the newest event's time; until SessionInfo carries
   it, the log file's mtime) is older than the cutoff is deleted through the registry
-  (``SessionRegistry.delete``, never forced); a busy one is skipped (``busy``), a damaged
-  one too (``damaged``: fsck it, then ``dsh rm`` it), and so is one whose delete failed (the
-  failure's sentence). At most ``limit`` are deleted a request (``more`` says when it stopped
+  (``SessionRegistry.delete``, never forced); a busy one is skipped (``busy``), one a client
+  is subscribed to (``attached``: someone watches it), a damaged one (``damaged``: fsck it,
+  then ``dsh rm`` it), and one whose delete failed (the failure's sentence). At most ``limit`` are deleted a request (``more`` says when it stopped
   there). ``dryRun`` deletes nothing and answers what would go.
 * :func:`trim_outputs` is the second half: while the state directory (the sum of its files'
   sizes) is over ``max_state_bytes`` it removes settled calls' raw output (``output.raw``
@@ -120,6 +120,10 @@ async def prune(registry, older_than: float, *, dry_run: bool,
         if len(deleted) >= limit:
             more = True
             break
+        open_ = registry.opened(sid)
+        if open_ is not None and open_.subscriptions():
+            skipped.append({"sessionId": sid, "reason": "attached"})
+            continue
         if dry_run:
             if info.get("running"):
                 skipped.append({"sessionId": sid, "reason": "busy"})

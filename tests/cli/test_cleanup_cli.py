@@ -284,3 +284,24 @@ def test_retention_removes_the_oldest_output_first_and_only_what_it_must(workdir
         assert (calls / "newer" / "output.raw").stat().st_size == 400_000
         r = d.dsh("wait", sid, "newer")
         assert r.returncode == 0 and len(r.stdout) == 400_000
+
+
+def test_prune_leaves_a_session_someone_is_attached_to(daemon, workdir):
+    sid = session_of(daemon.dsh("run", "--", "true", cwd=str(workdir)))
+    watcher = subprocess.Popen([sys.executable, "-m", "client.cli", "attach", "-f", sid],
+                               env=daemon.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               stdin=subprocess.DEVNULL)
+    try:
+        def skipped():
+            out = json.loads(daemon.dsh("prune", "--older-than", "0s", "--dry-run",
+                                        "--json").stdout)
+            return {"sessionId": sid, "reason": "attached"} in out["skipped"]
+        until(skipped, "the attached session skipped")
+        r = daemon.dsh("prune", "--older-than", "0s")
+        assert f"skipped {sid}: attached" in r.stdout and sid in listed(daemon)
+    finally:
+        watcher.kill()
+        watcher.wait(10)
+    until(lambda: f"deleted {sid}" in daemon.dsh("prune", "--older-than", "0s").stdout,
+          "the session pruned once nobody watches it")
+    assert sid not in listed(daemon)
