@@ -108,6 +108,8 @@ class Deletions:
         except FileNotFoundError:
             text = ""
         self._deleted = {line for line in text.split() if is_valid_id(line)}
+        #: A crash tore the last line: the next id starts on a line of its own.
+        self._torn = bool(text) and not text.endswith("\n")
 
     def taken(self, session_id: str) -> bool:
         """True when ``session_id`` was ever used here (ledger, directory or tombstone)."""
@@ -115,14 +117,12 @@ class Deletions:
                 or os.path.lexists(self.sessions_dir / session_id)
                 or os.path.lexists(self.sessions_dir / (TOMBSTONE_PREFIX + session_id)))
 
-    def was_deleted(self, session_id: str) -> bool:
-        return session_id in self._deleted
-
     def _remember(self, session_id: str) -> None:
         fresh = not self.ledger.exists()
         fd = os.open(self.ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            os.write(fd, session_id.encode("ascii") + b"\n")
+            os.write(fd, (b"\n" if self._torn else b"") + session_id.encode("ascii") + b"\n")
+            self._torn = False
             os.fsync(fd)
         finally:
             os.close(fd)
