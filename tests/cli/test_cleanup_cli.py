@@ -114,6 +114,7 @@ def test_rm_refuses_a_busy_session_and_force_cancels_it(daemon, workdir):
         assert wait_until_gone(needle) == []
         _, err = runner.communicate(timeout=LIVENESS)
         assert runner.returncode != 0 and err.strip(), err  # its client was told, not hung
+        assert "TOOL_CANCELLED: cancelled" in err and "shutting down" not in err, err
         (workdir / "go").touch()
         out, err = other.communicate(timeout=LIVENESS)
         assert other.returncode == 0 and out == "other-up\nother-done\n", err
