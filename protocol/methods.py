@@ -54,6 +54,8 @@ __all__ = [
     "ToolCancelParams", "ToolResult", "ToolRunParams", "ToolRunResult", "ToolWaitParams",
     "TurnCancelParams", "TurnStartParams", "TurnStartResult", "TurnSteerParams",
     "TurnSteerResult", "UnsubscribeParams", "arguments_problem",
+    "PruneSkip", "SessionDeleteParams", "SessionDeleteResult", "SessionPruneParams",
+    "SessionPruneResult",
     "MAX_OUTPUT_CHUNK_BYTES", "MAX_READ_BYTES", "MAX_TERMINAL_CELLS", "MAX_WRITE_BYTES",
     "OutputGap", "OutputParams", "Signal", "ToolCallParams", "ToolFollowParams",
     "ToolFollowResult", "ToolReadParams", "ToolReadResult", "ToolResizeParams",
@@ -386,6 +388,40 @@ class TurnSteerResult(_Result):
     queued: bool = True
 
 
+# -- room cleanup (issue 15): deleting and pruning sessions (PROTOCOL.md §3.1) -------------
+class SessionDeleteParams(_Params):
+    """``session.delete``: ``force`` cancels running calls, approvals and the turn first."""
+
+    session_id: str
+    force: bool = False
+
+
+class SessionDeleteResult(_Result):
+    deleted: bool
+    cancelled: int = 0
+
+
+class SessionPruneParams(_Params):
+    """``session.prune``: delete idle sessions not updated for ``olderThan`` seconds."""
+
+    older_than: Annotated[float, Meta(ge=0, le=1e10)]
+    dry_run: bool = False
+
+
+class PruneSkip(_Result):
+    session_id: str
+    reason: str
+
+
+class SessionPruneResult(_Result):
+    """``more``: the request stopped at its bound (``PRUNE_MAX`` deletions); ask again."""
+
+    deleted: list[str]
+    skipped: list[PruneSkip]
+    freed_bytes: int
+    more: bool = False
+
+
 class Method(NamedTuple):
     """One method: the struct its params decode into and the struct its result is."""
 
@@ -404,6 +440,8 @@ METHODS: dict[str, Method] = {
     "session.setApprovalPolicy": Method(SetApprovalPolicyParams, EmptyResult),
     "session.find": Method(SessionFindParams, SessionFindResult),
     "session.rename": Method(SessionRenameParams, EmptyResult),
+    "session.delete": Method(SessionDeleteParams, SessionDeleteResult),
+    "session.prune": Method(SessionPruneParams, SessionPruneResult),
     "tool.run": Method(ToolRunParams, ToolRunResult),
     "tool.wait": Method(ToolWaitParams, ToolResult),
     "tool.cancel": Method(ToolCancelParams, CancelledResult),

@@ -44,6 +44,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "wait": ("client.cli.show", "wait"),
     "fsck": ("client.cli.fsck", "fsck"),
     "chat": ("client.cli.chat", "chat"),
+    "rm": ("client.cli.cleanup", "rm"),
+    "prune": ("client.cli.cleanup", "prune"),
 }
 
 

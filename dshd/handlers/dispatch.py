@@ -26,7 +26,7 @@ import structlog
 from protocol import methods, rpc
 
 from ..errors import MethodNotFound, NotInitialized, to_rpc_error
-from . import calls, lifecycle, raw, sessions, streams, turns
+from . import calls, cleanup, lifecycle, raw, sessions, streams, turns
 from .context import AfterResponse, ConnectionPort
 
 __all__ = ["Answer", "HANDLERS", "NOT_A_CALL", "dispatch"]
@@ -46,6 +46,8 @@ HANDLERS: dict[str, Handler] = {
     "session.setApprovalPolicy": sessions.session_set_policy,
     "session.find": sessions.session_find,
     "session.rename": sessions.session_rename,
+    "session.delete": cleanup.session_delete,
+    "session.prune": cleanup.session_prune,
     "tool.run": calls.tool_run,
     "tool.wait": calls.tool_wait,
     "tool.cancel": calls.tool_cancel,

@@ -20,7 +20,7 @@ from ..storage.errors import LockHeld, LogCorrupt, LogTooNew, StateDirMoved
 from .context import ConnectionPort, may_use
 
 __all__ = [
-    "cancel_turn", "create_session", "decide", "open_session", "start_call", "start_turn",
+    "cancel_turn", "create_session", "decide", "delete_session", "open_session", "start_call", "start_turn",
     "steer_turn",
 ]
 
@@ -63,6 +63,16 @@ async def create_session(conn: ConnectionPort, cwd: str, title: str | None,
                                                  owner=conn.uid, name=name)
     except StateDirMoved as exc:
         raise errors.StorageFailure(f"no session created: {exc}") from None
+
+
+async def delete_session(conn: ConnectionPort, session_id: str, force: bool) -> dict:
+    """Delete a session the caller may delete (-32013 SESSION_BUSY without ``force``)."""
+    try:
+        return await conn.daemon.registry.delete(session_id, force=force, by=conn.uid,
+                                                 why="session.delete")
+    except LockHeld as exc:
+        raise errors.SessionLocked(
+            f"session {session_id} is locked by another process: {exc}") from None
 
 
 def start_call(session: Any, call_id: str, name: str, arguments: dict, approved: bool) -> None:

@@ -35,6 +35,8 @@ the path), session.create and opens fail closed with `StateDirMoved` (STORAGE_FA
 daemon logs ``storage.state_dir_moved`` once. Sessions already open write through their own fds
 and stop at their writer's lock check.
 
+Deleting (``delete``, ``dshd.sessions.deletion``) holds the session's opening lock, so no
+request reopens it meanwhile; ``run`` first finishes the deletes a crash interrupted.
 ``DSH_TEST_FAULT`` (a test hook, ``faults.TestFault``) is read here, once, when the registry
 is built at daemon start, and handed to every session; unset, it does nothing.
 """
@@ -64,6 +66,7 @@ from .calls import SETTLED_MARKER, StopPolicy
 from .chain import read_index
 from .listing import DiskListing
 from .names import SessionNames
+from .deletion import Deletions, delete_session
 from .faults import TestFault
 from .resume import ResumePlan, plan_resume, tail_windows
 from .session import Session
@@ -85,10 +88,15 @@ def _not_found(session_id: str) -> str:
     return f"session {session_id} not found; `dsh sessions` lists the sessions"
 
 
-def mint_session_id() -> str:
-    """Time-ordered, short, opaque: 8 base36 chars of ms + 4 random."""
-    rand = "".join(secrets.choice(_ALPHABET) for _ in range(4))
-    return _base36(time.time_ns() // 1_000_000) + rand
+def mint_session_id(taken=lambda _id: False, first: str | None = None) -> str:
+    """Time-ordered, short, opaque: 8 base36 chars of ms + 4 random; never one ``taken``
+    (``Deletions.taken``: a deleted id is never reused). ``first``: the first candidate
+    (``DSH_TEST_FAULT=mint-id:ID``, to force a collision)."""
+    candidate = first
+    while candidate is None or taken(candidate):
+        rand = "".join(secrets.choice(_ALPHABET) for _ in range(4))
+        candidate = _base36(time.time_ns() // 1_000_000) + rand
+    return candidate
 
 
 #: Bound on waiting for a crashed or closing session to release its log before reopening it,
@@ -132,11 +140,14 @@ class SessionRegistry:
         self._listing = DiskListing(self.sessions_dir, self._defaults, self._damaged.get)
         self.names = SessionNames(self.list)
         self._fault = TestFault.parse(os.environ.get("DSH_TEST_FAULT"))
+        #: The deleted-ids ledger and the tombstones (``dshd.sessions.deletion``).
+        self.deletions = Deletions(state_dir)
         if self._fault is not None:
             log.warning("test_fault.enabled", kind=self._fault.kind,
                         hint="DSH_TEST_FAULT is a test hook; unset it outside tests")
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        await trio.to_thread.run_sync(self.deletions.sweep)  # interrupted deletes, first
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             task_status.started()
@@ -302,7 +313,8 @@ class SessionRegistry:
         self._refuse_if_stopping()
         self.check_state_dir()
         await self._make_room()
-        session_id = mint_session_id()
+        first = self._fault.token if self._fault and self._fault.kind == "mint-id" else None
+        session_id = mint_session_id(self.deletions.taken, first)
         header = Header(id=session_id, createdAt=time.time_ns() // 1_000_000, cwd=cwd, title=title)
         log_ = SessionLog.create(
             self.state_dir,
@@ -419,6 +431,23 @@ class SessionRegistry:
                                    max_lines=self.config.output_max_lines)
         plan.windows = await tail_windows(session_dir, plan.unknown, limits)
         return plan
+
+    async def delete(self, session_id: str, *, force: bool, by: int | None, why: str) -> dict:
+        """Delete the session (``dshd.sessions.deletion``): opened, so its state is known,
+        and held under its opening lock so no request reopens it meanwhile."""
+        session = await self.get(session_id)
+        async with self._opening.setdefault(session_id, trio.Lock()):
+            session = self.open.get(session_id) or session  # reopened meanwhile: that one
+            kill = bool(self._fault and self._fault.kind == "delete-kill"
+                        and self._fault.token in session.cwd)
+            return await delete_session(self, session, force=force, by=by, why=why,
+                                        kill_after_rename=kill)
+
+    def forget_deleted(self, session_id: str) -> None:
+        """Drop what the registry remembers of a deleted session (room names: its name)."""
+        for table in (self._last_used, self._damaged, self._revivals, self._opening):
+            table.pop(session_id, None)
+        self._listing.forget(session_id)
 
     async def resume_unsettled(self) -> int:
         """At daemon start, before it accepts: open every session that has a call dir without

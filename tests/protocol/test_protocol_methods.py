@@ -81,6 +81,9 @@ def test_params_defaults_and_snake_case_names():
         (b'{"sessionId":"s","approvalId":"a","decision":"maybe"}', m.ApprovalDecideParams, "decision"),
         (b'{"subscriptionId":"q","seq":-1,"ops":[]}', m.StreamParams, "seq"),
         (b'{"sessionId":', m.SessionGetParams, "malformed"),
+        (b'{"olderThan":-1}', m.SessionPruneParams, "olderThan"),
+        (b'{"olderThan":"7d"}', m.SessionPruneParams, "olderThan"),
+        (b'{"sessionId":"s","force":"yes"}', m.SessionDeleteParams, "force"),
     ],
 )
 def test_bad_params_name_the_field(raw, type_, field):
@@ -97,6 +100,8 @@ def test_method_params_cover_the_protocol():
         "unsubscribe", "approval.decide", "turn.start", "turn.cancel", "turn.steer", "daemon.status",
         "tool.read", "tool.follow", "tool.unfollow", "tool.write", "tool.closeStdin",
         "tool.resize", "tool.signal", "session.find", "session.rename",
+        "tool.resize", "tool.signal",
+        "session.delete", "session.prune",  # issue 15, room cleanup
     }
     assert methods == set(m.METHODS)
     for params, _result in m.METHODS.values():
