@@ -175,9 +175,10 @@ async def _approvals(sub: Subscription, call: Call, events: Events) -> None:
             if waiting and not asked:
                 asked = True
                 note(f"dsh: call {call.call_id} waits for approval {waiting}: answer with "
-                     f"`dsh approve {waiting}` (--reject to refuse, --allow-for-session for "
-                     f"such calls from now on; `dsh approvals` lists what waits) or "
-                     f"`dsh attach --approve {call.session_id}`")
+                     f"`dsh approve {call.session_id} {waiting}` (--reject to refuse) or "
+                     f"`dsh attach --approve {call.session_id}`; from another terminal: "
+                     "`dsh approvals` lists what waits, --allow-for-session allows such "
+                     "calls from now on")
 
 
 def _conclude(call: Call, followed: Followed, io: Io) -> int:
