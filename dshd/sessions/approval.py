@@ -245,8 +245,10 @@ class ApprovalDesk:
                 "(no ;, &&, ||, |, &, $, backticks, redirections or newlines): allow this "
                 "command with an exact rule instead", field="rule", code="BAD_RULE")
         self.rules.check_room()
-        await self._durably("approval/rule", rule.event(),
-                            undo=("approval/rule-revoked", {"ruleId": rule.rule_id, "by": by}))
+        data = rule.event()
+        seq = self.port.record("approval/rule", data, ignorable=True)
+        self.rules.fold("approval/rule", data)
+        await self._durable(seq, undo={"ruleId": rule.rule_id, "by": by})
         self.rules.apply(rule)
         if p.outcome is not None:  # decided meanwhile (cancelled, the answerer left)
             raise errors.AlreadyDecided(
@@ -264,23 +266,23 @@ class ApprovalDesk:
             raise errors.InvalidParams(
                 f"rule {rule_id} is not a live rule of session {self.session_id} "
                 "(`dsh policy SESSION --rules` lists them)", field="ruleId", code="RULE_NOT_FOUND")
-        await self._durably("approval/rule-revoked", {"ruleId": rule_id, "by": by})
+        data = {"ruleId": rule_id, "by": by}
+        seq = self.port.record("approval/rule-revoked", data, ignorable=True)
+        self.rules.fold("approval/rule-revoked", data)
+        await self._durable(seq)
 
-    async def _durably(self, type_: str, data: dict,
-                       undo: tuple[str, dict] | None = None) -> None:
-        """Append a rule event (folded into the rules as logged) and wait until it is
-        durable, shielded (memory and log must not part on a disconnect); on StorageError
-        append ``undo`` (best effort) and raise."""
-        seq = self.port.record(type_, data, ignorable=True)
-        self.rules.fold(type_, data)
+    async def _durable(self, seq: int, undo: dict | None = None) -> None:
+        """Wait until the rule event at ``seq`` (appended and folded into the rules as
+        logged) is durable, shielded (memory and log must not part on a disconnect); on
+        StorageError append ``approval/rule-revoked`` ``undo`` (best effort) and raise."""
         try:
             with trio.CancelScope(shield=True):
                 await self.port.wait_durable(seq)
         except StorageError:
             if undo is not None:
                 try:
-                    self.port.record(undo[0], undo[1], ignorable=True)
-                    self.rules.fold(*undo)
+                    self.port.record("approval/rule-revoked", undo, ignorable=True)
+                    self.rules.fold("approval/rule-revoked", undo)
                 except Exception:  # noqa: BLE001 - the rule was never live; nothing runs by it
                     pass
             raise
