@@ -16,6 +16,7 @@ stderr. Exit 0, or 1 when the request was decided already or is not pending (``c
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import Any
 
@@ -31,6 +32,8 @@ from protocol.rpc import ALREADY_DECIDED, RpcError
 __all__ = ["approvals", "approve", "policy"]
 
 POLICIES = ("ask", "never")
+#: What an approval id looks like ("a-" + 12 hex), to tell it from a session reference.
+APPROVAL_ID = re.compile(r"a-[0-9a-f]{12}")
 #: Widest command cell of the ``dsh approvals`` table (``--json`` has the whole command).
 COMMAND_WIDTH = 60
 
@@ -78,6 +81,10 @@ async def _find(client: Any, first: str | None, second: str | None) -> tuple[str
         for p in pending:
             if p.approval_id == first:
                 return p.session_id, first
+        if APPROVAL_ID.fullmatch(first):
+            raise click.ClickException(
+                f"approval {first} is not pending in any session you may use (decided "
+                "already, or unknown); `dsh approvals` lists what waits")
     session_id = await resolve_session(client, first)
     here = [p for p in pending if p.session_id == session_id]
     if len(here) == 1:

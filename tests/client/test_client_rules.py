@@ -212,6 +212,8 @@ async def test_run_ask_on_a_new_session_waits_and_is_answered_from_another_termi
         run.kill()
     assert run.out == "answered\n"
     assert (await dsh(daemon.socket, "approvals")).stderr == b"no approval is pending\n"
+    proc = await dsh(daemon.socket, "approve", aid)  # decided: not pending anywhere now
+    assert proc.returncode == 1 and f"approval {aid} is not pending".encode() in proc.stderr
 
 
 async def test_an_ask_timeout_that_expires_is_unavailable(snappy_dshd, workdir):
