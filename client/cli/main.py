@@ -3,7 +3,7 @@
 Theory of operation: click parses; each command lives in the module of its job
 (``run``: ``dsh run``; ``attach``: ``dsh attach``; ``approve``: the answerer;
 ``approvals``: ``dsh approvals``, ``dsh approve``, ``dsh policy``; ``show``: ``sessions``,
-``log``, ``status``, ``wait``, ``cancel``; ``fsck``;
+``rename``, ``status``, ``wait``, ``cancel``; ``logshow``: ``log``; ``fsck``;
 ``chat``) and is one short anyio program over ``client.api.connect``
 (``client.cli.common.execute``). A command's own output goes to stdout -- a tool call's output
 exactly as the command wrote it, tables and logs as rich tables on a terminal and as plain
@@ -38,7 +38,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "approvals": ("client.cli.approvals", "approvals"),
     "policy": ("client.cli.approvals", "policy"),
     "sessions": ("client.cli.show", "sessions"),
-    "log": ("client.cli.show", "log"),
+    "log": ("client.cli.logshow", "log"),
+    "rename": ("client.cli.show", "rename"),
     "cancel": ("client.cli.show", "cancel"),
     "status": ("client.cli.show", "status"),
     "wait": ("client.cli.show", "wait"),

@@ -97,6 +97,7 @@ def test_method_params_cover_the_protocol():
         "unsubscribe", "approval.decide", "turn.start", "turn.cancel", "turn.steer", "daemon.status",
         "tool.read", "tool.follow", "tool.unfollow", "tool.write", "tool.closeStdin",
         "tool.resize", "tool.signal", "approval.rules", "approval.revokeRule", "approval.list",
+        "session.find", "session.rename",
     }
     assert methods == set(m.METHODS)
     for params, _result in m.METHODS.values():
