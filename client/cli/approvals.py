@@ -5,7 +5,8 @@ Theory of operation: each command is one short program over ``client.api``:
 ``dsh approvals`` lists ``approval.list`` (every pending request of the sessions you may
 use, oldest first) as an aligned table, or JSON; ``dsh approve`` decides one request --
 named by its approval id alone (the session is found in that list), or by SESSION and
-APPROVAL as before, or by SESSION alone when exactly one request waits there -- as
+APPROVAL as before, or by SESSION alone -- or nothing: the newest session of the current
+directory -- when exactly one request waits there (it says which, and the command) -- as
 ``allow-once`` (the default), ``allow-for-session`` (a rule: the exact command, or with
 ``--prefix WORDS`` every simple command that starts with those words) or ``reject``;
 ``dsh policy`` sets the policy (ask | never), lists the live rules (``--rules``) or
@@ -119,14 +120,12 @@ def approve(opts: Options, first: str | None, second: str | None, decision: str,
     """Decide a pending approval request; print the outcome.
 
     `dsh approve APPROVAL` (its session is found), `dsh approve SESSION APPROVAL`, or
-    `dsh approve SESSION` when one request waits there. Exit 1 when it was already decided
-    ("already decided: OUTCOME") or is unknown.
+    `dsh approve [SESSION]` when one request waits there (no SESSION: the newest session of
+    this directory). Exit 1 when it was already decided ("already decided: OUTCOME") or is
+    unknown.
     """
     if prefix is not None and decision != "allow-for-session":
         raise click.UsageError("--prefix goes with --allow-for-session")
-    if first is None:
-        raise click.UsageError("name the approval (`dsh approvals` lists them): "
-                               "dsh approve APPROVAL, or dsh approve SESSION APPROVAL")
 
     async def body(client: Any) -> int:
         session_id, approval_id = await _find(client, first, second)

@@ -244,3 +244,29 @@ async def test_policy_that_is_not_one_names_the_choices(snappy_dshd, workdir):
     assert proc.returncode == 0
     proc = await dsh(snappy_dshd.socket, "policy", sid, "never", "--rules")
     assert proc.returncode == 2 and b"give one of" in proc.stderr
+
+
+async def test_approve_with_no_arguments_decides_the_one_request_of_this_directory(
+        snappy_dshd, workdir):
+    daemon = snappy_dshd
+    async with connect(daemon.socket) as c:
+        sid = await c.create_session(workdir, approval_policy="ask", name="build")
+    run = await _asked(daemon, sid, "n1", "echo by name")
+    try:
+        aid = await _pending_id(daemon, "n1")
+        proc = await dsh(daemon.socket, "approvals")
+        row = proc.stdout.decode().splitlines()[1].split()
+        assert row[:2] == ["build", aid]  # the session's name, when it has one
+        proc = await dsh(daemon.socket, "approve", "--allow-for-session", cwd=workdir)
+        assert (proc.returncode, proc.stdout) == (0, b"allowed-once\n"), proc.stderr
+        err = proc.stderr.decode()
+        assert f"dsh: using session {sid} (build), the newest in" in err
+        assert f"dsh: approval {aid}: echo by name" in err
+        assert await run.wait() == 0
+    finally:
+        run.kill()
+    proc = await dsh(daemon.socket, "--json", "policy", "build", "--rules")
+    [rule] = json.loads(proc.stdout)["rules"]
+    assert (rule["kind"], rule["command"]) == ("exact", "echo by name")
+    proc = await dsh(daemon.socket, "approve", cwd=workdir)  # nothing waits there now
+    assert proc.returncode == 2 and b"no approval is pending in session" in proc.stderr
