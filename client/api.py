@@ -39,6 +39,8 @@ import client
 from client.paths import socket_path as resolve_socket_path
 from protocol import events
 from protocol import methods as m
+from protocol.approvals import (ApprovalRule, ApprovalRuleSpec, ApprovalRulesParams,
+                                PendingApproval, RevokeRuleParams)
 from client.raw import OutputFollow, ReadResult
 from client.subscription import Subscription
 from protocol.rpc import RpcError
@@ -283,7 +285,8 @@ class Client:
     async def start_tool(self, session_id: str, command: str, *, call_id: str | None = None,
                          timeout: float | None = None, approved: bool = True,
                          name: str = "bash", tty: tuple[int, int] | None = None,
-                         stdin: bool = False) -> m.ToolRunResult:
+                         stdin: bool = False, ask_timeout: float | None = None,
+                         ) -> m.ToolRunResult:
         """``tool.run`` of the bash tool; ``existing`` is true when ``call_id`` names a call
         already in the session (nothing was run again). ``tty``: (cols, rows) of the PTY the
         command runs under; ``stdin``: the call takes input (``tool.write``) on a pipe."""
@@ -296,7 +299,7 @@ class Client:
             arguments["stdin"] = "pipe"
         return await self.request("tool.run", m.ToolRunParams(
             session_id=session_id, name=name, arguments=arguments, call_id=call_id,
-            approved=approved))
+            approved=approved, ask_timeout=ask_timeout))
 
     async def wait(self, session_id: str, call_id: str,
                    timeout: float | None = None) -> m.ToolResult:
@@ -358,12 +361,32 @@ class Client:
 
     # -- approvals (PROTOCOL.md §3.4) -------------------------------------------------------
     async def decide(self, session_id: str, approval_id: str, decision: str) -> str:
-        """``approval.decide`` (``decision``: ``allow`` | ``reject``); returns the outcome
-        (``allowed-once`` | ``rejected``). A request decided already is ``RpcError`` -32011 with
-        ``data["outcome"]``; an unknown one -32007."""
-        result: m.ApprovalDecideResult = await self.request("approval.decide", m.ApprovalDecideParams(
-            session_id=session_id, approval_id=approval_id, decision=decision))
-        return result.outcome
+        """``approval.decide`` (``decision``: ``allow`` | ``allow-once`` | ``reject``); returns
+        the outcome (``allowed-once`` | ``rejected``). A request decided already is
+        ``RpcError`` -32011 with ``data["outcome"]``; an unknown one -32007."""
+        return (await self.decide_full(session_id, approval_id, decision)).outcome
+
+    async def decide_full(self, session_id: str, approval_id: str, decision: str,
+                          rule: tuple[str, str] | None = None) -> m.ApprovalDecideResult:
+        """``approval.decide``, any decision; ``rule``: ``(kind, command)`` of an
+        ``allow-for-session`` (None: an exact rule of the call's command)."""
+        spec = None if rule is None else ApprovalRuleSpec(kind=rule[0], command=rule[1])  # type: ignore[arg-type]
+        return await self.request("approval.decide", m.ApprovalDecideParams(
+            session_id=session_id, approval_id=approval_id, decision=decision, rule=spec))
+
+    async def approvals(self) -> list[PendingApproval]:
+        """``approval.list``: pending requests over the sessions we may use, oldest first."""
+        return (await self.request("approval.list", m.EmptyParams())).approvals
+
+    async def rules(self, session_id: str) -> list[ApprovalRule]:
+        """``approval.rules``: the session's live approval rules."""
+        return (await self.request("approval.rules", ApprovalRulesParams(
+            session_id=session_id))).rules
+
+    async def revoke_rule(self, session_id: str, rule_id: str) -> None:
+        """``approval.revokeRule``."""
+        await self.request("approval.revokeRule", RevokeRuleParams(
+            session_id=session_id, rule_id=rule_id))
 
     # -- turns (PROTOCOL.md §3.5) ----------------------------------------------------------
     async def start_turn(self, session_id: str, text: str) -> str:

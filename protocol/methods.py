@@ -38,6 +38,8 @@ from .raw import (
     ToolReadResult, ToolResizeParams, ToolSignalParams, ToolUnfollowParams, ToolWriteParams,
     ToolWriteResult,
 )
+from .approvals import (ApprovalDecideParams, ApprovalDecideResult, ApprovalListResult,
+                        ApprovalRulesParams, ApprovalRulesResult, RevokeRuleParams)
 from .structs import _Params, _Result
 
 __all__ = [
@@ -74,6 +76,8 @@ MAX_INPUT_CHARS = 1024 * 1024
 MAX_ARGUMENTS_BYTES = 8 * 1024 * 1024
 #: ``bash``'s ``timeout`` cap: 7 days in seconds (PROTOCOL.md §3.2).
 MAX_BASH_TIMEOUT_SECONDS = 7 * 86400
+#: ``tool.run``'s ``askTimeout`` cap: one hour in seconds (PROTOCOL.md §3.4).
+MAX_ASK_TIMEOUT_SECONDS = 3600
 #: Largest terminal width or height of a tty call (HOST.md §5).
 MAX_TTY_SIZE = 10_000
 
@@ -267,6 +271,9 @@ class ToolRunParams(_Params):
     arguments: dict[str, Any]
     call_id: ClientCallId | None = None
     approved: bool = False
+    #: Seconds the gate waits for an answerer to attach (or a decision) before
+    #: ``unavailable`` (PROTOCOL.md §3.4); None: at once.
+    ask_timeout: Annotated[float, Meta(ge=0, le=MAX_ASK_TIMEOUT_SECONDS)] | None = None
 
     def __post_init__(self) -> None:
         if self.call_id in RESERVED_IDS:
@@ -352,14 +359,7 @@ class StreamParams(_Params):
 
 
 # ---------------------------------------------------------------------- approvals (§3.4)
-class ApprovalDecideParams(_Params):
-    session_id: str
-    approval_id: str
-    decision: Literal["allow", "reject"]
-
-
-class ApprovalDecideResult(_Result):
-    outcome: str
+# ``protocol.approvals``: approval.decide, approval.rules, approval.revokeRule, approval.list.
 
 
 # ---------------------------------------------------------------------- turns (§3.5)
@@ -455,6 +455,9 @@ METHODS: dict[str, Method] = {
     "subscribe": Method(SubscribeParams, SubscribeResult),
     "unsubscribe": Method(UnsubscribeParams, EmptyResult),
     "approval.decide": Method(ApprovalDecideParams, ApprovalDecideResult),
+    "approval.rules": Method(ApprovalRulesParams, ApprovalRulesResult),
+    "approval.revokeRule": Method(RevokeRuleParams, EmptyResult),
+    "approval.list": Method(EmptyParams, ApprovalListResult),
     "turn.start": Method(TurnStartParams, TurnStartResult),
     "turn.cancel": Method(TurnCancelParams, CancelledResult),
     "turn.steer": Method(TurnSteerParams, TurnSteerResult),

@@ -1,9 +1,9 @@
 """``dsh``: the command-line client of dshd -- the group, its options, its commands.
 
 Theory of operation: click parses; each command lives in the module of its job
-(``run``: ``dsh run``; ``attach``: ``dsh attach``; ``approve``: the answerer, ``dsh approve``,
-``dsh policy``; ``show``: ``sessions``, ``rename``, ``status``, ``wait``, ``cancel``;
-``logshow``: ``log``; ``fsck``;
+(``run``: ``dsh run``; ``attach``: ``dsh attach``; ``approve``: the answerer;
+``approvals``: ``dsh approvals``, ``dsh approve``, ``dsh policy``; ``show``: ``sessions``,
+``rename``, ``status``, ``wait``, ``cancel``; ``logshow``: ``log``; ``fsck``;
 ``chat``) and is one short anyio program over ``client.api.connect``
 (``client.cli.common.execute``). A command's own output goes to stdout -- a tool call's output
 exactly as the command wrote it, tables and logs as rich tables on a terminal and as plain
@@ -34,8 +34,9 @@ __all__ = ["COMMANDS", "LazyGroup", "cli", "main"]
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("client.cli.run", "run"),
     "attach": ("client.cli.attach", "attach"),
-    "approve": ("client.cli.approve", "approve"),
-    "policy": ("client.cli.approve", "policy"),
+    "approve": ("client.cli.approvals", "approve"),
+    "approvals": ("client.cli.approvals", "approvals"),
+    "policy": ("client.cli.approvals", "policy"),
     "sessions": ("client.cli.show", "sessions"),
     "log": ("client.cli.logshow", "log"),
     "rename": ("client.cli.show", "rename"),

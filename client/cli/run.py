@@ -33,6 +33,7 @@ import anyio
 import click
 
 from client.api import CallLost, Client
+from client.cli.askopt import ask_timeout_option
 from client.cli.common import (
     RECONNECT_RULE, Options, execute_linked, pass_options, reconnect_option,
 )
@@ -64,6 +65,7 @@ class RunOptions:
     ask: bool = False
     sandbox: str | None = None
     policy: str | None = None
+    ask_timeout: float | None = None
 
 
 # ---------------------------------------------------------------------- helpers
@@ -132,7 +134,8 @@ async def _submit(client: Client, call: Call, command: str, timeout: float | Non
         started = await client.start_tool(call.session_id, command, call_id=call.call_id,
                                           timeout=timeout, approved=not how.ask,
                                           tty=terminal_size() if io.tty else None,
-                                          stdin=io.forward)
+                                          stdin=io.forward,
+                                          ask_timeout=how.ask_timeout if how.ask else None)
     except RpcError as exc:
         if exc.code != STORAGE_FAILURE:
             raise
@@ -173,7 +176,9 @@ async def _approvals(sub: Subscription, call: Call, events: Events) -> None:
                 asked = True
                 note(f"dsh: call {call.call_id} waits for approval {waiting}: answer with "
                      f"`dsh approve {call.session_id} {waiting}` (--reject to refuse) or "
-                     f"`dsh attach --approve {call.session_id}`")
+                     f"`dsh attach --approve {call.session_id}`; from another terminal: "
+                     "`dsh approvals` lists what waits, --allow-for-session allows such "
+                     "calls from now on")
 
 
 def _conclude(call: Call, followed: Followed, io: Io) -> int:
@@ -240,19 +245,20 @@ Exit status (never 0 when the call is an error):
               help="Sandbox mode of the new session (default: the daemon's config).")
 @click.option("--policy", type=click.Choice(POLICIES), default=None,
               help="Approval policy of the new session (default: the daemon's config).")
+@ask_timeout_option
 @reconnect_option
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- CMD...")
 @pass_options
 def run(opts: Options, tty: bool, detach_keys: bytes, session_id: str | None,
         timeout: float | None, call_id: str | None, cancel_on_interrupt: bool, ask: bool,
-        sandbox: str | None, policy: str | None, reconnect_timeout: float,
-        argv: tuple[str, ...]) -> None:
+        sandbox: str | None, policy: str | None, ask_timeout: float,
+        reconnect_timeout: float, argv: tuple[str, ...]) -> None:
     if call_id is not None and not is_valid_id(call_id):
         raise click.BadParameter(f"ids match {ID_CHARS}", param_hint="--call-id")
     if session_id is not None and (sandbox or policy):
         raise click.UsageError("--sandbox and --policy set up a new session, not with --session "
                                "(`dsh policy SESSION ask|never` changes a session's policy)")
-    how = RunOptions(ask=ask, sandbox=sandbox, policy=policy)
+    how = RunOptions(ask=ask, sandbox=sandbox, policy=policy, ask_timeout=ask_timeout)
     sys.exit(execute_linked(
         opts, lambda link: run_command(link, argv, session_id, timeout, call_id,
                                        cancel_on_interrupt, how, tty, detach_keys),

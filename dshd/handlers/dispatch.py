@@ -26,7 +26,7 @@ import structlog
 from protocol import methods, rpc
 
 from ..errors import MethodNotFound, NotInitialized, to_rpc_error
-from . import calls, cleanup, lifecycle, raw, sessions, streams, turns
+from . import approvals, calls, cleanup, lifecycle, raw, sessions, streams, turns
 from .context import AfterResponse, ConnectionPort
 
 __all__ = ["Answer", "HANDLERS", "NOT_A_CALL", "dispatch"]
@@ -58,7 +58,10 @@ HANDLERS: dict[str, Handler] = {
     "tool.closeStdin": raw.tool_close_stdin,
     "tool.resize": raw.tool_resize,
     "tool.signal": raw.tool_signal,
-    "approval.decide": calls.approval_decide,
+    "approval.decide": approvals.approval_decide,
+    "approval.rules": approvals.approval_rules,
+    "approval.revokeRule": approvals.approval_revoke_rule,
+    "approval.list": approvals.approval_list,
     "turn.start": turns.turn_start,
     "turn.cancel": turns.turn_cancel,
     "turn.steer": turns.turn_steer,

@@ -55,6 +55,8 @@ class Call:
     host: HostHandle | None = None
     detach: trio.Event = field(default_factory=trio.Event)
     keeps: bool = True
+    #: ``tool.run``'s ``askTimeout``: seconds the gate waits for an answerer (0: at once).
+    ask_timeout: float = 0.0
 
     @property
     def detached(self) -> bool:

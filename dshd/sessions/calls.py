@@ -173,7 +173,8 @@ class CallTable:
                                    f"(max_calls = {limit})")
 
     def start(self, call_id: str, name: str, arguments: dict, approved: bool, *,
-              turn_id: str | None = None, step_id: str | None = None) -> None:
+              turn_id: str | None = None, step_id: str | None = None,
+              ask_timeout: float = 0.0) -> None:
         """Append ``tool/call`` and start the call's pipeline as a task of the session.
 
         The caller has checked the id is new (or only proposed) and the tool and arguments
@@ -191,7 +192,7 @@ class CallTable:
             data["stepId"] = step_id
         ev = self.log.append("tool/call", data)
         self.propose(call_id, name)
-        call = Call(call_id, name, arguments, approved, ev.seq)
+        call = Call(call_id, name, arguments, approved, ev.seq, ask_timeout=ask_timeout)
         self.running[call_id] = call
         try:
             self._begin(call, encoded)

@@ -160,7 +160,8 @@ class Session(SessionSettings):
         index as a delta since the last durable snapshot (``CallIndex.delta``)."""
         delta = self._calls.known.index.delta(self._log.snapshot_seq, self._log.last_seq + 1)
         return {**snapshot_state({"env": self._logged_env}, delta,
-                                 self._lane.tracker.value["recent"], self._approvals.decided),
+                                 self._lane.tracker.value["recent"], self._approvals.decided,
+                                 self._approvals.rules.snapshot()),
                 "activity": self._log.activity}
 
     def info(self) -> dict:
@@ -185,7 +186,7 @@ class Session(SessionSettings):
 
     # ----------------------------------------------------------------- the port
     # What rooms outside ``dshd/sessions`` may use: these methods and ``id``, ``owner``,
-    # ``policy``, ``mode``, ``config``, ``agent``, ``crash``, ``finished`` (nothing else).
+    # ``policy``, ``mode``, ``config``, ``agent``, ``crash``, ``finished``, ``approvals``.
     @property
     def last_seq(self) -> int:
         """Seq of the newest event (unflushed tail included)."""
@@ -217,9 +218,9 @@ class Session(SessionSettings):
     def damaged(self) -> str | None:  # why an old frame is damaged (found by a read), or None
         return self._view.damaged
 
-    def record(self, type_: str, data: dict) -> int:
+    def record(self, type_: str, data: dict, ignorable: bool = False) -> int:
         """Append an event to the log (buffered; :meth:`wait_durable` makes it durable)."""
-        return self._log.append(type_, data).seq
+        return self._log.append(type_, data, ignorable=ignorable).seq
 
     async def wait_durable(self, seq: int) -> None:
         """Return once the log is durable through ``seq``; StorageError when it cannot be."""
@@ -256,10 +257,9 @@ class Session(SessionSettings):
         recorded model answer proposed it)."""
         return self._calls.has(call_id)
 
-    def start_call(self, call_id: str, name: str, arguments: dict, approved: bool, *,
-                   turn_id: str | None = None, step_id: str | None = None) -> None:
-        """Record and start a call (``calls.CallTable.start``); SessionClosing, CallLimit."""
-        self._calls.start(call_id, name, arguments, approved, turn_id=turn_id, step_id=step_id)
+    def start_call(self, call_id: str, name: str, arguments: dict, approved: bool, **how) -> None:
+        """Record, start a call (``CallTable.start``'s keywords); SessionClosing, CallLimit."""
+        self._calls.start(call_id, name, arguments, approved, **how)
 
     def propose_call(self, call_id: str, name: str) -> None:
         """A recorded model answer names ``call_id``: waitable from now on."""
@@ -287,9 +287,9 @@ class Session(SessionSettings):
                           getattr(call, "host", None) if call is not None else None,
                           self._calls.known.settled_result(call_id))
 
-    def decide(self, approval_id: str, decision: str) -> str:
-        """Decide a pending approval (``dshd.sessions.approval``); the outcome recorded."""
-        return self._approvals.decide(approval_id, decision)
+    @property
+    def approvals(self) -> ApprovalDesk:  # decide, rules, pending requests
+        return self._approvals
 
     def rebase(self, sub: Subscription) -> None:
         """Send ``sub`` a base batch at the next publish (a dropped or resynced stream)."""

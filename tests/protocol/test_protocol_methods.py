@@ -100,8 +100,8 @@ def test_method_params_cover_the_protocol():
         "unsubscribe", "approval.decide", "turn.start", "turn.cancel", "turn.steer", "daemon.status",
         "tool.read", "tool.follow", "tool.unfollow", "tool.write", "tool.closeStdin",
         "tool.resize", "tool.signal", "session.find", "session.rename",
-        "tool.resize", "tool.signal",
         "session.delete", "session.prune",  # issue 15, room cleanup
+        "approval.rules", "approval.revokeRule", "approval.list",
     }
     assert methods == set(m.METHODS)
     for params, _result in m.METHODS.values():
