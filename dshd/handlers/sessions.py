@@ -1,10 +1,14 @@
-"""Session methods (PROTOCOL.md §3.1): create, list, get, events, setApprovalPolicy.
+"""Session methods (PROTOCOL.md §3.1): create, list, get, events, setApprovalPolicy, find,
+rename.
 
 Theory of operation: what ``session.create`` is given is checked before anything is made: the
 params struct checks shapes and caps (``protocol.methods``), the handler what needs the
 machine (the cwd exists, is not dshd's state directory nor a refused workspace, the caller
 can enter it; env names are shell names, none of dshd's own). A session's info is the
-registry's, typed as ``SessionInfo``; a list shows only the sessions the caller may use.
+registry's, typed as ``SessionInfo``; a list shows only the sessions the caller may use, and
+``session.find`` resolves a reference over those only (``dshd.sessions.names.find``: a
+session of another user is never named, matched or counted in an AMBIGUOUS answer). A name
+is unique per owner (NAME_TAKEN names the holder).
 """
 
 from __future__ import annotations
@@ -20,12 +24,13 @@ from .. import identity
 from ..errors import InvalidParams, PermissionDenied
 from ..execution.sandbox import refused_workspace
 from ..paths import is_within
+from ..sessions.names import find
 from . import port
 from .context import ConnectionPort, may_use
 
 __all__ = [
-    "RESERVED_ENV", "session_create", "session_events", "session_get", "session_list",
-    "session_set_policy",
+    "RESERVED_ENV", "session_create", "session_events", "session_find", "session_get",
+    "session_list", "session_rename", "session_set_policy",
 ]
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -74,7 +79,8 @@ async def session_create(conn: ConnectionPort,
         raise InvalidParams(f"cwd {p.cwd!r} is not an existing directory", field="cwd")
     _check_env(p.env or {})
     cwd = _resolved_cwd(conn, p.cwd)
-    session = await port.create_session(conn, cwd, p.title, p.approval_policy, p.sandbox, p.env)
+    session = await port.create_session(conn, cwd, p.title, p.approval_policy, p.sandbox, p.env,
+                                        p.name)
     return m.SessionCreateResult(session_id=session.id)
 
 
@@ -106,4 +112,17 @@ async def session_set_policy(conn: ConnectionPort,
                              p: m.SetApprovalPolicyParams) -> m.EmptyResult:
     session = await port.open_session(conn, p.session_id)
     await session.set_policy(p.policy, source="session.setApprovalPolicy")
+    return m.EmptyResult()
+
+
+async def session_find(conn: ConnectionPort, p: m.SessionFindParams) -> m.SessionFindResult:
+    cwd = None if p.cwd is None else os.path.realpath(p.cwd)  # sessions store theirs resolved
+    infos = [i for i in await conn.daemon.registry.list() if may_use(conn, i.get("owner"))]
+    info, how = find(infos, p.ref, cwd)
+    return m.SessionFindResult(session_id=info["sessionId"], how=how, name=info.get("name"))
+
+
+async def session_rename(conn: ConnectionPort, p: m.SessionRenameParams) -> m.EmptyResult:
+    session = await port.open_session(conn, p.session_id)
+    await conn.daemon.registry.rename(session, p.name)
     return m.EmptyResult()
