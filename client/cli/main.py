@@ -42,6 +42,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "wait": ("client.cli.show", "wait"),
     "fsck": ("client.cli.fsck", "fsck"),
     "chat": ("client.cli.chat", "chat"),
+    "steer": ("client.cli.steer", "steer"),
 }
 
 
