@@ -7,9 +7,11 @@ view and sends ``turn.start``; from then on the lane drives the screen
 :class:`JsonScreen`). The other is the session's approval answerer (:class:`Approver`): it
 asks on the terminal (or allows every call with ``--yes``) and answers with
 ``approval.decide``. When stdin ends with a request to answer (no terminal, no ``--yes``, or
-Ctrl-D), nobody could be asked: the answerer leaves (its subscription ends), so dshd decides
-that request and every later one ``unavailable`` -- the truth, where "rejected" would not be --
-dsh says so, and the chat exits 125 (``client.exits.unanswered_status``) once the turn ends.
+Ctrl-D), this chat cannot ask anyone: its answerer leaves (its subscription ends), so dshd
+decides that request and every later one ``unavailable`` unless another answerer of the
+session decides first -- the truth, where "rejected" would not be. When a call of the turn
+settled ``APPROVAL_UNAVAILABLE``, dsh says no one could be asked and exits 125
+(``client.exits.unanswered_status``) once the turn ends.
 
 Leaving a turn: Ctrl-C once cancels it (``turn.cancel``) and the chat shows it unwinding; a
 second Ctrl-C while it cancels leaves at once (status 130; the turn settles on its own in
@@ -74,7 +76,7 @@ class Approver:
         self.session_id = session_id
         self.lines = lines
         self.yes = yes
-        self.unanswered = False  # nobody could be asked: the answerer left
+        self.left = False  # stdin ended with a request to answer: the answerer left
         self.seen: set[str] = set()
         self.pending: dict[str, dict] = {}
         self._sub: Any = None
@@ -146,12 +148,11 @@ class Approver:
         return True
 
     async def _leave(self, entry: dict) -> None:
-        """Stop being the answerer: dshd decides what waits (and what comes) ``unavailable``."""
-        self.unanswered = True
-        note(f"\ndsh: no one could be asked: {entry.get('tool')} `{entry.get('summary', '')}` "
-             "needs approval and stdin ended (no terminal); dshd decides it unavailable and "
-             f"the model is told. Pass --yes, or run an answerer: dsh attach --approve "
-             f"{self.session_id}")
+        """Stop being the answerer: dshd decides what waits (and what comes) ``unavailable``,
+        unless another answerer of the session decides first."""
+        self.left = True
+        note("\ndsh: stdin ended: this chat cannot answer approvals (no terminal, no --yes); "
+             "it stops answering", dim=True)
         with anyio.move_on_after(LEAVE_S, shield=True):
             await self._sub.aclose()
 
@@ -163,6 +164,7 @@ class JsonScreen:
         self.client, self.session_id, self.turn_id = client, session_id, turn_id
         self.after_seq = after_seq
         self.end: TurnEndData | None = None
+        self.unavailable: set[str] = set()
 
     def open_call(self) -> None:
         return None
@@ -176,6 +178,9 @@ class JsonScreen:
             self.after_seq = event["seq"]
             sys.stdout.write(msgspec.json.encode(event).decode() + "\n")
             data = event.get("data") or {}
+            if event.get("type") == "tool/result" and \
+                    data.get("errorCode") == "APPROVAL_UNAVAILABLE":
+                self.unavailable.add(str(data.get("callId")))
             if event.get("type") == "turn/end" and data.get("turnId") == self.turn_id:
                 self.end = msgspec.convert(data, TurnEndData)
                 break
@@ -234,7 +239,13 @@ async def show_turn(client: Client, sub, session_id: str, screen: Any, approver:
         detail = ": ".join(str(x) for x in parts if x)  # UNSET is falsy: left out
         note(f"dsh: turn {reason}" + (f" ({detail})" if detail else ""))
     status = turn_status(reason)
-    return unanswered_status(status) if approver.unanswered else status
+    unanswered = sorted(screen.unavailable)
+    if unanswered:
+        note(f"dsh: no one could be asked: {len(unanswered)} call(s) needed approval and "
+             f"were decided unavailable ({', '.join(unanswered)}); pass --yes or run an "
+             f"answerer (dsh attach --approve {session_id})")
+        return unanswered_status(status)
+    return status
 
 
 async def _follow_turn(client: Client, sub, session_id: str, screen: Any,

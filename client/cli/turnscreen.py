@@ -91,6 +91,8 @@ class TurnScreen:
         self.closed_steps: set[str] = set()
         self.seen = False
         self.end: TurnEndData | None = None
+        #: Calls shown that settled APPROVAL_UNAVAILABLE (no answerer decided them).
+        self.unavailable: set[str] = set()
         self._line_start = True
 
     def open_call(self) -> str | None:
@@ -208,6 +210,8 @@ class TurnScreen:
         if call_id in self.closed_calls or result is None:
             return
         self.closed_calls.add(call_id)
+        if result.error_code == "APPROVAL_UNAVAILABLE":
+            self.unavailable.add(call_id)
         if call_id not in self.headed:
             self._newline()
             note(f"── {name}: {command_of(arguments)}", dim=True)
