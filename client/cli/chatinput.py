@@ -114,6 +114,7 @@ class TtyLines(Lines):
                 self._line.clear()
             elif ch == "\x04":  # Ctrl-D
                 if not self._line:
+                    _echo("\n")
                     done.append(None)
                     return done
             elif ch.isprintable() and len(self._line) < MAX_LINE:
