@@ -188,8 +188,8 @@ class JsonScreen:
 
 
 # ---------------------------------------------------------------------- one turn
-async def run_turn(client: Client, sub, session_id: str, text: str, approver: Approver,
-                   lines: Lines, as_json: bool) -> int:
+async def run_turn(client: Client, sub, session_id: str, text: str, lines: Lines,
+                   as_json: bool) -> int:
     """Start one turn and show it until it ends; its exit status."""
     after_seq = (await client.get_session(session_id)).last_seq
     try:
@@ -201,11 +201,10 @@ async def run_turn(client: Client, sub, session_id: str, text: str, approver: Ap
              f"dsh chat --attach {session_id} (or steer it: dsh steer {session_id} TEXT)")
         return EXIT_ERROR
     screen = (JsonScreen if as_json else TurnScreen)(client, session_id, turn_id, after_seq)
-    return await show_turn(client, sub, session_id, screen, approver, lines)
+    return await show_turn(client, sub, session_id, screen, lines)
 
 
-async def rejoin(client: Client, sub, session_id: str, approver: Approver, lines: Lines,
-                 as_json: bool) -> int:
+async def rejoin(client: Client, sub, session_id: str, lines: Lines, as_json: bool) -> int:
     """``--attach``: the running turn so far, then live to its end (module doc)."""
     turn = sub.mirror.value.get("turn") if isinstance(sub.mirror.value, dict) else None
     if not isinstance(turn, dict):
@@ -217,11 +216,16 @@ async def rejoin(client: Client, sub, session_id: str, approver: Approver, lines
     screen = (JsonScreen if as_json else TurnScreen)(client, session_id, turn_id, after_seq)
     note(f"dsh: re-joining turn {turn_id}", dim=True)
     await screen.replay_input()
-    return await show_turn(client, sub, session_id, screen, approver, lines)
+    return await show_turn(client, sub, session_id, screen, lines)
 
 
-async def show_turn(client: Client, sub, session_id: str, screen: Any, approver: Approver,
-                    lines: Lines) -> int:
+async def watch_turn(client: Client, sub, session_id: str) -> int:
+    """``dsh attach`` of a session whose turn runs: the turn so far, then live to its end, as
+    ``dsh chat --attach`` shows it, without answering approvals; the turn's status."""
+    return await rejoin(client, sub, session_id, Lines(), False)
+
+
+async def show_turn(client: Client, sub, session_id: str, screen: Any, lines: Lines) -> int:
     try:
         left = await _follow_turn(client, sub, session_id, screen, lines)
     except BaseException as raised:  # noqa: BLE001 - re-raised, with the hint when dshd left
@@ -333,9 +337,9 @@ async def _turns(client: Client, sub, session_id: str, args: ChatArgs, lines: Li
         nursery.start_soon(lines.run)
         await nursery.start(approver.run)
         if args.attach is not None:
-            status = await rejoin(client, sub, session_id, approver, lines, args.as_json)
+            status = await rejoin(client, sub, session_id, lines, args.as_json)
         elif args.prompt is not None:
-            status = await run_turn(client, sub, session_id, args.prompt, approver, lines,
+            status = await run_turn(client, sub, session_id, args.prompt, lines,
                                     args.as_json)
         else:
             status = EXIT_OK
@@ -347,7 +351,7 @@ async def _turns(client: Client, sub, session_id: str, args: ChatArgs, lines: Li
                 if line is None:
                     break
                 if line.strip():
-                    status = await run_turn(client, sub, session_id, line, approver, lines,
+                    status = await run_turn(client, sub, session_id, line, lines,
                                             args.as_json)
                     if lines.detach.is_set():
                         break

@@ -230,3 +230,26 @@ def test_chat_in_a_session_with_a_running_turn_points_at_attach(root, workdir):
         daemon.close()
     assert second.returncode == 1
     assert f"dsh chat --attach {sid}" in second.stderr
+
+
+def test_dsh_attach_shows_a_running_turns_text_and_calls(root, workdir):
+    """`dsh attach SESSION` while a turn runs: the step's assistant text (not only the call's
+    output), then live to the turn's end; the turn's status."""
+    gate = workdir / "go"
+    daemon = scripted(root, gated(gate, "Step text the attach must show.", 0), {"text": FINAL})
+    try:
+        out, err = root / "c.out", root / "c.err"
+        proc = spawn(daemon, out, err, "chat", "--yes", "go", cwd=str(workdir))
+        sid = session_of(err)
+        until(lambda: "looking" in out.read_text(), "the call")
+        aout, aerr = root / "a.out", root / "a.err"
+        att = spawn(daemon, aout, aerr, "attach", sid, cwd=str(workdir))
+        until(lambda: "looking" in aout.read_text(), "the call's output in attach")
+        gate.write_text("")
+        assert att.wait(WAIT_S) == 0, aerr.read_text()
+        assert proc.wait(WAIT_S) == 0
+        shown = aout.read_text()
+    finally:
+        daemon.close()
+    assert shown.index("Step text the attach must show.") < shown.index("looked") \
+        < shown.index(FINAL)
