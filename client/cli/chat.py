@@ -278,7 +278,9 @@ async def _follow_turn(client: Client, sub, session_id: str, screen: Any,
             async def on_detach() -> None:
                 nonlocal left
                 await lines.detach.wait()
-                note(f"\ndsh: detached; the turn keeps running in dshd. Re-join it: {rejoin_hint}")
+                note(f"\ndsh: detached; the turn keeps running in dshd. Re-join it: {rejoin_hint}"
+                     f" (until an answerer is attached, a call that needs approval is decided "
+                     f"unavailable: dsh attach --approve {session_id} answers)")
                 left = EXIT_OK
                 tasks.cancel_scope.cancel()
 
