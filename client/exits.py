@@ -21,7 +21,8 @@ from client.transport import DshClientError
 from protocol.lane import ToolResult
 from protocol.rpc import RpcError
 
-__all__ = ["exit_status", "turn_status", "failure_status", "detached_status", "fsck_status",
+__all__ = ["exit_status", "turn_status", "unanswered_status", "failure_status",
+           "detached_status", "fsck_status",
            "single", "leaves", "NEVER_RAN_CODES"]
 
 EXIT_OK = 0
@@ -95,6 +96,13 @@ def exit_status(result: ToolResult) -> tuple[int, str | None]:
 def turn_status(reason: Any) -> int:
     """``dsh chat``: 0 completed, 130 cancelled, 1 for an error or anything else."""
     return TURN_STATUS.get(reason, EXIT_ERROR) if isinstance(reason, str) else EXIT_ERROR
+
+
+def unanswered_status(status: int) -> int:
+    """``dsh chat``: a call needed approval and no one could be asked (stdin ended: no terminal,
+    no ``--yes``): 125, the status of a call that never ran, whatever the turn's own status
+    (``status``) -- but a cancelled turn stays 130."""
+    return status if status == EXIT_INTERRUPTED else EXIT_NEVER_RAN
 
 
 def detached_status(pipe: bool) -> int:

@@ -12,6 +12,11 @@ this terminal's keys and size too, by the rule of ``dsh run -t`` (``KEYS_RULE``)
 with one ``tool.resize`` to this terminal's size so that a full-screen program redraws. Bytes
 the per-call disk cap dropped are said in one line on stderr.
 
+A session whose agent turn runs (the lane's ``turn``; no ``--call``, no ``--follow``) is shown
+as ``dsh chat --attach`` shows it (``client.cli.chat.watch_turn``): the turn so far from the
+log, the current step's streaming text and its calls' output, live to the turn's end, and dsh
+exits with the turn's status; approvals are not answered here (``--approve`` does).
+
 Several calls (or ``--follow`` without ``--call``, which waits for new ones) use the lane
 view: for each batch ``show_calls`` prints a header for each new call, its new output
 (``client.cli.output``: complete through the spill file, from the window first seen on) and
@@ -92,6 +97,10 @@ async def _attach_once(link: Link, client: Client, session_id: str, call_id: str
     async with await client.subscribe(session_id) as sub:
         if not follow or call_id is not None:
             view = await sub.next_view()
+            if call_id is None and isinstance(view.get("turn"), dict):
+                from client.cli.chat import watch_turn  # the chat's screen, only for a turn
+
+                return await watch_turn(client, sub, session_id)
             tools = tools_of(view)
             one = call_id or (next(iter(tools)) if len(tools) == 1 else None)
             if one is not None:
@@ -158,6 +167,10 @@ ATTACH_HELP = """Show the running calls of SESSION and their live output.
 
 SESSION: an id, a name or a unique prefix; without it, the newest session of the
 current directory (said on stderr).
+
+While an agent turn runs in SESSION (dsh chat), show the turn instead: the turn so far
+(its input, the assistant's text, the calls and their results), then its text and calls
+live to its end; the status is the turn's (as dsh chat --attach).
 
 One call (--call, or the only one running) is shown complete: its retained output from
 the first byte (--tail N: its last N lines), then live to its end; dsh exits with its

@@ -47,6 +47,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "chat": ("client.cli.chat", "chat"),
     "rm": ("client.cli.cleanup", "rm"),
     "prune": ("client.cli.cleanup", "prune"),
+    "steer": ("client.cli.steer", "steer"),
 }
 
 

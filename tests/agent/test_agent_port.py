@@ -47,6 +47,11 @@ class FakeLane:
             self.turn[key] = value
             self.history.append((key, value))
 
+    def turn_calls(self, calls) -> None:
+        if self.turn is not None:
+            self.turn["calls"] = [c.call_id for c in calls]
+            self.history.append(("calls", self.turn["calls"]))
+
     def turn_text(self, text, *, append=False) -> None:
         if self.turn is not None:
             self.turn["text"] = self.turn["text"] + text if append else text
