@@ -121,8 +121,8 @@ class Session:
         self._logged_env: dict[str, str] = {}
         #: The agent loop (``dshd.agent.TurnDriver``), made on the first ``turn.*`` request.
         self.agent: AgentSlot | None = None
-        #: seq of the approval/policy event in force (on open: any seq of the log).
-        self._policy_seq = -1
+        #: seq of the approval/policy and sandbox/mode events in force (on open: none).
+        self._setting_seq: dict[str, int] = {}
         recent = self._absorb_log(index)
         h = log_.header
         self._lane = Lane(LaneSession(self.id, h.title, h.cwd, self.policy, self.mode), recent,
@@ -449,18 +449,16 @@ class Session:
         self.mode = mode
         self._lane.show_settings(policy=policy, sandbox=mode)
 
-    async def set_policy(self, policy: str, source: str) -> None:
-        """Change the approval policy once the change is durable; StorageError changes
-        nothing (PROTOCOL.md: -32014 and the old policy stays)."""
-        seq = await self._record_durably(
-            [("approval/policy", {"policy": policy, "source": source}, False)],
-            [("approval/policy", {"policy": self.policy, "source": "rollback"}, False)],
-        )
-        if seq < self._policy_seq:
-            return  # a later change became durable with us and already applied
-        self._policy_seq = seq
-        self.policy = policy
-        self._lane.show_settings(policy=policy)
+    async def set_setting(self, key: str, value: str, source: str) -> None:
+        """Change ``"policy"`` (approval) or ``"mode"`` (sandbox, of the calls confined from
+        now on) once the change is durable; StorageError changes nothing (-32014)."""
+        type_, shown = ("approval/policy", "policy") if key == "policy" else ("sandbox/mode", "sandbox")
+        seq = await self._record_durably([(type_, {key: value, "source": source}, False)],
+                                         [(type_, {key: getattr(self, key), "source": "rollback"}, False)])
+        if seq >= self._setting_seq.get(type_, -1):  # else a later change applied already
+            self._setting_seq[type_] = seq
+            setattr(self, key, value)
+            self._lane.show_settings(**{shown: value})
 
     async def _record_durably(
         self, change: list[tuple[str, dict, bool]], undo: list[tuple[str, dict, bool]]
