@@ -1,0 +1,150 @@
+"""``dsh run`` (issue 15): a call's own environment, a session's sandbox changed later, and the
+checks made before any session is created -- through the real CLI against a real dshd."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from client.api import connect
+from protocol.rpc import INVALID_PARAMS, RpcError
+
+from .conftest import running_daemon
+
+
+def _sessions(daemon) -> list[str]:
+    listed = json.loads(daemon.dsh("--json", "sessions").stdout)
+    listed = listed["sessions"] if isinstance(listed, dict) else listed
+    return [s["sessionId"] for s in listed]
+
+
+def _sid(stderr: str) -> str:
+    return stderr.split("session ", 1)[1].split()[0]
+
+
+@pytest.mark.parametrize("provider", ["bwrap", "landlock"])
+def test_env_and_env_file_reach_the_command_and_the_clients_env_does_not(workdir, provider):
+    envfile = workdir / "vars.env"
+    envfile.write_text("# a comment\nFROMFILE=file\nexport QUOTED=\"a b\"\nOVER=file\n"
+                       "KEEP=${HOME}\n")
+    with running_daemon(f'sandbox_provider = "{provider}"\n') as d:
+        d.env["LEAKED"] = "from-the-client"
+        r = d.dsh("run", "--env", "FOO=bar", "--env", "OVER=flag", "--env-file", str(envfile),
+                  "--", "sh", "-c", 'echo "$FOO|$FROMFILE|$QUOTED|$OVER|$KEEP|[$LEAKED]"',
+                  cwd=str(workdir))
+        assert r.returncode == 0, r.stderr
+        assert r.stdout == "bar|file|a b|flag|${HOME}|[]\n"
+
+
+@pytest.mark.parametrize("provider", ["bwrap", "landlock"])
+async def test_call_env_is_merged_over_the_session_env_for_that_call_only(workdir, provider):
+    with running_daemon(f'sandbox_provider = "{provider}"\n') as d:
+        async with connect(str(d.socket)) as c:
+            sid = await c.create_session(str(workdir), env={"A": "session", "B": "session"})
+        r = d.dsh("run", "--session", sid, "--env", "B=call", "--", "sh", "-c", 'echo $A $B',
+                  cwd=str(workdir))
+        assert (r.returncode, r.stdout) == (0, "session call\n"), r.stderr
+        r = d.dsh("run", "--session", sid, "--", "sh", "-c", 'echo $A $B', cwd=str(workdir))
+        assert (r.returncode, r.stdout) == (0, "session session\n"), r.stderr
+
+
+async def test_daemon_refuses_a_bad_call_env_naming_the_field(daemon, workdir):
+    async with connect(str(daemon.socket)) as c:
+        sid = await c.create_session(str(workdir))
+        for env, says in [({"DSH_RUN": "x"}, "DSH_RUN"), ({"1A": "x"}, "shell names"),
+                          ({"A": "x\0y"}, "NUL"),
+                          ({f"V{i}": "x" for i in range(257)}, "arguments.env"),
+                          ({"A": "x" * 40_000}, "arguments.env")]:
+            with pytest.raises(RpcError) as err:
+                await c.start_tool(sid, "true", env=env)
+            assert err.value.code == INVALID_PARAMS
+            assert says in err.value.message or says == err.value.data.get("field"), err.value
+            assert err.value.data["field"].startswith("arguments.env"), err.value.data
+        assert (await c.get_session(sid))["running"] == 0
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--env", "NOEQUALS"], "KEY=VALUE"),
+    (["--env", "DSH_CALL_ID=x"], "DSH_CALL_ID"),
+    (["--env", "1BAD=x"], "shell names"),
+    (["--timeout", "inf"], "--timeout"),
+    (["--timeout", "nan"], "--timeout"),
+    (["--timeout", "1e308"], "--timeout"),
+    (["--timeout", "0"], "--timeout"),
+    (["--timeout", "-1"], "--timeout"),
+])
+def test_bad_run_options_are_usage_errors_before_any_session(daemon, workdir, args, says):
+    r = daemon.dsh("run", *args, "--", "true", cwd=str(workdir))
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert says in r.stderr and "Traceback" not in r.stderr
+    assert _sessions(daemon) == []
+
+
+@pytest.mark.parametrize("argv", [[""], ["   "]])
+def test_an_empty_command_is_a_usage_error_before_any_session(daemon, workdir, argv):
+    r = daemon.dsh("run", "--", *argv, cwd=str(workdir))
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "empty" in r.stderr and "Traceback" not in r.stderr
+    assert _sessions(daemon) == []
+
+
+def test_env_file_line_that_does_not_parse_is_named(daemon, workdir):
+    bad = workdir / "bad.env"
+    bad.write_text("A=1\nB\n")
+    r = daemon.dsh("run", "--env-file", str(bad), "--", "true", cwd=str(workdir))
+    assert r.returncode == 2 and f"{bad}:2" in r.stderr, r.stderr
+    assert _sessions(daemon) == []
+
+
+def test_help_says_the_clients_environment_is_not_passed(daemon):
+    r = daemon.dsh("run", "--help")
+    assert "environment of this dsh is NOT passed" in r.stdout
+
+
+def test_run_sandbox_on_an_existing_session_changes_it_audited(daemon, workdir):
+    r = daemon.dsh("run", "--", "touch", "first", cwd=str(workdir))
+    assert r.returncode == 0, r.stderr
+    sid = _sid(r.stderr)
+    r = daemon.dsh("run", "--session", sid, "--sandbox", "read-only", "--", "touch", "second",
+                   cwd=str(workdir))
+    assert r.returncode != 0 and not (workdir / "second").exists()
+    assert f"session {sid}: sandbox is now read-only" in r.stderr
+    info = json.loads(daemon.dsh("--json", "sessions").stdout)
+    info = info["sessions"] if isinstance(info, dict) else info
+    assert [s["sandbox"] for s in info if s["sessionId"] == sid] == ["read-only"]
+    events = [json.loads(line) for line in daemon.dsh("log", sid, "--json").stdout.splitlines()]
+    modes = [e["data"] for e in events if e["type"] == "sandbox/mode"]
+    assert modes[-1] == {"mode": "read-only", "source": "session.setSandbox"}
+    daemon.restart()  # durable: the next daemon confines by it too
+    r = daemon.dsh("run", "--session", sid, "--", "touch", "third", cwd=str(workdir))
+    assert r.returncode != 0 and not (workdir / "third").exists()
+
+
+def test_deleted_cwd_is_one_clear_line(daemon, tmp_path):
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    script = ("import os, sys; os.chdir(sys.argv[1]); os.rmdir(sys.argv[1]); "
+              "sys.argv = ['dsh', 'run', '--', 'true']; from client.cli import main; main()")
+    r = subprocess.run([sys.executable, "-c", script, str(gone)], env=daemon.env,
+                       capture_output=True, text=True, timeout=60, cwd=str(tmp_path),
+                       stdin=subprocess.DEVNULL)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "current directory" in r.stderr
+    assert _sessions(daemon) == []
+
+
+def test_session_whose_cwd_was_deleted_says_so(daemon, tmp_path):
+    work = tmp_path / "w"
+    work.mkdir()
+    r = daemon.dsh("run", "--", "true", cwd=str(work))
+    sid = _sid(r.stderr)
+    os.rmdir(work)
+    r = daemon.dsh("run", "--session", sid, "--", "true", cwd=str(tmp_path))
+    assert r.returncode == 125, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr and str(work) in r.stderr, r.stderr
+    assert "Traceback" not in daemon.log_path.read_text(errors="replace")
