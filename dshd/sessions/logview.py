@@ -139,13 +139,14 @@ class LogView:
 
 
 
-def snapshot_state(settings: dict, delta: dict[str, int], recent: list, decided: dict) -> dict:
+def snapshot_state(settings: dict, delta: dict[str, int], recent: list, decided: dict,
+                   digests: dict[str, str] | None = None) -> dict:
     """The session's part of a snapshot (module doc): the settings as logged that storage does
     not fold itself (the env), the call index entries changed since the last durable
-    snapshot (``CallIndex.delta``), the lane's ``recent`` (newest first, plain) and the
+    snapshot (``CallIndex.delta``) with their calls' digests, the lane's ``recent`` (newest first, plain) and the
     decided approvals kept in memory (at most ``DECIDED_MAX``)."""
     return {"v": SNAPSHOT_VERSION, "settings": dict(settings),
-            "calls": {"delta": delta}, "recent": list(recent), "decided": dict(decided)}
+            "calls": {"delta": delta, "digests": dict(digests or {})}, "recent": list(recent), "decided": dict(decided)}
 
 
 def absorb(log_: Any, calls: Any, approvals: Any,

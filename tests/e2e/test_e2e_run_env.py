@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from client.api import connect
+from dshd.storage.reader import read_log
 from protocol.rpc import INVALID_PARAMS, RpcError
 
 from .conftest import running_daemon
@@ -148,3 +149,50 @@ def test_session_whose_cwd_was_deleted_says_so(daemon, tmp_path):
     assert r.returncode == 125, (r.stdout, r.stderr)
     assert "Traceback" not in r.stderr and str(work) in r.stderr, r.stderr
     assert "Traceback" not in daemon.log_path.read_text(errors="replace")
+
+
+@pytest.mark.parametrize("snapshots", [0, 3])
+def test_call_id_reused_with_another_command_is_refused_even_after_a_restart(workdir, snapshots):
+    """The same --call-id and command answers `existing`; another command (or env) is
+    CALL_ID_REUSED and runs nothing -- from the log's tail after a restart, and (with a
+    snapshot every 3 events) from the snapshot chain's digests."""
+    with running_daemon(f"snapshot_every_events = {snapshots}\n") as d:
+        r = d.dsh("run", "--", "echo", "one", cwd=str(workdir))
+        sid = _sid(r.stderr)
+        first = d.dsh("run", "--session", sid, "--call-id", "k1", "--", "echo", "one",
+                      cwd=str(workdir))
+        assert (first.returncode, first.stdout) == (0, "one\n"), first.stderr
+        for _ in range(4):  # past a few snapshots
+            assert d.dsh("run", "--session", sid, "--", "true", cwd=str(workdir)).returncode == 0
+        for restart in (False, True):
+            if restart:
+                d.restart()
+            same = d.dsh("run", "--session", sid, "--call-id", "k1", "--", "echo", "one",
+                         cwd=str(workdir))
+            assert (same.returncode, same.stdout) == (0, "one\n"), same.stderr
+            assert "already exists" in same.stderr
+            for other in (["--", "echo", "two"], ["--env", "A=b", "--", "echo", "one"]):
+                r = d.dsh("run", "--session", sid, "--call-id", "k1", *other, cwd=str(workdir))
+                assert r.returncode == 2, (r.stdout, r.stderr)
+                assert r.stdout == "" and "another command" in r.stderr, r.stderr
+        events = [json.loads(x) for x in d.dsh("log", sid, "--json").stdout.splitlines()]
+        assert [e["data"]["callId"] for e in events if e["type"] == "tool/call"].count("k1") == 1
+        read = read_log(d.state_dir / "sessions" / sid, sid, fold=True)
+        assert (read.snapshot is not None) == bool(snapshots)
+        if snapshots:  # the digests the chain was read from
+            assert "k1" in read.snapshot.data["session"]["calls"]["digests"] or any(
+                "k1" in e.data.get("session", {}).get("calls", {}).get("digests", {})
+                for e in read_log(d.state_dir / "sessions" / sid, sid).events
+                if e.type == "log/snapshot")
+
+
+async def test_call_id_reused_is_invalid_params_with_its_code(daemon, workdir):
+    async with connect(str(daemon.socket)) as c:
+        sid = await c.create_session(str(workdir))
+        await c.start_tool(sid, "echo a", call_id="same", tty=(80, 24))
+        again = await c.start_tool(sid, "echo a", call_id="same", tty=(120, 40))
+        assert again.existing  # the terminal's size is not another call
+        with pytest.raises(RpcError) as err:
+            await c.start_tool(sid, "echo b", call_id="same")
+        assert err.value.code == INVALID_PARAMS
+        assert err.value.data == {"field": "callId", "code": "CALL_ID_REUSED"}
