@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -14,7 +15,7 @@ from client.api import connect
 from dshd.storage.reader import read_log
 from protocol.rpc import INVALID_PARAMS, RpcError
 
-from .conftest import running_daemon
+from .conftest import DaemonProcess, running_daemon
 
 
 def _sessions(daemon) -> list[str]:
@@ -196,3 +197,50 @@ async def test_call_id_reused_is_invalid_params_with_its_code(daemon, workdir):
             await c.start_tool(sid, "echo b", call_id="same")
         assert err.value.code == INVALID_PARAMS
         assert err.value.data == {"field": "callId", "code": "CALL_ID_REUSED"}
+
+
+@pytest.fixture
+def small_state_fs(tmp_path):
+    """A daemon whose state directory is a real 8 MiB tmpfs (root only: CI runs as root)."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("needs root to mount a small tmpfs as the state directory")
+    root = tmp_path / "root"
+    (root / "state").mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(root / "state")],
+                   check=True)
+    d = DaemonProcess(root)
+    try:
+        d.start()
+        yield d
+    finally:
+        d.close()
+        subprocess.run(["umount", "-l", str(root / "state")], check=False)
+
+
+def _fill(path) -> None:
+    with open(path, "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+
+
+def test_full_disk_exits_125_and_keeps_the_session(small_state_fs, workdir):
+    d = small_state_fs
+    r = d.dsh("run", "--", "echo", "before", cwd=str(workdir))
+    assert r.returncode == 0, r.stderr
+    sid = _sid(r.stderr)
+    filler = d.state_dir / "filler"
+    _fill(filler)
+    new = d.dsh("run", "--", "echo", "hi", cwd=str(workdir))
+    assert new.returncode == 125, (new.stdout, new.stderr)
+    assert "STORAGE_FAILURE" in new.stderr and "no session was made" in new.stderr
+    old = d.dsh("run", "--session", sid, "--", "echo", "again", cwd=str(workdir))
+    assert old.returncode == 125, (old.stdout, old.stderr)
+    assert "Traceback" not in new.stderr + old.stderr
+    filler.unlink()
+    assert _sessions(d) == [sid]  # kept; the one that could not be made is not listed
+    r = d.dsh("run", "--session", sid, "--", "echo", "after", cwd=str(workdir))
+    assert (r.returncode, r.stdout) == (0, "after\n"), r.stderr
