@@ -22,7 +22,10 @@ not depend on where dsh happens to be started.
 
 from __future__ import annotations
 
+import os
 import secrets
+import select
+import stat
 import shlex
 import sys
 from dataclasses import dataclass
@@ -37,6 +40,7 @@ from client.cli.common import (
 )
 from client.cli.keys import DEFAULT_DETACH_KEYS, detach_keys_option
 from client.cli.localterm import isatty, stdin_usable, terminal_size
+from client.cli.callstate import Detach
 from client.cli.stream import (
     KEYS_RULE, Call, Events, Followed, Io, Waits, follow_call, left_early,
     result_status, wait_result,
@@ -57,6 +61,8 @@ from protocol.rpc import INVALID_PARAMS, SESSION_NOT_FOUND, STORAGE_FAILURE, Rpc
 
 __all__ = ["run", "run_command", "command_string", "RunOptions", "io_for", "RUN_HELP"]
 
+#: Seconds between two checks that stdout's reader is still there (``_stdout_closed``).
+PIPE_CHECK_S = 0.25
 SANDBOX_MODES = ("read-only", "workspace-write", "danger-full-access")
 POLICIES = ("ask", "never")
 
@@ -130,7 +136,8 @@ async def run_command(link: Link, argv: tuple[str, ...], session_id: str | None,
             return never_ran
         if how.json:
             return await _json_result(link, call)
-        followed = await follow_call(link, call, 0, io, () if asks is None else (asks.run,))
+        extra = (_stdout_closed,) + (() if asks is None else (asks.run,))
+        followed = await follow_call(link, call, 0, io, extra)
     except BaseException as raised:  # noqa: BLE001 - re-raised, with the hint when dshd left
         lost = single(raised)
         if isinstance(lost, ConnectionLost) and not isinstance(lost, CallLost):
@@ -218,6 +225,21 @@ async def _submit(client: Client, call: Call, command: str, timeout: float | Non
         note(f"dsh: call {call.call_id} already exists in session {call.session_id}: showing "
              "its result; nothing was run again (use a new --call-id to run again)")
     return None
+
+
+async def _stdout_closed(client: Client, events: Events) -> None:
+    """A pipe on stdout whose reader went away (``dsh run ... | head`` once head exited) is a
+    detach at once, not only at the next write: the command keeps running (a detach, as
+    Ctrl-C's: leaving dsh never ends a command) and one line says how to re-attach or cancel.
+    The pipe is checked every ``PIPE_CHECK_S`` (POLLERR on the write end)."""
+    async with events:
+        if not stat.S_ISFIFO(os.fstat(1).st_mode):
+            await anyio.sleep_forever()
+        poller = select.poll()
+        poller.register(1, 0)  # POLLERR and POLLHUP are always reported
+        while not any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0)):
+            await anyio.sleep(PIPE_CHECK_S)
+        await events.send(Detach("pipe"))
 
 
 class _Refused(Exception):

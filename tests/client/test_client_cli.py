@@ -246,7 +246,8 @@ async def test_closed_stdout_detaches_with_141(real_dshd, workdir, tmp_path):
     assert first.startswith(b"y\n")
     assert proc.returncode == 141
     text = err.read_text()
-    assert "detached; the command keeps running" in text and "Traceback" not in text
+    assert "stdout was closed; detached, the command keeps running" in text
+    assert f"dsh cancel {sid} k4" in text and "Traceback" not in text
     async with connect(real_dshd.socket) as c:
         assert await c.cancel(sid, "k4") is True  # it was still running
 

@@ -244,3 +244,22 @@ def test_full_disk_exits_125_and_keeps_the_session(small_state_fs, workdir):
     assert _sessions(d) == [sid]  # kept; the one that could not be made is not listed
     r = d.dsh("run", "--session", sid, "--", "echo", "after", cwd=str(workdir))
     assert (r.returncode, r.stdout) == (0, "after\n"), r.stderr
+
+
+def test_run_into_head_detaches_at_once_and_says_how_to_cancel(daemon, workdir):
+    """`dsh run ... | head -1`: head exits after the first line while the command goes on
+    silently; dsh notices the closed pipe without writing, says one line (re-attach, cancel)
+    and exits 141; the command keeps running until cancelled."""
+    needle = "sleep 60.4171"
+    p = subprocess.run(
+        f"{sys.executable} -m client.cli run --call-id piped -- sh -c 'echo one; echo two; "
+        f"{needle}' | head -1; echo \"status=${{PIPESTATUS[0]}}\"", shell=True,
+        executable="/bin/bash", env=daemon.env, cwd=str(workdir), capture_output=True,
+        text=True, timeout=40)
+    assert p.stdout == "one\nstatus=141\n", (p.stdout, p.stderr)
+    lines = [x for x in p.stderr.splitlines() if x.startswith("dsh:")]
+    sid = _sid(p.stderr)
+    assert lines == [f"dsh: stdout was closed; detached, the command keeps running. Re-attach: "
+                     f"dsh attach {sid} --call piped; cancel: dsh cancel {sid} piped"], p.stderr
+    r = daemon.dsh("cancel", sid, "piped")
+    assert r.returncode == 0, r.stderr  # it was still running
