@@ -178,13 +178,24 @@ detaches with status 1.
 @click.option("--follow", "-f", is_flag=True, help="Keep waiting for new calls.")
 @click.option("--approve", is_flag=True,
               help="Answer the session's approval requests: y/n for each, read from stdin.")
+@click.option("--json", "as_json", is_flag=True,
+              help='No output: one JSON line {"sessionId","callId","result"} per call as it '
+                   "settles (result: its ToolResult, as dsh wait --json prints it).")
 @reconnect_option
 @pass_options
 def attach(opts: Options, session_id: str, call_id: str | None, tail: int | None,
-           detach_keys: bytes, follow: bool, approve: bool, reconnect_timeout: float) -> None:
+           detach_keys: bytes, follow: bool, approve: bool, as_json: bool,
+           reconnect_timeout: float) -> None:
     if approve and (call_id or tail is not None):
         raise click.UsageError("--approve answers for the whole session: not with --call "
                                "or --tail")
+    if as_json or opts.json:
+        if approve or tail is not None:
+            raise click.UsageError("--json prints results: not with --approve or --tail")
+        from client.cli.attachjson import attach_json
+        sys.exit(execute_linked(
+            opts, lambda link: attach_json(link, session_id, call_id, follow),
+            reconnect_timeout=reconnect_timeout))
     if approve:
         sys.exit(execute_linked(
             opts, lambda link: answer_across_restarts(link, session_id, follow),

@@ -263,3 +263,38 @@ def test_run_into_head_detaches_at_once_and_says_how_to_cancel(daemon, workdir):
                      f"dsh attach {sid} --call piped; cancel: dsh cancel {sid} piped"], p.stderr
     r = daemon.dsh("cancel", sid, "piped")
     assert r.returncode == 0, r.stderr  # it was still running
+
+
+def test_run_json_prints_the_result_instead_of_the_output(daemon, workdir):
+    for flags in (["run", "--json"], ["--json", "run"]):
+        r = daemon.dsh(*flags, "--", "sh", "-c", "echo out; exit 3", cwd=str(workdir))
+        assert r.returncode == 3, r.stderr
+        result = json.loads(r.stdout)  # one line of JSON, nothing else
+        assert result["exitCode"] == 3 and result["content"] == "out\n"
+        assert result["isError"] is True
+    r = daemon.dsh("run", "--json", "-t", "--", "true", cwd=str(workdir))
+    assert r.returncode == 2 and "--json" in r.stderr
+
+
+def test_attach_json_prints_each_result_as_a_line(daemon, workdir):
+    r = daemon.dsh("run", "--call-id", "a1", "--", "true", cwd=str(workdir))
+    sid = _sid(r.stderr)
+    p = subprocess.Popen([sys.executable, "-m", "client.cli", "run", "--session", sid,
+                          "--call-id", "slow", "--", "sh", "-c", "sleep 1; echo done; exit 4"],
+                         env=daemon.env, cwd=str(workdir), stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    try:
+        for _ in range(200):  # until it is in the lane (bounded)
+            listed = json.loads(daemon.dsh("--json", "sessions").stdout)
+            listed = listed["sessions"] if isinstance(listed, dict) else listed
+            if [s for s in listed if s["sessionId"] == sid and s.get("running")]:
+                break
+        r = daemon.dsh("attach", "--json", sid)
+        assert r.returncode == 4, r.stderr
+        line = json.loads(r.stdout)
+        assert (line["sessionId"], line["callId"]) == (sid, "slow")
+        assert line["result"]["content"] == "done\n" and line["result"]["exitCode"] == 4
+        r = daemon.dsh("attach", "--json", sid, "--call", "a1")
+        assert r.returncode == 0 and json.loads(r.stdout)["result"]["exitCode"] == 0
+    finally:
+        p.wait(timeout=30)
