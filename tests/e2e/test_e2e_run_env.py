@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+import trio
 
 from client.api import connect
 from dshd.storage.reader import read_log
@@ -276,19 +277,19 @@ def test_run_json_prints_the_result_instead_of_the_output(daemon, workdir):
     assert r.returncode == 2 and "--json" in r.stderr
 
 
-def test_attach_json_prints_each_result_as_a_line(daemon, workdir):
+async def test_attach_json_prints_each_result_as_a_line(daemon, workdir):
     r = daemon.dsh("run", "--call-id", "a1", "--", "true", cwd=str(workdir))
     sid = _sid(r.stderr)
     p = subprocess.Popen([sys.executable, "-m", "client.cli", "run", "--session", sid,
-                          "--call-id", "slow", "--", "sh", "-c", "sleep 1; echo done; exit 4"],
+                          "--call-id", "slow", "--", "sh", "-c", "sleep 4; echo done; exit 4"],
                          env=daemon.env, cwd=str(workdir), stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
     try:
-        for _ in range(200):  # until it is in the lane (bounded)
-            listed = json.loads(daemon.dsh("--json", "sessions").stdout)
-            listed = listed["sessions"] if isinstance(listed, dict) else listed
-            if [s for s in listed if s["sessionId"] == sid and s.get("running")]:
-                break
+        async with connect(str(daemon.socket)) as c:  # until it runs (bounded)
+            with trio.fail_after(20):
+                async for view in await c.subscribe(sid):
+                    if view["tools"].get("slow", {}).get("state") == "running":
+                        break
         r = daemon.dsh("attach", "--json", sid)
         assert r.returncode == 4, r.stderr
         line = json.loads(r.stdout)
@@ -298,3 +299,30 @@ def test_attach_json_prints_each_result_as_a_line(daemon, workdir):
         assert r.returncode == 0 and json.loads(r.stdout)["result"]["exitCode"] == 0
     finally:
         p.wait(timeout=30)
+
+
+def test_run_name_reuses_the_named_session_or_makes_it(daemon, workdir, tmp_path):
+    r = daemon.dsh("run", "--name", "build", "--title", "the build", "--", "echo", "one",
+                   cwd=str(workdir))
+    assert (r.returncode, r.stdout) == (0, "one\n"), r.stderr
+    sid = _sid(r.stderr)
+    other = tmp_path / "other"
+    other.mkdir()
+    r = daemon.dsh("run", "--name", "build", "--", "echo", "two", cwd=str(other))
+    assert (r.returncode, r.stdout) == (0, "two\n"), r.stderr
+    assert f"dsh: using session {sid} (build)" in r.stderr and _sid(r.stderr) == sid
+    listed = json.loads(daemon.dsh("--json", "sessions").stdout)
+    listed = listed["sessions"] if isinstance(listed, dict) else listed
+    assert [(s["sessionId"], s["name"], s["title"]) for s in listed] == [
+        (sid, "build", "the build")]
+    # a prefix of the name is not the name: a new session named "bui"
+    r = daemon.dsh("run", "--name", "bui", "--", "true", cwd=str(workdir))
+    assert r.returncode == 0 and _sid(r.stderr) != sid, r.stderr
+    # --policy on an existing session is refused before anything runs
+    r = daemon.dsh("run", "--name", "build", "--policy", "ask", "--", "echo", "x",
+                   cwd=str(workdir))
+    assert r.returncode == 2 and "dsh policy" in r.stderr and r.stdout == ""
+    r = daemon.dsh("run", "--name", "-bad", "--", "true", cwd=str(workdir))
+    assert r.returncode == 2 and "--name" in r.stderr
+    r = daemon.dsh("run", "--session", sid, "--title", "t", "--", "true", cwd=str(workdir))
+    assert r.returncode == 2
