@@ -1,6 +1,14 @@
 """``dsh run``: run a command in a session, print its output live, exit with its status.
 
-Theory of operation: create the session (unless ``--session``), submit with ``tool.run``
+Theory of operation: everything that can be checked before connecting is checked first
+(``client.cli.runargs``: the command, ``--timeout``, ``--env``/``--env-file``, ``--name``, the
+working directory), so a refused run never leaves an empty session. The session is
+``--session`` (resolved by ``client.cli.sessionref``), or the one named exactly ``--name``
+(``session.find``; none: a new session gets the name), else a new one of this directory
+(``--title``, else the command); a new session that cannot be made durable is exit 125 with
+nothing made. An existing session gets ``--sandbox`` as an audited ``session.setSandbox``
+(said on stderr). The call carries ``--env`` as bash's ``arguments.env``; the client's own
+environment is never passed. Then submit with ``tool.run``
 (pre-approved unless ``--ask``; with ``-t`` under a PTY of the local terminal's size, else
 with ``stdin: "pipe"`` when stdin is not a terminal), then follow the call over the raw
 channel from its first byte (``client.cli.stream.follow_call``: the output byte for byte,
@@ -8,7 +16,13 @@ stdin or the keys to the command, resizes, the detach rules of ``KEYS_RULE``). W
 a lane subscription tells which approval the call waits for (one line, how to answer it).
 ``_conclude`` prints the end -- or how to re-attach after a detach -- and returns the status
 (``client.exits``). A reused ``--call-id`` runs nothing again: a note says so and the existing
-call's output and result are shown. When dshd goes away after the submission, dsh connects
+call's output and result are shown; the same id with another command or env is the
+daemon's ``CALL_ID_REUSED`` (one line, exit 2, nothing run). ``--json`` follows no output:
+it waits for the result and prints the ToolResult as one line of JSON. A closed stdout pipe
+(``| head``) is a detach even when the command writes nothing more (``_stdout_closed``): the
+command keeps running, as with every detach of dsh run, and one line says how to re-attach
+or cancel it -- cancelling would turn a reader's ``head`` into a lost build, and the whole
+output stays in the call's log for ``dsh attach``. When dshd goes away after the submission, dsh connects
 again (``client.link``, ``--reconnect-timeout``) and goes on following from the byte printed
 through; ``--ask``'s subscription is made again on the new connection. Only when dshd does
 not come back in time (or ``--reconnect-timeout 0``) is the error a ``CallLost`` (exit 75, and
