@@ -272,6 +272,11 @@ class Client:
         await self.request("session.setApprovalPolicy",
                            m.SetApprovalPolicyParams(session_id=session_id, policy=policy))
 
+    async def set_sandbox(self, session_id: str, sandbox: str) -> None:
+        """``session.setSandbox``: the sandbox mode of the session's calls from now on."""
+        await self.request("session.setSandbox",
+                           m.SetSandboxParams(session_id=session_id, sandbox=sandbox))
+
     # -- tools ---------------------------------------------------------------------------
     async def run_tool(self, session_id: str, command: str, *, call_id: str | None = None,
                        timeout: float | None = None, approved: bool = True,
@@ -286,11 +291,14 @@ class Client:
                          timeout: float | None = None, approved: bool = True,
                          name: str = "bash", tty: tuple[int, int] | None = None,
                          stdin: bool = False, ask_timeout: float | None = None,
-                         ) -> m.ToolRunResult:
+                         env: dict[str, str] | None = None) -> m.ToolRunResult:
         """``tool.run`` of the bash tool; ``existing`` is true when ``call_id`` names a call
         already in the session (nothing was run again). ``tty``: (cols, rows) of the PTY the
-        command runs under; ``stdin``: the call takes input (``tool.write``) on a pipe."""
+        command runs under; ``stdin``: the call takes input (``tool.write``) on a pipe;
+        ``env``: variables for this call, over the session's env."""
         arguments: dict[str, Any] = {"command": command}
+        if env:
+            arguments["env"] = dict(env)
         if timeout is not None:
             arguments["timeout"] = timeout
         if tty is not None:

@@ -22,6 +22,7 @@ in ``dshd/handlers/``, one client method. Pure: msgspec and ``protocol`` only.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal, NamedTuple
 
 import msgspec
@@ -53,11 +54,14 @@ __all__ = [
     "SessionEventsResult", "SessionFindParams", "SessionFindResult", "SessionGetParams",
     "SessionInfo", "SessionListResult", "SessionRenameParams",
     "SetApprovalPolicyParams", "StreamParams", "SubscribeParams", "SubscribeResult",
-    "ToolCancelParams", "ToolResult", "ToolRunParams", "ToolRunResult", "ToolWaitParams",
+    "SetSandboxParams", "ToolCancelParams", "ToolResult", "ToolRunParams", "ToolRunResult",
+    "ToolWaitParams",
     "TurnCancelParams", "TurnStartParams", "TurnStartResult", "TurnSteerParams",
     "TurnSteerResult", "UnsubscribeParams", "arguments_problem",
     "PruneSkip", "SessionDeleteParams", "SessionDeleteResult", "SessionPruneParams",
     "SessionPruneResult",
+    "TurnSteerResult", "UnsubscribeParams", "arguments_problem", "env_problem", "RESERVED_ENV",
+    "Env",
     "MAX_OUTPUT_CHUNK_BYTES", "MAX_READ_BYTES", "MAX_TERMINAL_CELLS", "MAX_WRITE_BYTES",
     "OutputGap", "OutputParams", "Signal", "ToolCallParams", "ToolFollowParams",
     "ToolFollowResult", "ToolReadParams", "ToolReadResult", "ToolResizeParams",
@@ -82,6 +86,33 @@ MAX_ASK_TIMEOUT_SECONDS = 3600
 MAX_TTY_SIZE = 10_000
 
 _arguments_encoder = msgspec.json.Encoder()
+
+#: A tool environment's names: shell names (EXEC.md §1).
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: Names dshd puts in every tool's environment; neither a session's nor a call's env may set
+#: them (EXEC.md §1).
+RESERVED_ENV = frozenset({"DSH_CALL_ID", "DSH_SESSION_ID", "DSH_RUN"})
+#: An env as a request carries it (session.create's ``env``, bash's ``arguments.env``): at
+#: most 256 entries, names ≤ 256 chars, values ≤ 32,768 chars.
+Env = Annotated[
+    dict[Annotated[str, Meta(max_length=MAX_ENV_NAME_CHARS)],
+         Annotated[str, Meta(max_length=MAX_ENV_VALUE_CHARS)]],
+    Meta(max_length=MAX_ENV_ENTRIES),
+]
+
+
+def env_problem(env: dict[str, str], field: str = "env") -> str | None:
+    """What is wrong with an env's names and values (beyond ``Env``'s caps), or None: names
+    are shell names, values have no NUL, none of :data:`RESERVED_ENV`. The one rule of a
+    session's env and a call's."""
+    for key, value in env.items():
+        if not ENV_NAME.fullmatch(key) or "\0" in value:
+            return (f"{field} has an invalid entry {key!r}: names are shell names "
+                    "([A-Za-z_][A-Za-z0-9_]*), values have no NUL")
+        if key in RESERVED_ENV:
+            return (f"{field} may not set {key!r}: dshd sets DSH_CALL_ID, DSH_SESSION_ID and "
+                    "DSH_RUN itself (they mark a call and its processes)")
+    return None
 
 
 def arguments_problem(arguments: Any) -> str | None:
@@ -198,11 +229,7 @@ class SessionCreateParams(_Params):
     title: Annotated[str, Meta(max_length=MAX_TITLE_CHARS)] | None = None
     approval_policy: ApprovalPolicy | None = None
     sandbox: SandboxMode | None = None
-    env: Annotated[
-        dict[Annotated[str, Meta(max_length=MAX_ENV_NAME_CHARS)],
-             Annotated[str, Meta(max_length=MAX_ENV_VALUE_CHARS)]],
-        Meta(max_length=MAX_ENV_ENTRIES),
-    ] | None = None
+    env: Env | None = None
     name: SessionName | None = None
 
 
@@ -259,6 +286,13 @@ class SetApprovalPolicyParams(_Params):
     policy: ApprovalPolicy
 
 
+class SetSandboxParams(_Params):
+    """``session.setSandbox``: the sandbox mode of the session's calls from now on."""
+
+    session_id: str
+    sandbox: SandboxMode
+
+
 # ---------------------------------------------------------------------- tools (§3.2)
 class ToolRunParams(_Params):
     """``tool.run``. ``callId``, when given, matches ``protocol.ids`` and is not reserved;
@@ -295,7 +329,9 @@ class BashArguments(msgspec.Struct, frozen=True, kw_only=True):
     ``command`` a non-empty string without NUL, ``timeout`` seconds > 0 and ≤ 604,800; other
     keys are ignored. ``tty`` (a PTY of ``cols`` x ``rows``, 1..10000 each) and ``stdin``
     (``"pipe"``: written with ``tool.write``) shape the command's terminal and input (HOST.md
-    §5). Its JSON schema is what the model is shown."""
+    §5). ``env`` (``Env``'s caps and ``env_problem``'s rule, as ``session.create``'s) is set
+    over the session's env for this call only (EXEC.md §1). Its JSON schema is what the model
+    is shown."""
 
     command: Annotated[str, Meta(min_length=1, description="The command line, run as `bash -c`.")]
     timeout: Annotated[float, Meta(
@@ -310,12 +346,17 @@ class BashArguments(msgspec.Struct, frozen=True, kw_only=True):
     stdin: Annotated[Literal["null", "pipe"], Meta(
         description='"pipe": stdin is written with tool.write; "null": empty.',
     )] = "null"
+    env: Annotated[Env, Meta(
+        description="Environment variables for this command, over the session's env.",
+    )] | None = None
 
     def __post_init__(self) -> None:
         if "\0" in self.command:
             raise ValueError("arguments.command must not contain a NUL character (a shell "
                              "cannot run one) - at `$.command`")
-
+        problem = env_problem(self.env or {}, "arguments.env")
+        if problem is not None:
+            raise ValueError(f"{problem} - at `$.env`")
 
 
 class ToolWaitParams(_Params):
@@ -442,6 +483,7 @@ METHODS: dict[str, Method] = {
     "session.rename": Method(SessionRenameParams, EmptyResult),
     "session.delete": Method(SessionDeleteParams, SessionDeleteResult),
     "session.prune": Method(SessionPruneParams, SessionPruneResult),
+    "session.setSandbox": Method(SetSandboxParams, EmptyResult),
     "tool.run": Method(ToolRunParams, ToolRunResult),
     "tool.wait": Method(ToolWaitParams, ToolResult),
     "tool.cancel": Method(ToolCancelParams, CancelledResult),

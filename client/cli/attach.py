@@ -198,15 +198,26 @@ detaches with status 1.
 @click.option("--follow", "-f", is_flag=True, help="Keep waiting for new calls.")
 @click.option("--approve", is_flag=True,
               help="Answer the session's approval requests: y/n for each, read from stdin.")
+@click.option("--json", "as_json", is_flag=True,
+              help='No output: one JSON line {"sessionId","callId","result"} per call as it '
+                   "settles (result: its ToolResult, as dsh wait --json prints it).")
 @reconnect_option
 @pass_options
 def attach(opts: Options, ref: str | None, call_id: str | None, tail: int | None,
-           detach_keys: bytes, follow: bool, approve: bool, reconnect_timeout: float) -> None:
+           detach_keys: bytes, follow: bool, approve: bool, as_json: bool,
+           reconnect_timeout: float) -> None:
     if approve and (call_id or tail is not None):
         raise click.UsageError("--approve answers for the whole session: not with --call "
                                "or --tail")
+    as_json = as_json or opts.json
+    if as_json and (approve or tail is not None):
+        raise click.UsageError("--json prints results: not with --approve or --tail")
+
     async def body(link: Link) -> int:
         session_id = await ride(link, lambda c: resolve_session(c, ref), note)
+        if as_json:
+            from client.cli.attachjson import attach_json
+            return await attach_json(link, session_id, call_id, follow)
         if approve:
             return await answer_across_restarts(link, session_id, follow)
         return await attach_session(link, session_id, call_id, follow, tail, detach_keys)

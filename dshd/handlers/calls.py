@@ -3,7 +3,9 @@
 Theory of operation: ``tool.run`` checks everything before it records anything: the params
 struct (ids, JSON values, the 8 MiB cap), the session, then the tool and its arguments through
 the tool registry's one check (``dshd.tools.check_arguments``, the check a model's call gets
-too); a known ``callId`` answers ``existing`` without running again; past the call limits the
+too); a known ``callId`` answers ``existing`` without running again when the request is the
+same call (its tool and arguments' digest, ``dshd.sessions.call_index``), else ``-32602``
+``CALL_ID_REUSED`` (a call whose digest is not known is taken as the same); past the call limits the
 answer is ``-32013`` and nothing is recorded. ``tool.wait`` answers the durable ToolResult, or
 ``-32010`` when the wait times out (the call goes on); the recorded result goes out as the
 ``protocol.lane.ToolResult`` struct a client decodes it into (the same bytes: the session
@@ -32,7 +34,7 @@ async def tool_run(conn: ConnectionPort, p: m.ToolRunParams) -> m.ToolRunResult:
     session = await port.open_session(conn, p.session_id)
     check_arguments(p.name, p.arguments, values_checked=True)
     call_id = p.call_id or ("c-" + secrets.token_hex(6))
-    if session.has_call(call_id):
+    if session.has_call(call_id, p.name, p.arguments):  # CALL_ID_REUSED with other arguments
         return m.ToolRunResult(call_id=call_id, existing=True)
     port.start_call(session, call_id, p.name, p.arguments, p.approved, p.ask_timeout or 0.0)
     return m.ToolRunResult(call_id=call_id)

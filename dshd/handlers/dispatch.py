@@ -48,6 +48,7 @@ HANDLERS: dict[str, Handler] = {
     "session.rename": sessions.session_rename,
     "session.delete": cleanup.session_delete,
     "session.prune": cleanup.session_prune,
+    "session.setSandbox": sessions.session_set_sandbox,
     "tool.run": calls.tool_run,
     "tool.wait": calls.tool_wait,
     "tool.cancel": calls.tool_cancel,

@@ -1,5 +1,5 @@
-"""Session methods (PROTOCOL.md §3.1): create, list, get, events, setApprovalPolicy, find,
-rename.
+"""Session methods (PROTOCOL.md §3.1): create, list, get, events, setApprovalPolicy,
+setSandbox, find, rename.
 
 Theory of operation: what ``session.create`` is given is checked before anything is made: the
 params struct checks shapes and caps (``protocol.methods``), the handler what needs the
@@ -14,7 +14,6 @@ is unique per owner (NAME_TAKEN names the holder).
 from __future__ import annotations
 
 import os
-import re
 
 import msgspec
 import trio
@@ -34,28 +33,17 @@ from .context import ConnectionPort, may_use
 
 __all__ = [
     "RESERVED_ENV", "session_create", "session_events", "session_find", "session_get",
-    "session_list", "session_rename", "session_set_policy",
+    "session_list", "session_rename", "session_set_policy", "session_set_sandbox",
 ]
 
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: Names dshd puts in every tool's environment; a session env must not override them (EXEC.md §1).
-RESERVED_ENV = frozenset({"DSH_CALL_ID", "DSH_SESSION_ID", "DSH_RUN"})
+RESERVED_ENV = m.RESERVED_ENV
 
 
 def _check_env(env: dict[str, str]) -> None:
-    for key, value in env.items():
-        if not ENV_NAME.fullmatch(key) or "\0" in value:
-            raise InvalidParams(
-                f"env has an invalid entry {key!r}: names are shell names ([A-Za-z_][A-Za-z0-9_]*), "
-                "values have no NUL",
-                field="env",
-            )
-        if key in RESERVED_ENV:
-            raise InvalidParams(
-                f"env may not set {key!r}: dshd sets DSH_CALL_ID, DSH_SESSION_ID and DSH_RUN "
-                "itself (they mark a call and its processes)",
-                field="env",
-            )
+    problem = m.env_problem(env)
+    if problem is not None:
+        raise InvalidParams(problem, field="env")
 
 
 def _resolved_cwd(conn: ConnectionPort, given: str) -> str:
@@ -146,6 +134,12 @@ async def session_set_policy(conn: ConnectionPort,
                              p: m.SetApprovalPolicyParams) -> m.EmptyResult:
     session = await port.open_session(conn, p.session_id)
     await session.set_policy(p.policy, source="session.setApprovalPolicy")
+    return m.EmptyResult()
+
+
+async def session_set_sandbox(conn: ConnectionPort, p: m.SetSandboxParams) -> m.EmptyResult:
+    session = await port.open_session(conn, p.session_id)
+    await session.set_sandbox(p.sandbox, source="session.setSandbox")
     return m.EmptyResult()
 
 

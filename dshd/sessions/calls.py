@@ -77,7 +77,7 @@ from ..storage.writer import SessionLog
 from . import barrier, call_results, command, resumed
 from .approval import ApprovalDesk, refused
 from .call import Call, CallHost, now_ms
-from .call_index import KnownCalls
+from .call_index import KnownCalls, call_digest
 from .faults import InjectedFault, TestFault
 from .lane import Lane, lane_args
 from .output import sync_output
@@ -191,7 +191,7 @@ class CallTable:
         if step_id is not None:
             data["stepId"] = step_id
         ev = self.log.append("tool/call", data)
-        self.propose(call_id, name)
+        self.known.propose(call_id, name, call_digest(name, arguments))
         call = Call(call_id, name, arguments, approved, ev.seq, ask_timeout=ask_timeout)
         self.running[call_id] = call
         try:

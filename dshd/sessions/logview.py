@@ -140,16 +140,16 @@ class LogView:
 
 
 def snapshot_state(settings: dict, delta: dict[str, int], recent: list, decided: dict,
-                   rules: list | None = None) -> dict:
+                   rules: list | None = None, digests: dict[str, str] | None = None) -> dict:
     """The session's part of a snapshot (module doc): the settings as logged that storage does
     not fold itself (the env), the call index entries changed since the last durable
-    snapshot (``CallIndex.delta``), the lane's ``recent`` (newest first, plain), the
-    decided approvals kept in memory (at most ``DECIDED_MAX``) and the approval rules as
-    logged (``RuleBook.snapshot``; a dict without ``rules`` -- an older daemon's -- has none:
-    no rule was logged before this daemon knew them)."""
+    snapshot (``CallIndex.delta``) with their calls' digests, the lane's ``recent`` (newest
+    first, plain), the decided approvals kept in memory (at most ``DECIDED_MAX``) and the
+    approval rules as logged (``RuleBook.snapshot``; a dict without ``rules`` -- an older
+    daemon's -- has none: no rule was logged before this daemon knew them)."""
     return {"v": SNAPSHOT_VERSION, "settings": dict(settings),
-            "calls": {"delta": delta}, "recent": list(recent), "decided": dict(decided),
-            "rules": list(rules or [])}
+            "calls": {"delta": delta, "digests": dict(digests or {})}, "recent": list(recent),
+            "decided": dict(decided), "rules": list(rules or [])}
 
 
 def absorb(log_: Any, calls: Any, approvals: Any,

@@ -125,6 +125,8 @@ class Session(SessionSettings):
         self.agent: AgentSlot | None = None
         #: seq of the approval/policy event in force (on open: any seq of the log).
         self._policy_seq = -1
+        #: seq of the sandbox/mode event in force (on open: any seq of the log).
+        self._mode_seq = -1
         recent = self._absorb_log(index)
         h = log_.header
         self._lane = Lane(LaneSession(self.id, h.title, h.cwd, self.policy, self.mode), recent,
@@ -158,10 +160,11 @@ class Session(SessionSettings):
         """The session's dict for the next ``log/snapshot`` (``SessionLog``'s callback): what
         :meth:`_absorb_log` folds on the next open, as logged through ``last_seq``; the call
         index as a delta since the last durable snapshot (``CallIndex.delta``)."""
-        delta = self._calls.known.index.delta(self._log.snapshot_seq, self._log.last_seq + 1)
+        index = self._calls.known.index
+        delta = index.delta(self._log.snapshot_seq, self._log.last_seq + 1)
         return {**snapshot_state({"env": self._logged_env}, delta,
                                  self._lane.tracker.value["recent"], self._approvals.decided,
-                                 self._approvals.rules.snapshot()),
+                                 self._approvals.rules.snapshot(), index.digests_of(delta)),
                 "activity": self._log.activity}
 
     def info(self) -> dict:
@@ -252,9 +255,11 @@ class Session(SessionSettings):
         left = max(0.0, deadline - trio.current_time())
         return deadline - min(SETTLE_RESERVE_SECONDS, SETTLE_SHARE * left)
 
-    def has_call(self, call_id: str) -> bool:
-        """The session knows ``call_id`` (a ``tool/call`` or a ``tool/result`` names it, or a
-        recorded model answer proposed it)."""
+    def has_call(self, call_id: str, name: str = "", arguments: dict | None = None) -> bool:
+        """The session knows ``call_id`` (a ``tool/call``, a ``tool/result`` or a model's answer
+        names it); with a request's ``arguments``: CALL_ID_REUSED when another call has it."""
+        if arguments is not None:
+            self._calls.known.check_reuse(call_id, name, arguments)
         return self._calls.has(call_id)
 
     def start_call(self, call_id: str, name: str, arguments: dict, approved: bool, **how) -> None:

@@ -99,6 +99,20 @@ class SessionSettings:
         self.policy = policy
         self._lane.show_settings(policy=policy)
 
+    async def set_sandbox(self, mode: str, source: str) -> None:
+        """Change the sandbox mode of the calls confined from now on (a running command keeps
+        the confinement it started with) once the change is durable; StorageError changes
+        nothing (-32014, the old mode stays), as set_policy."""
+        seq = await self._record_durably(
+            [("sandbox/mode", {"mode": mode, "source": source}, False)],
+            [("sandbox/mode", {"mode": self.mode, "source": "rollback"}, False)],
+        )
+        if seq < self._mode_seq:
+            return  # a later change became durable with us and already applied
+        self._mode_seq = seq
+        self.mode = mode
+        self._lane.show_settings(sandbox=mode)
+
     async def set_name(self, name: str | None) -> None:
         """Give the session ``name`` (None: no name) once the change is durable; StorageError
         changes nothing. Uniqueness is the registry's (``SessionRegistry.rename``)."""

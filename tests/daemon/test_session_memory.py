@@ -108,10 +108,15 @@ async def test_a_long_session_answers_events_waits_and_history_from_disk(
         assert info["lastSeq"] == last.seq and "damaged" not in info
         assert (await reader.wait(sid, ids[1], timeout=0))["content"] == "call 1\n"
         assert (await reader.wait(sid, ids[-1], timeout=0))["content"] == f"call {CALLS - 1}\n"
-        # the id is known (the snapshot's call index): nothing runs again
+        # the id is known (the snapshot's call index): nothing runs again; its digest too:
+        # the same call is `existing`, another command under its id CALL_ID_REUSED
         dup = await reader.call("tool.run", {"sessionId": sid, "name": "bash", "callId": ids[2],
-                                            "arguments": {"command": "echo again"}})
+                                            "arguments": {"command": "echo call 2"}})
         assert dup == {"callId": ids[2], "existing": True}
+        other = await reader.error("tool.run", {"sessionId": sid, "name": "bash",
+                                                "callId": ids[2],
+                                                "arguments": {"command": "echo again"}})
+        assert other.code == -32602 and other.data["code"] == "CALL_ID_REUSED", other
         lane2 = await reader.subscribe(sid)
         recent = [r["callId"] for r in lane2.value["recent"]]
         assert recent == list(reversed(ids))[:len(recent)] and len(recent) == 20
@@ -275,11 +280,15 @@ async def test_a_damaged_old_snapshot_loses_no_call_id_and_marks_the_session_dam
 
     async with running_daemon(tmp_path, daemon.config, daemon_clock) as again:
         reader = await again.connect(nursery=nursery)
-        for cid in ids:  # every id is known: nothing runs again
+        for i, cid in enumerate(ids):  # every id and its digest are known: nothing runs again
             dup = await reader.call("tool.run", {"sessionId": sid, "name": "bash",
                                                 "callId": cid,
-                                                "arguments": {"command": "echo again"}})
+                                                "arguments": {"command": f"echo call {i}"}})
             assert dup == {"callId": cid, "existing": True}, cid
+            other = await reader.error("tool.run", {"sessionId": sid, "name": "bash",
+                                                    "callId": cid,
+                                                    "arguments": {"command": "echo again"}})
+            assert other.data["code"] == "CALL_ID_REUSED", (cid, other)
         bad = await _damage_after_intact(reader, sid)
         assert bad.code == -32014 and bad.data["code"] == "LOG_DAMAGED", bad
         listed = {s["sessionId"]: s for s in

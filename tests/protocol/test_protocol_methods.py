@@ -101,7 +101,7 @@ def test_method_params_cover_the_protocol():
         "tool.read", "tool.follow", "tool.unfollow", "tool.write", "tool.closeStdin",
         "tool.resize", "tool.signal", "session.find", "session.rename",
         "session.delete", "session.prune",  # issue 15, room cleanup
-        "approval.rules", "approval.revokeRule", "approval.list",
+        "approval.rules", "approval.revokeRule", "approval.list", "session.setSandbox",
     }
     assert methods == set(m.METHODS)
     for params, _result in m.METHODS.values():
