@@ -42,6 +42,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "wait": ("client.cli.show", "wait"),
     "fsck": ("client.cli.fsck", "fsck"),
     "chat": ("client.cli.chat", "chat"),
+    "help": ("client.cli.help", "help_command"),
+    "completion": ("client.cli.completion", "completion"),
 }
 
 
