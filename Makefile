@@ -16,8 +16,24 @@ DOCDIR       ?= /usr/share/doc/dsh
 USER_PREFIX  ?= $(HOME)/.local/share/dsh
 USER_UNITDIR ?= $(HOME)/.config/systemd/user
 USER_BINDIR  ?= $(HOME)/.local/bin
+# Man pages and shell completions (README "Install"): MANDIR, BASH_COMPLETION_DIR,
+# ZSH_COMPLETION_DIR, FISH_COMPLETION_DIR (system); USER_MANDIR, USER_*_COMPLETION_DIR (user).
+USER_DATA    := $(or $(XDG_DATA_HOME),$(HOME)/.local/share)
+MANDIR       ?= /usr/local/share/man
+BASH_COMPLETION_DIR ?= /usr/local/share/bash-completion/completions
+ZSH_COMPLETION_DIR  ?= /usr/local/share/zsh/site-functions
+FISH_COMPLETION_DIR ?= /usr/local/share/fish/vendor_completions.d
+USER_MANDIR  ?= $(USER_DATA)/man
+USER_BASH_COMPLETION_DIR ?= $(USER_DATA)/bash-completion/completions
+USER_ZSH_COMPLETION_DIR  ?= $(USER_DATA)/zsh/site-functions
+USER_FISH_COMPLETION_DIR ?= $(USER_DATA)/fish/vendor_completions.d
 SERVICE_ENV   = PYTHON=$(PYTHON) PREFIX=$(PREFIX) UNITDIR=$(UNITDIR) DOCDIR=$(DOCDIR) \
-                USER_PREFIX=$(USER_PREFIX) USER_UNITDIR=$(USER_UNITDIR) USER_BINDIR=$(USER_BINDIR)
+                USER_PREFIX=$(USER_PREFIX) USER_UNITDIR=$(USER_UNITDIR) USER_BINDIR=$(USER_BINDIR) \
+                MANDIR=$(MANDIR) BASH_COMPLETION_DIR=$(BASH_COMPLETION_DIR) \
+                ZSH_COMPLETION_DIR=$(ZSH_COMPLETION_DIR) FISH_COMPLETION_DIR=$(FISH_COMPLETION_DIR) \
+                USER_MANDIR=$(USER_MANDIR) USER_BASH_COMPLETION_DIR=$(USER_BASH_COMPLETION_DIR) \
+                USER_ZSH_COMPLETION_DIR=$(USER_ZSH_COMPLETION_DIR) \
+                USER_FISH_COMPLETION_DIR=$(USER_FISH_COMPLETION_DIR)
 # How long `make stop` waits for dshd to exit (it settles calls and flushes in < 10 s).
 STOP_WAIT    ?= 20
 
