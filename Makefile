@@ -38,7 +38,7 @@ SERVICE_ENV   = PYTHON=$(PYTHON) PREFIX=$(PREFIX) UNITDIR=$(UNITDIR) DOCDIR=$(DO
 STOP_WAIT    ?= 20
 
 .PHONY: install install-test run start stop status test bench crash-test clean \
-        install-system uninstall-system install-user uninstall-user
+        install-system uninstall-system install-user uninstall-user day
 
 $(BIN)/python:
 	@$(PYTHON) -m venv $(VENV) || { echo "python3 -m venv failed: install it with 'apt-get install -y python3-venv'"; exit 1; }
@@ -111,6 +111,14 @@ bench: install-test
 # none twice, none lost); prints the figures, exits 1 on any violation.
 crash-test: install-test
 	$(BIN)/python tests/crash/campaign.py --iterations 300
+
+# A scripted day of use (issue 15): many dsh run in several dirs, named sessions, detach and
+# attach, approval rules, chat re-join, rm and prune against a real dshd with max_state_bytes;
+# prints dsh sessions and du -sh of the state before/after dsh prune; fails on a failed step,
+# a step this build lacks, or the state over its bound. MINUTES=1 for a short one.
+MINUTES ?= 30
+day: install-test
+	$(BIN)/python tools/day.py --minutes $(MINUTES) $(DAY_ARGS)
 
 # Stops the daemon first (never deletes its socket and state from under it), and refuses while
 # call hosts still run tool calls there (they outlive a stop); CANCEL=1 ends them first.
