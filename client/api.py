@@ -196,14 +196,36 @@ class Client:
     # -- sessions ------------------------------------------------------------------------
     async def create_session(self, cwd: str | os.PathLike[str], title: str | None = None, *,
                              sandbox: str | None = None, approval_policy: str | None = None,
-                             env: dict[str, str] | None = None) -> str:
+                             env: dict[str, str] | None = None,
+                             name: str | None = None) -> str:
         """``session.create``. ``sandbox`` (``read-only`` | ``workspace-write`` |
         ``danger-full-access``) and ``approval_policy`` (``ask`` | ``never``) default to the
-        daemon's config when None. Returns the new session id."""
+        daemon's config when None; ``name`` (unique per owner) is taken or ``NAME_TAKEN``.
+        Returns the new session id."""
         params = m.SessionCreateParams(cwd=os.fspath(cwd), title=title, sandbox=sandbox,
-                                       approval_policy=approval_policy, env=env)
+                                       approval_policy=approval_policy, env=env, name=name)
         result: m.SessionCreateResult = await self.request("session.create", params)
         return result.session_id
+
+    async def find_session(self, ref: str | None, cwd: str | os.PathLike[str] | None = None
+                           ) -> tuple[str, str]:
+        """``session.find``: ``(session id, how)`` -- ``how`` is ``id``, ``name``,
+        ``prefix`` or ``newest-in-cwd`` (``ref`` None: the newest session of ``cwd``)."""
+        session_id, how, _ = await self.find_session_named(ref, cwd)
+        return session_id, how
+
+    async def find_session_named(self, ref: str | None,
+                                 cwd: str | os.PathLike[str] | None = None
+                                 ) -> tuple[str, str, str | None]:
+        """``find_session`` with the session's name (None: it has none)."""
+        result: m.SessionFindResult = await self.request("session.find", m.SessionFindParams(
+            ref=ref, cwd=None if cwd is None else os.fspath(cwd)))
+        return result.session_id, result.how, result.name
+
+    async def rename_session(self, session_id: str, name: str | None) -> None:
+        """``session.rename``: give the session ``name`` (None clears it)."""
+        await self.request("session.rename",
+                           m.SessionRenameParams(session_id=session_id, name=name))
 
     async def list_sessions(self) -> list[m.SessionInfo]:
         result: m.SessionListResult = await self.request("session.list", m.EmptyParams())

@@ -30,6 +30,7 @@ from msgspec import UNSET, Meta, UnsetType
 from .errors import OpError
 from .ids import ID_PATTERN, RESERVED_IDS
 from .lane import ToolResult
+from .names import SessionFindParams, SessionFindResult, SessionName, SessionRenameParams
 from .ops import check_json_value
 from .raw import (
     MAX_OUTPUT_CHUNK_BYTES, MAX_READ_BYTES, MAX_TERMINAL_CELLS, MAX_WRITE_BYTES, OutputGap,
@@ -47,7 +48,8 @@ __all__ = [
     "ClientCapabilities", "ClientInfo", "DaemonCapabilities", "DaemonStatus", "EmptyParams",
     "EmptyResult", "InitializeParams", "InitializeResult", "Method", "SandboxInfo",
     "ServerInfo", "SessionCreateParams", "SessionCreateResult", "SessionEventsParams",
-    "SessionEventsResult", "SessionGetParams", "SessionInfo", "SessionListResult",
+    "SessionEventsResult", "SessionFindParams", "SessionFindResult", "SessionGetParams",
+    "SessionInfo", "SessionListResult", "SessionRenameParams",
     "SetApprovalPolicyParams", "StreamParams", "SubscribeParams", "SubscribeResult",
     "ToolCancelParams", "ToolResult", "ToolRunParams", "ToolRunResult", "ToolWaitParams",
     "TurnCancelParams", "TurnStartParams", "TurnStartResult", "TurnSteerParams",
@@ -184,7 +186,7 @@ class SessionCreateParams(_Params):
     """``session.create``; ``cwd`` must be absolute (existence is the daemon's check).
 
     Caps: ``cwd`` ≤ 4,096 chars, ``title`` ≤ 1,024, ``env`` ≤ 256 entries, names ≤ 256 chars,
-    values ≤ 32,768 chars."""
+    values ≤ 32,768 chars; ``name`` is a session name (``protocol.names``)."""
 
     cwd: Annotated[str, Meta(pattern="^/", max_length=MAX_CWD_CHARS)]
     title: Annotated[str, Meta(max_length=MAX_TITLE_CHARS)] | None = None
@@ -195,6 +197,7 @@ class SessionCreateParams(_Params):
              Annotated[str, Meta(max_length=MAX_ENV_VALUE_CHARS)]],
         Meta(max_length=MAX_ENV_ENTRIES),
     ] | None = None
+    name: SessionName | None = None
 
 
 class SessionCreateResult(_Result):
@@ -214,6 +217,10 @@ class SessionInfo(_Result):
     running: int | UnsetType = UNSET
     last_seq: int | UnsetType = UNSET
     owner: int | None | UnsetType = UNSET
+    name: str | None | UnsetType = UNSET
+    updated_at: int | None | UnsetType = UNSET
+    pending_approvals: int | UnsetType = UNSET
+    last_exit: int | str | None | UnsetType = UNSET
     damaged: str | UnsetType = UNSET
 
 
@@ -395,6 +402,8 @@ METHODS: dict[str, Method] = {
     "session.get": Method(SessionGetParams, SessionInfo),
     "session.events": Method(SessionEventsParams, SessionEventsResult),
     "session.setApprovalPolicy": Method(SetApprovalPolicyParams, EmptyResult),
+    "session.find": Method(SessionFindParams, SessionFindResult),
+    "session.rename": Method(SessionRenameParams, EmptyResult),
     "tool.run": Method(ToolRunParams, ToolRunResult),
     "tool.wait": Method(ToolWaitParams, ToolResult),
     "tool.cancel": Method(ToolCancelParams, CancelledResult),

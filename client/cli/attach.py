@@ -1,4 +1,7 @@
-"""``dsh attach SESSION``: show a session's running calls and their live output.
+"""``dsh attach [SESSION]``: show a session's running calls and their live output.
+
+SESSION is an id, a name or a unique prefix (``client.cli.sessionref``); without it the newest
+session of the current directory, said on stderr.
 
 Theory of operation: one call -- ``--call``, or the only call running -- is attached over the
 raw channel (``attach_call``): its complete retained output is replayed from byte 0 (or from
@@ -51,6 +54,7 @@ from client.cli.output import (
     show_calls,
     tools_of,
 )
+from client.cli.sessionref import SESSION_REF, resolve_session
 from client.cli.stream import (
     KEYS_RULE, Call, Io, call_is_tty, follow_call, left_early, result_status,
 )
@@ -152,6 +156,9 @@ async def _attach_views(client: Client, session_id: str, call_id: str | None, fo
 
 ATTACH_HELP = """Show the running calls of SESSION and their live output.
 
+SESSION: an id, a name or a unique prefix; without it, the newest session of the
+current directory (said on stderr).
+
 One call (--call, or the only one running) is shown complete: its retained output from
 the first byte (--tail N: its last N lines), then live to its end; dsh exits with its
 status. A call run with -t gets this terminal's keys and size (below). Several calls, or
@@ -168,7 +175,7 @@ detaches with status 1.
 
 
 @click.command(help=ATTACH_HELP)
-@click.argument("session_id", metavar="SESSION")
+@click.argument("ref", metavar="[SESSION]", required=False, type=SESSION_REF)
 @click.option("--call", "call_id", metavar="ID", help="Follow only this call (exit with its status).")
 @click.option("--tail", type=click.IntRange(min=0), metavar="N",
               help="Start at the last N lines of the call's output (default: all of it).")
@@ -180,15 +187,16 @@ detaches with status 1.
               help="Answer the session's approval requests: y/n for each, read from stdin.")
 @reconnect_option
 @pass_options
-def attach(opts: Options, session_id: str, call_id: str | None, tail: int | None,
+def attach(opts: Options, ref: str | None, call_id: str | None, tail: int | None,
            detach_keys: bytes, follow: bool, approve: bool, reconnect_timeout: float) -> None:
     if approve and (call_id or tail is not None):
         raise click.UsageError("--approve answers for the whole session: not with --call "
                                "or --tail")
-    if approve:
-        sys.exit(execute_linked(
-            opts, lambda link: answer_across_restarts(link, session_id, follow),
-            reconnect_timeout=reconnect_timeout, approvals=True))
-    sys.exit(execute_linked(
-        opts, lambda link: attach_session(link, session_id, call_id, follow, tail, detach_keys),
-        reconnect_timeout=reconnect_timeout))
+    async def body(link: Link) -> int:
+        session_id = await ride(link, lambda c: resolve_session(c, ref), note)
+        if approve:
+            return await answer_across_restarts(link, session_id, follow)
+        return await attach_session(link, session_id, call_id, follow, tail, detach_keys)
+
+    sys.exit(execute_linked(opts, body, reconnect_timeout=reconnect_timeout,
+                            approvals=approve))

@@ -2,7 +2,8 @@
 
 Theory of operation: click parses; each command lives in the module of its job
 (``run``: ``dsh run``; ``attach``: ``dsh attach``; ``approve``: the answerer, ``dsh approve``,
-``dsh policy``; ``show``: ``sessions``, ``log``, ``status``, ``wait``, ``cancel``; ``fsck``;
+``dsh policy``; ``show``: ``sessions``, ``rename``, ``status``, ``wait``, ``cancel``;
+``logshow``: ``log``; ``fsck``;
 ``chat``) and is one short anyio program over ``client.api.connect``
 (``client.cli.common.execute``). A command's own output goes to stdout -- a tool call's output
 exactly as the command wrote it, tables and logs as rich tables on a terminal and as plain
@@ -36,7 +37,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "approve": ("client.cli.approve", "approve"),
     "policy": ("client.cli.approve", "policy"),
     "sessions": ("client.cli.show", "sessions"),
-    "log": ("client.cli.show", "log"),
+    "log": ("client.cli.logshow", "log"),
+    "rename": ("client.cli.show", "rename"),
     "cancel": ("client.cli.show", "cancel"),
     "status": ("client.cli.show", "status"),
     "wait": ("client.cli.show", "wait"),

@@ -44,6 +44,8 @@ HANDLERS: dict[str, Handler] = {
     "session.get": sessions.session_get,
     "session.events": sessions.session_events,
     "session.setApprovalPolicy": sessions.session_set_policy,
+    "session.find": sessions.session_find,
+    "session.rename": sessions.session_rename,
     "tool.run": calls.tool_run,
     "tool.wait": calls.tool_wait,
     "tool.cancel": calls.tool_cancel,

@@ -55,11 +55,12 @@ async def open_session(conn: ConnectionPort, session_id: str) -> Any:
 
 async def create_session(conn: ConnectionPort, cwd: str, title: str | None,
                          policy: str | None, sandbox: str | None,
-                         env: dict[str, str] | None) -> Any:
-    """A new session owned by the connection's user (-32013 past ``max_sessions``)."""
+                         env: dict[str, str] | None, name: str | None = None) -> Any:
+    """A new session owned by the connection's user (-32013 past ``max_sessions``; -32602
+    NAME_TAKEN when ``name`` is another session's of this user)."""
     try:
         return await conn.daemon.registry.create(cwd, title, policy, sandbox, env,
-                                                 owner=conn.uid)
+                                                 owner=conn.uid, name=name)
     except StateDirMoved as exc:
         raise errors.StorageFailure(f"no session created: {exc}") from None
 

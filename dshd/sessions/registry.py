@@ -14,6 +14,8 @@ frames after it; never a whole log), cached by the log's size, mtime and inode; 
 is listed as damaged without breaking the list, and a session in which a read found a
 damaged old frame (``Session.damaged``) is listed with ``damaged`` added, open or closed;
 all closed sessions of one list are read in ONE worker thread (``dshd.sessions.listing``).
+Names are unique per owner, checked against the list (``dshd.sessions.names``); a deleted
+session is ``forget``-ed.
 Opening is serialised per session id so two concurrent requests never race
 to open the same log.
 
@@ -61,6 +63,7 @@ from ..execution.capture import ShellOutputLimits
 from .calls import SETTLED_MARKER, StopPolicy
 from .chain import read_index
 from .listing import DiskListing
+from .names import SessionNames
 from .faults import TestFault
 from .resume import ResumePlan, plan_resume, tail_windows
 from .session import Session
@@ -127,6 +130,7 @@ class SessionRegistry:
         self._nursery: trio.Nursery | None = None
         #: session.list of the closed sessions, cached (``dshd.sessions.listing``).
         self._listing = DiskListing(self.sessions_dir, self._defaults, self._damaged.get)
+        self.names = SessionNames(self.list)
         self._fault = TestFault.parse(os.environ.get("DSH_TEST_FAULT"))
         if self._fault is not None:
             log.warning("test_fault.enabled", kind=self._fault.kind,
@@ -274,7 +278,27 @@ class SessionRegistry:
         sandbox: str | None,
         env: dict[str, str] | None,
         owner: int | None = None,
+        name: str | None = None,
     ) -> Session:
+        """A new session; ``name`` is taken for ``owner`` or NAME_TAKEN (InvalidParams)."""
+        async with self.names.claim(owner, name):
+            return await self._create(cwd, title, policy, sandbox, env, owner, name)
+
+    async def rename(self, session: Session, name: str | None) -> None:
+        """Give ``session`` ``name`` (None: none), unique for its owner (NAME_TAKEN)."""
+        async with self.names.claim(session.owner, name, except_id=session.id):
+            await session.set_name(name)
+
+    def forget(self, session_id: str) -> None:
+        """A session was deleted: drop what the registry remembers of it (its listing and
+        damaged record); its name is free once its directory is gone (``names``)."""
+        self._listing.forget(session_id)
+        self._damaged.pop(session_id, None)
+        self._last_used.pop(session_id, None)
+
+    async def _create(self, cwd: str, title: str | None, policy: str | None,
+                      sandbox: str | None, env: dict[str, str] | None, owner: int | None,
+                      name: str | None) -> Session:
         self._refuse_if_stopping()
         self.check_state_dir()
         await self._make_room()
@@ -297,6 +321,7 @@ class SessionRegistry:
                 env=env or {},
                 source="session.create" if (policy or sandbox) else "config",
                 owner=owner,
+                name=name,
             )
         except StorageError:
             # Never published: drop it whole, so it does not appear later half-made.

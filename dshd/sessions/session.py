@@ -21,9 +21,9 @@ Theory of operation:
   subscriptions and **the port**: the methods other rooms use (handlers, the service
   watchdog, the agent loop through ``dshd.agent.port.SessionPort``); nothing outside
   ``dshd/sessions`` touches a session's log, lane, publisher or private attributes.
-* Settings (approval policy, sandbox mode, env, owner) change in memory and on the lane only
-  after their event is durable; a change that cannot be made durable is taken back and changes
-  nothing (``dshd.sessions.settings``).
+* Settings (approval policy, sandbox mode, env, owner, name) change in memory and on the lane
+  only after their event is durable; a change that cannot be made durable is taken back and
+  changes nothing (``dshd.sessions.settings``, whose ``SessionSettings`` this class is).
 * **Stop.** :meth:`close` (the registry: idle, evicted, daemon stop with the caller's
   deadline and policy) ends the running turn (``interrupted``; with ``"detach"`` a turn that
   waits for its tool calls stays open instead, to resume after the start), refuses new work
@@ -80,7 +80,7 @@ from .resume import ResumePlan
 from .faults import TestFault
 from .lane import RECENT_MAX, Lane, TurnLane
 from .logview import HISTORY_TYPES, LogView, absorb, snapshot_state
-from .settings import record_durably
+from .settings import SessionSettings
 from .streams import Subscription
 
 log = structlog.get_logger("dshd.session")
@@ -93,7 +93,7 @@ SETTLE_SHARE = 0.25
 SETTLE_RESERVE_SECONDS = 2.0
 
 
-class Session:
+class Session(SessionSettings):
     """An open, writable session. Create through ``SessionRegistry``, never directly."""
 
     def __init__(
@@ -111,6 +111,8 @@ class Session:
         self.env: dict[str, str] = {}
         #: uid that created the session (None: written before owners were recorded).
         self.owner: int | None = None
+        #: The name a person gave it (``session/name``; None: none).
+        self.name: str | None = None
         self._approvals = ApprovalDesk(self, self.id)
         #: Reads of the log's old frames (``dshd.sessions.logview``); ``damaged`` lives there.
         self._view = LogView(log_, self.id)
@@ -146,6 +148,7 @@ class Session:
         self.policy = settings.get("approvalPolicy") or self.policy
         self.mode = settings.get("sandbox") or self.mode
         self.owner = settings.get("owner")
+        self.name = settings.get("name")
         self.env, recent = absorb(self._log, self._calls, self._approvals, index)
         self._logged_env = dict(self.env)
         self._log.set_snapshot_state(self.snapshot_state)
@@ -156,8 +159,9 @@ class Session:
         :meth:`_absorb_log` folds on the next open, as logged through ``last_seq``; the call
         index as a delta since the last durable snapshot (``CallIndex.delta``)."""
         delta = self._calls.known.index.delta(self._log.snapshot_seq, self._log.last_seq + 1)
-        return snapshot_state({"env": self._logged_env}, delta,
-                              self._lane.tracker.value["recent"], self._approvals.decided)
+        return {**snapshot_state({"env": self._logged_env}, delta,
+                                 self._lane.tracker.value["recent"], self._approvals.decided),
+                "activity": self._log.activity}
 
     def info(self) -> dict:
         """SessionInfo of PROTOCOL.md §3.1."""
@@ -172,6 +176,10 @@ class Session:
             "running": self.running,
             "lastSeq": self._log.last_seq,
             "owner": self.owner,
+            "name": self.name,
+            "updatedAt": self._log.activity["updatedAt"] or h.createdAt,
+            "pendingApprovals": len(self._approvals.pending),
+            "lastExit": self._log.activity["lastExit"],
             **({"damaged": self._view.damaged} if self._view.damaged else {}),
         }
 
@@ -421,62 +429,6 @@ class Session:
         """No running call or turn, no subscriber, no pending approval: safe to close."""
         return (not self._calls.running and not self._lane.publisher.subscriptions
                 and not self._approvals.pending and (self.agent is None or not self.agent.busy()))
-
-    # ----------------------------------------------------------------- settings
-    async def record_settings(
-        self, *, policy: str, mode: str, env: dict, source: str, owner: int | None = None
-    ) -> None:
-        """Record a new session's owner, policy, sandbox mode and env durably, then apply and
-        show them. Raises StorageError, changing nothing (see `_record_durably`)."""
-        change: list[tuple[str, dict, bool]] = []
-        undo: list[tuple[str, dict, bool]] = []
-        if owner is not None:
-            change.append(("session/owner", {"uid": owner}, True))
-            undo.append(("session/owner", {"uid": self.owner}, True))
-        change.append(("approval/policy", {"policy": policy, "source": source}, False))
-        undo.append(("approval/policy", {"policy": self.policy, "source": "rollback"}, False))
-        change.append(("sandbox/mode", {"mode": mode, "source": source}, False))
-        undo.append(("sandbox/mode", {"mode": self.mode, "source": "rollback"}, False))
-        if env:
-            change.append(("session/env", {"env": dict(env)}, True))
-            undo.append(("session/env", {"env": dict(self.env)}, True))
-        await self._record_durably(change, undo)
-        if owner is not None:
-            self.owner = owner
-        if env:
-            self.env = dict(env)
-        self.policy = policy
-        self.mode = mode
-        self._lane.show_settings(policy=policy, sandbox=mode)
-
-    async def set_policy(self, policy: str, source: str) -> None:
-        """Change the approval policy once the change is durable; StorageError changes
-        nothing (PROTOCOL.md: -32014 and the old policy stays)."""
-        seq = await self._record_durably(
-            [("approval/policy", {"policy": policy, "source": source}, False)],
-            [("approval/policy", {"policy": self.policy, "source": "rollback"}, False)],
-        )
-        if seq < self._policy_seq:
-            return  # a later change became durable with us and already applied
-        self._policy_seq = seq
-        self.policy = policy
-        self._lane.show_settings(policy=policy)
-
-    async def _record_durably(
-        self, change: list[tuple[str, dict, bool]], undo: list[tuple[str, dict, bool]]
-    ) -> int:
-        """``dshd.sessions.settings.record_durably``; the env as logged follows the log."""
-        def fold(type_: str, data: dict) -> None:
-            if type_ == "session/env":  # the next snapshot's env (the writer folds the rest)
-                self._logged_env = dict(data.get("env") or {})
-
-        before = self._logged_env
-        try:
-            return await record_durably(self._log, change, undo, fold)
-        except StorageError as exc:
-            if getattr(exc, "retracted", False):
-                self._logged_env = before
-            raise
 
     # ----------------------------------------------------------------- subscriptions
     def subscribe(self, sub: Subscription, *, answerer: bool = False) -> None:

@@ -21,7 +21,8 @@ import structlog
 from .format import Event, encode_line, now_ms
 from .reader import LogRead
 from .repair import RepairState
-from .snapshot import EMPTY_SETTINGS, SNAPSHOT_IGNORABLE, SNAPSHOT_TYPE, fold_settings
+from .snapshot import (EMPTY_SETTINGS, SNAPSHOT_IGNORABLE, SNAPSHOT_TYPE, activity_of,
+                       base_activity, fold_settings, snapshot_settings)
 
 log = structlog.get_logger("dshd.storage")
 
@@ -68,7 +69,7 @@ class LogMemory:
                 self.snapshot_seq = self.last_snapshot_seq = snap.seq
                 self.snapshot_offset = read.snapshot_offset
                 self._base_repair = snap.data["repair"]
-                self._base_settings = dict(snap.data["settings"])
+                self._base_settings = snapshot_settings(snap.data)
             else:
                 self._refold_base_from_empty()
         elif read is not None:  # a read without folds (never from open_log): fold it now
@@ -172,9 +173,15 @@ class MemoryViews:
 
     @property
     def settings(self) -> dict:
-        """``approvalPolicy``/``sandbox``/``owner`` as logged through ``last_seq`` (None:
+        """``approvalPolicy``/``sandbox``/``owner``/``name`` as logged through ``last_seq`` (None:
         never logged)."""
         return self._memory.settings
+
+    @property
+    def activity(self) -> dict:
+        """``updatedAt``/``lastExit`` through ``last_seq`` (`snapshot.activity_of` of the tail
+        over the last durable snapshot's)."""
+        return activity_of(base_activity(self._memory.snapshot), self._memory.tail)
 
     @property
     def snapshot(self) -> dict | None:

@@ -440,12 +440,14 @@ async def test_sessions_cuts_long_titles_and_damage_reasons(fake):
     proc = await dsh(fake.path, "sessions")
     lines = proc.stdout.decode().splitlines()
     assert len(lines) == 3
-    assert lines[0].split("\t") == ["id", "title", "cwd", "created", "running", "lastSeq"]
+    assert lines[0].split() == ["NAME", "ID", "STATUS", "CWD", "UPDATED", "EXIT", "TITLE"]
     assert all(len(line) < 200 for line in lines)
-    first, second = (line.split("\t") for line in lines[1:])
-    assert len(first) == len(second) == 6
-    assert first[1].startswith("make xxx") and first[1].endswith("…")
-    assert second[1].startswith("DAMAGED (checksum mismatch at byte 123456")
-    assert "…)" in second[1] and second[1].endswith("a\\tb\\nc")
+    at = lines[0].index("TITLE")  # aligned: every row's title starts under the header's
+    first, second = (line for line in lines[1:] if "s1" in line), (
+        line for line in lines[1:] if "s2" in line)
+    first, second = next(first), next(second)
+    assert first[at:].startswith("make xxx") and first.endswith("…")
+    assert second[at:].startswith("(checksum mismatch at byte 123456") and " damaged " in second
+    assert "…)" in second and second.endswith("a\\tb\\nc")
     proc = await dsh(fake.path, "--json", "sessions")
     assert json.loads(proc.stdout) == rows  # complete

@@ -96,7 +96,7 @@ def test_method_params_cover_the_protocol():
         "session.setApprovalPolicy", "tool.run", "tool.wait", "tool.cancel", "subscribe",
         "unsubscribe", "approval.decide", "turn.start", "turn.cancel", "turn.steer", "daemon.status",
         "tool.read", "tool.follow", "tool.unfollow", "tool.write", "tool.closeStdin",
-        "tool.resize", "tool.signal",
+        "tool.resize", "tool.signal", "session.find", "session.rename",
     }
     assert methods == set(m.METHODS)
     for params, _result in m.METHODS.values():
