@@ -3,8 +3,8 @@
 Theory of operation: ``dsh help`` prints what ``dsh --help`` prints; ``dsh help COMMAND``
 what ``dsh COMMAND --help`` prints (the group loads that one command, ``LazyGroup``);
 ``dsh help TOPIC`` a topic of :data:`TOPICS`. The one topic is ``exit-codes``: the
-exit-status table of ``client.exits.EXIT_TABLE``, as aligned text (``--markdown``: the
-README.md table, which tests/test_docs.py compares with this output, so the README cannot
+exit-status table of ``client.exits.EXIT_TABLE``, as aligned text (``--json``: a list of
+rows; ``--markdown``: the README.md table, which tests/test_docs.py compares with this output, so the README cannot
 drift from the code). The renderers here (:func:`exit_table_text`, :func:`exit_table_markdown`,
 :func:`exit_table_roff`) are the only ones: the man page's EXIT STATUS section
 (``client.cli.manpage``) uses the roff one. An unknown name is a usage error (exit 2) that
@@ -13,6 +13,7 @@ lists the commands and topics.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Callable
 
@@ -22,7 +23,7 @@ from click.shell_completion import CompletionItem
 from client.exits import EXIT_TABLE, EXIT_TABLE_NOTE
 
 __all__ = ["help_command", "TOPICS", "exit_table_text", "exit_table_markdown",
-           "exit_table_roff"]
+           "exit_table_roff", "exit_table_json"]
 
 _CODE_SPAN = re.compile(r"`([^`]*)`")
 
@@ -68,12 +69,21 @@ def exit_table_roff() -> str:
     return "\n".join(out) + "\n"
 
 
-def _exit_codes(ctx: click.Context, markdown: bool) -> str:
-    return exit_table_markdown() if markdown else exit_table_text(ctx.terminal_width)
+def exit_table_json() -> str:
+    """The table as JSON: ``[{"statuses": [int] | null, "meaning": str}]`` (null: N)."""
+    rows = [{"statuses": list(codes) if codes is not None else None,
+             "meaning": _CODE_SPAN.sub(r"\1", meaning)} for codes, meaning in EXIT_TABLE]
+    return json.dumps(rows, ensure_ascii=False, indent=1) + "\n"
 
 
-#: Topic -> (its one-line summary, its renderer).
-TOPICS: dict[str, tuple[str, Callable[[click.Context, bool], str]]] = {
+def _exit_codes(ctx: click.Context, form: str) -> str:
+    if form == "markdown":
+        return exit_table_markdown()
+    return exit_table_json() if form == "json" else exit_table_text(ctx.terminal_width)
+
+
+#: Topic -> (its one-line summary, its renderer: context, form "text"|"markdown"|"json").
+TOPICS: dict[str, tuple[str, Callable[[click.Context, str], str]]] = {
     "exit-codes": ("every exit status of dsh and what it means", _exit_codes),
 }
 
@@ -99,17 +109,22 @@ Topics:
 @click.argument("name", required=False, metavar="[COMMAND|TOPIC]", shell_complete=_complete)
 @click.option("--markdown", is_flag=True,
               help="exit-codes: print the table as Markdown (README.md's).")
+@click.option("--json", "as_json", is_flag=True, help="exit-codes: print the table as JSON.")
 @click.pass_context
-def help_command(ctx: click.Context, name: str | None, markdown: bool) -> None:
+def help_command(ctx: click.Context, name: str | None, markdown: bool, as_json: bool) -> None:
     group_ctx = ctx.parent
     assert group_ctx is not None and isinstance(group_ctx.command, click.Group)
+    as_json = as_json or bool(getattr(ctx.obj, "json", False))  # dsh --json help exit-codes
+    if (markdown or as_json) and name != "exit-codes":
+        raise click.UsageError("--markdown and --json go with the exit-codes topic only", ctx)
+    if markdown and as_json:
+        raise click.UsageError("--markdown or --json, not both", ctx)
     if name is None:
         click.echo(group_ctx.get_help())
         return
-    if markdown and name != "exit-codes":
-        raise click.UsageError("--markdown goes with the exit-codes topic only", ctx)
     if name in TOPICS:
-        click.echo(TOPICS[name][1](ctx, markdown), nl=False)
+        form = "markdown" if markdown else "json" if as_json else "text"
+        click.echo(TOPICS[name][1](ctx, form), nl=False)
         return
     command = group_ctx.command.get_command(group_ctx, name)
     if command is None:

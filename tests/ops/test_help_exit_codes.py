@@ -4,6 +4,7 @@ tests/test_docs.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -49,9 +50,20 @@ def test_help_unknown_name_is_a_usage_error_naming_what_there_is():
     assert "run" in r.stderr and "exit-codes" in r.stderr and r.stdout == ""
 
 
-def test_markdown_goes_with_the_exit_codes_topic_only():
-    r = _dsh("help", "run", "--markdown")
-    assert r.returncode == 2 and "--markdown goes with the exit-codes topic only" in r.stderr
+def test_markdown_and_json_go_with_the_exit_codes_topic_only():
+    for flag in ("--markdown", "--json"):
+        r = _dsh("help", "run", flag)
+        assert r.returncode == 2 and "go with the exit-codes topic only" in r.stderr, flag
+    both = _dsh("help", "exit-codes", "--json", "--markdown")
+    assert both.returncode == 2 and "not both" in both.stderr
+    for args in (("help", "exit-codes", "--json"), ("--json", "help", "exit-codes")):
+        r = _dsh(*args)
+        assert r.returncode == 0, r.stderr
+        rows = json.loads(r.stdout)
+        (timeout,) = [row for row in rows if row["statuses"] == [124]]
+        assert timeout["meaning"].startswith("TOOL_TIMEOUT (dsh run --timeout)")
+        assert rows[1]["statuses"] is None and all("`" not in x["meaning"] for x in rows)
+        assert len(rows) == len(exits.EXIT_TABLE)
     md = _dsh("help", "exit-codes", "--markdown")
     assert md.returncode == 0 and md.stdout.startswith("| status | meaning |\n|---|---|\n")
     assert "| `124` | `TOOL_TIMEOUT`" in md.stdout
