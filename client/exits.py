@@ -27,7 +27,7 @@ from protocol.lane import ToolResult
 from protocol.rpc import RpcError
 
 __all__ = ["exit_status", "turn_status", "failure_status", "detached_status", "fsck_status",
-           "single", "leaves", "NEVER_RAN_CODES", "EXIT_TABLE"]
+           "single", "leaves", "NEVER_RAN_CODES"]
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -63,7 +63,8 @@ EXIT_TABLE: tuple[tuple[tuple[int, ...] | None, str], ...] = (
                       "before the result (the call goes on)"),
     ((EXIT_NEVER_RAN,), "the call never ran (`APPROVAL_*`, `SANDBOX_UNAVAILABLE`, "
                         "`STORAGE_FAILURE`, `ABORTED_BEFORE_DISPATCH`, `TOOL_NOT_STARTED`, or "
-                        "an `errorCode` without an exit code)"),
+                        "an `errorCode` without an exit code); `dsh chat`: a call of the turn "
+                        "needed approval and no one could be asked (no terminal, no `--yes`)"),
     ((EXIT_INTERRUPTED,), "`TOOL_CANCELLED` with exit code 0 (otherwise the command's own "
                           "code); Ctrl-C (detached, or `--cancel-on-interrupt`); `dsh chat`: "
                           "the turn was cancelled"),
@@ -72,6 +73,7 @@ EXIT_TABLE: tuple[tuple[tuple[int, ...] | None, str], ...] = (
                           "SIGTERM (the terminal restored; the command keeps running)"),
 )
 EXIT_TABLE_NOTE = "A call that is an error never exits 0."
+__all__ += ["EXIT_TABLE", "EXIT_TABLE_NOTE"]
 
 #: errorCodes of a call that never ran (exit 125 whatever else the result says).
 NEVER_RAN_CODES = frozenset({
