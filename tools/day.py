@@ -314,8 +314,10 @@ def finish(day: Day, dirs: list[Path], older_than: str) -> bool:
 
     def prune() -> str:
         day.need("prune", "--older-than", "--dry-run")
-        out = day.dsh("prune", "--older-than", older_than, cwd=dirs[0])
-        return (out.stdout.strip().splitlines() or ["(nothing printed)"])[-1]
+        lines = day.dsh("prune", "--older-than", older_than, cwd=dirs[0]).stdout.splitlines()
+        deleted = sum(line.startswith("deleted ") for line in lines)
+        skipped = sum(line.startswith("skipped ") for line in lines)
+        return f"--older-than {older_than}: {deleted} deleted, {skipped} skipped"
 
     day.step("prune", prune)
     after_b = day.state_bytes()
