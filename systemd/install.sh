@@ -21,7 +21,7 @@
 # completions (`dsh completion SHELL`), where man and the shells look:
 #   system: MANDIR=/usr/local/share/man  BASH_COMPLETION_DIR=/usr/local/share/bash-completion/completions
 #           ZSH_COMPLETION_DIR=/usr/local/share/zsh/site-functions
-#           FISH_COMPLETION_DIR=/usr/local/share/fish/vendor_completions.d
+#           FISH_COMPLETION_DIR=/etc/fish/completions
 #   user:   USER_MANDIR=$XDG_DATA_HOME/man (~/.local/share/man: man finds it through ~/.local/bin
 #           on PATH), USER_BASH_COMPLETION_DIR=$XDG_DATA_HOME/bash-completion/completions,
 #           USER_ZSH_COMPLETION_DIR=$XDG_DATA_HOME/zsh/site-functions (add it to fpath),
@@ -46,7 +46,7 @@ case $action in
     mandir=${MANDIR:-/usr/local/share/man}
     bashdir=${BASH_COMPLETION_DIR:-/usr/local/share/bash-completion/completions}
     zshdir=${ZSH_COMPLETION_DIR:-/usr/local/share/zsh/site-functions}
-    fishdir=${FISH_COMPLETION_DIR:-/usr/local/share/fish/vendor_completions.d}
+    fishdir=${FISH_COMPLETION_DIR:-/etc/fish/completions}
     ;;
   *-user)
     scope=user

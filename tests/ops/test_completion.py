@@ -7,6 +7,7 @@ interactive bash in tmux, pressing Tab."""
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -17,7 +18,7 @@ import pytest
 
 from client.cli.sessionref import SessionRef
 from dshd.testing import DshdProcess
-from tests.e2e.tmux import Pane, have_tmux
+from tests.e2e.tmux import ROOT, Pane, have_tmux
 from tests.e2e.wire import Wire
 from tests.ops.helpers import DSH
 
@@ -157,5 +158,61 @@ def test_tab_in_a_real_bash_completes_session_names(tmp_path, daemon):
         pane.type("Tab", "Tab")
         pane.until(r"bench-7")
         pane.until(made["unnamed"])
+    finally:
+        pane.close()
+
+
+def _dsh_on_path(tmp_path: Path) -> str:
+    """A ``dsh`` on PATH (this checkout's), as the completion script calls it; the PATH."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    (bindir / "dsh").write_text(f"#!/bin/sh\nexec {shlex.quote(DSH[0])} -m client.cli \"$@\"\n")
+    (bindir / "dsh").chmod(0o755)
+    return f"{bindir}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+
+
+def _fish_complete(daemon, script: Path, line: str) -> list[str]:
+    """fish's own completion engine (``complete -C``) on ``line``, with ``script`` loaded."""
+    path = _dsh_on_path(script.parent)
+    r = subprocess.run(["fish", "--no-config", "-c", f"source {script}; complete -C '{line}'"],
+                       capture_output=True, text=True, timeout=60,
+                       env=_env(daemon, PYTHONPATH=str(ROOT), PATH=path))
+    assert r.returncode == 0, r.stderr
+    return [row.split("\t", 1)[0] for row in r.stdout.splitlines()]
+
+
+@pytest.mark.skipif(shutil.which("fish") is None, reason="fish is not installed (.ci/run installs it)")
+def test_fish_completes_commands_options_and_sessions(tmp_path, daemon):
+    script = tmp_path / "dsh.fish"
+    script.write_text(subprocess.run([*DSH, "completion", "fish"], capture_output=True,
+                                     text=True, timeout=60, env=_env(daemon)).stdout)
+    assert _fish_complete(daemon, script, "dsh he") == ["help"]
+    assert "--timeout" in _fish_complete(daemon, script, "dsh run --ti")
+    if SESSION_COMPLETION:
+        made = _named_sessions(daemon, tmp_path)
+        offered = set(_fish_complete(daemon, script, "dsh log "))
+        assert {"build", "bench-7", made["unnamed"]} <= offered
+
+
+@pytest.mark.skipif(not have_tmux() or shutil.which("zsh") is None,
+                    reason="tmux or zsh is not installed (.ci/run installs them)")
+def test_tab_in_a_real_zsh_completes_commands_and_sessions(tmp_path, daemon):
+    made = _named_sessions(daemon, tmp_path) if SESSION_COMPLETION else {}
+    pane = Pane(tmp_path, str(daemon.socket), tmp_path, cols=160, rows=40)
+    try:
+        pane.line("exec zsh -f")
+        pane.line("PS1='zsh%% '; autoload -Uz compinit && compinit -u && "
+                  "source <(dsh completion zsh); echo READY-$?")
+        pane.until(r"^READY-0")
+        pane.type("dsh comp", literal=True)
+        pane.type("Tab")
+        pane.type("#", literal=True)
+        pane.until(r"^zsh% dsh completion #$")
+        pane.type("C-u")
+        if made:
+            pane.type("dsh log bui", literal=True)
+            pane.type("Tab")
+            pane.type("#", literal=True)
+            pane.until(r"^zsh% dsh log build #$")
     finally:
         pane.close()

@@ -62,6 +62,16 @@ def _bash_completes(env: dict, script: Path, words: str) -> list[str]:
     return r.stdout.split()
 
 
+def _fish_completes(env: dict, scratch: Path, line: str) -> list[str]:
+    """A fresh fish (its config and cache kept out of HOME) asked to complete ``line``."""
+    fish_env = dict(env, XDG_CONFIG_HOME=str(scratch / "fish-config"),
+                    XDG_CACHE_HOME=str(scratch / "fish-cache"))
+    r = subprocess.run(["fish", "--private", "-c", f"complete -C '{line}'"], capture_output=True,
+                       text=True, timeout=60, env=fish_env)
+    assert r.returncode == 0, r.stderr
+    return [row.split("\t", 1)[0] for row in r.stdout.splitlines()]
+
+
 def _check_pages(env: dict, mandir: Path) -> None:
     where = _man(env, "-w", "dsh")
     assert where.returncode == 0, where.stderr
@@ -92,6 +102,8 @@ def test_install_user_puts_man_pages_and_completions_where_man_and_the_shells_lo
     assert (data / "zsh/site-functions/_dsh").read_text().startswith("#compdef dsh")
     assert "complete --no-files --command dsh" in (
         data / "fish/vendor_completions.d/dsh.fish").read_text()
+    if shutil.which("fish"):  # fish loads it by itself from its vendor directory
+        assert _fish_completes(env, short_dir, "dsh he") == ["help"]
     r = _make("uninstall-user", env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     assert _tree(home) == before
