@@ -85,7 +85,7 @@ def aligned(rows: list[list[str]]) -> str:
 @json_flag
 @pass_options
 def sessions(opts: Options, as_json: bool) -> None:
-    """List the sessions: name, id, status, cwd, last update, last exit, title.
+    """List the sessions, newest last: name, id, status, cwd, updated, last exit, title.
 
     \b
     STATUS is one of: idle, running N (N calls not settled), waiting approval,

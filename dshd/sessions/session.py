@@ -165,7 +165,7 @@ class Session(SessionSettings):
 
     def info(self) -> dict:
         """SessionInfo of PROTOCOL.md §3.1."""
-        h = self._log.header
+        h, activity = self._log.header, self._log.activity
         return {
             "sessionId": self.id,
             "title": h.title,
@@ -177,9 +177,9 @@ class Session(SessionSettings):
             "lastSeq": self._log.last_seq,
             "owner": self.owner,
             "name": self.name,
-            "updatedAt": self._log.activity["updatedAt"] or h.createdAt,
+            "updatedAt": activity["updatedAt"] or h.createdAt,
             "pendingApprovals": len(self._approvals.pending),
-            "lastExit": self._log.activity["lastExit"],
+            "lastExit": activity["lastExit"],
             **({"damaged": self._view.damaged} if self._view.damaged else {}),
         }
 

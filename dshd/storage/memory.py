@@ -2,8 +2,9 @@
 
 Theory of operation: `LogMemory` is the writer's bounded picture of its log. It holds the
 events after the last *durable* snapshot (``tail``: durable or not, snapshots themselves
-excluded), the crash-repair fold (`repair.RepairState`) and the settings fold
-(`snapshot.fold_settings`) through the last event appended, and the last durable snapshot
+excluded), the crash-repair fold (`repair.RepairState`), the settings fold
+(`snapshot.fold_settings`) and the activity (`snapshot.activity_of`) through the last event
+appended, and the last durable snapshot
 (its seq, offset, owner dict, and the folds it carries: the base a retract refolds from).
 
 `take_snapshot` prepares a snapshot as the next seq: its data is complete but for its own
@@ -77,6 +78,8 @@ class LogMemory:
             self.repair.see_all(self.tail)
             for ev in self.tail:
                 self.settings = fold_settings(self.settings, ev)
+        #: ``updatedAt``/``lastExit`` through the last event (`snapshot.activity_of`).
+        self.activity = activity_of(base_activity(self.snapshot), self.tail)
 
     def _refold_base_from_empty(self) -> None:
         self._base_repair, self._base_settings = RepairState().to_json(), dict(EMPTY_SETTINGS)
@@ -86,6 +89,7 @@ class LogMemory:
         self.tail.append(ev)
         self.repair.see(ev)
         self.settings = fold_settings(self.settings, ev)
+        self.activity = activity_of(self.activity, [ev])
 
     def retract(self, first: int) -> None:
         """Forget the events from seq ``first`` on and refold from the base snapshot."""
@@ -95,6 +99,7 @@ class LogMemory:
         for ev in self.tail:
             settings = fold_settings(settings, ev)
         self.settings = settings
+        self.activity = activity_of(base_activity(self.snapshot), self.tail)
 
     def due(self, last_seq: int, every: int) -> bool:
         return every > 0 and last_seq - self.last_snapshot_seq >= every
@@ -180,8 +185,8 @@ class MemoryViews:
     @property
     def activity(self) -> dict:
         """``updatedAt``/``lastExit`` through ``last_seq`` (`snapshot.activity_of` of the tail
-        over the last durable snapshot's)."""
-        return activity_of(base_activity(self._memory.snapshot), self._memory.tail)
+        over the last durable snapshot's, kept as events are appended)."""
+        return self._memory.activity
 
     @property
     def snapshot(self) -> dict | None:

@@ -40,7 +40,8 @@ def run_in(daemon: DaemonProcess, cwd, *args: str) -> str:
     r = daemon.dsh("run", *args, cwd=str(cwd))
     assert r.returncode == 0, r.stderr
     listed_ = listed(daemon)
-    return max(listed_, key=lambda s: (s["updatedAt"], s["sessionId"]))["sessionId"]
+    return max(listed_, key=lambda s: (s.get("updatedAt") or s["createdAt"],
+                                      s["sessionId"]))["sessionId"]
 
 
 def listed(daemon: DaemonProcess) -> list[dict]:

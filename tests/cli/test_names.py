@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
+import time
 
 import anyio
 import pytest
@@ -164,3 +166,14 @@ def test_completion_lists_names_and_ids_and_never_fails(daemon, workdir, tmp_pat
     dead = {**daemon.env, "DSH_SOCKET": str(tmp_path / "no.sock")}
     r = complete("dsh log b", dead)
     assert r.returncode == 0 and r.stdout.strip() == "" and r.stderr == ""
+    # A daemon that accepts but never answers: completion gives up (well within 10 s).
+    mute = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    mute.bind(str(tmp_path / "mute.sock"))
+    mute.listen(8)
+    try:
+        started = time.monotonic()
+        r = complete("dsh log b", {**daemon.env, "DSH_SOCKET": str(tmp_path / "mute.sock")})
+        assert r.returncode == 0 and r.stdout.strip() == "" and r.stderr == ""
+        assert time.monotonic() - started < 10
+    finally:
+        mute.close()
