@@ -48,6 +48,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "rm": ("client.cli.cleanup", "rm"),
     "prune": ("client.cli.cleanup", "prune"),
     "steer": ("client.cli.steer", "steer"),
+    "help": ("client.cli.help", "help_command"),
+    "completion": ("client.cli.completion", "completion"),
 }
 
 
