@@ -39,6 +39,8 @@ from .raw import (
     ToolReadResult, ToolResizeParams, ToolSignalParams, ToolUnfollowParams, ToolWriteParams,
     ToolWriteResult,
 )
+from .cleanup import (PruneSkip, SessionDeleteParams, SessionDeleteResult, SessionPruneParams,
+                      SessionPruneResult)
 from .approvals import (ApprovalDecideParams, ApprovalDecideResult, ApprovalListResult,
                         ApprovalRulesParams, ApprovalRulesResult, RevokeRuleParams)
 from .structs import _Params, _Result
@@ -430,39 +432,6 @@ class TurnSteerResult(_Result):
 
 
 # -- room cleanup (issue 15): deleting and pruning sessions (PROTOCOL.md §3.1) -------------
-class SessionDeleteParams(_Params):
-    """``session.delete``: ``force`` cancels running calls, approvals and the turn first."""
-
-    session_id: str
-    force: bool = False
-
-
-class SessionDeleteResult(_Result):
-    deleted: bool
-    cancelled: int = 0
-
-
-class SessionPruneParams(_Params):
-    """``session.prune``: delete idle sessions not updated for ``olderThan`` seconds."""
-
-    older_than: Annotated[float, Meta(ge=0, le=1e10)]
-    dry_run: bool = False
-
-
-class PruneSkip(_Result):
-    session_id: str
-    reason: str
-
-
-class SessionPruneResult(_Result):
-    """``more``: the request stopped at its bound (``PRUNE_MAX`` deletions); ask again."""
-
-    deleted: list[str]
-    skipped: list[PruneSkip]
-    freed_bytes: int
-    more: bool = False
-
-
 class Method(NamedTuple):
     """One method: the struct its params decode into and the struct its result is."""
 

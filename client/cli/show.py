@@ -32,7 +32,7 @@ from client.cli.common import (
 from client.cli.stream import Call, Followed, OutputState, replay, result_status, wait_result
 from client.link import Link, ride
 from client.transport import ConnectionLost
-from client.cli.terminal import cell, emit, fmt_time, is_tty, note, print_json, short, stdout
+from client.cli.terminal import cell, emit, fmt_time, is_tty, note, print_json, stdout
 from client.exits import EXIT_TIMEOUT, decided_status, exit_status
 from client.cli.sessionref import SESSION_REF, resolve_session
 from protocol.names import NAME_CHARS, is_valid_name

@@ -7,7 +7,7 @@ sessions that exist: :class:`SessionNames` checks a new name against the registr
 summaries of the closed sessions, cached, and the open ones; no log read) under one lock held
 until the name's event is durable, so two requests never take the same name. The list is the
 index: a deleted session's directory is gone, so it is not listed and its name is free again
-(``SessionRegistry.forget`` drops what the registry remembered of it).
+(``SessionRegistry.forget_deleted`` drops what the registry remembered of it).
 
 :func:`find` resolves a reference over the infos a caller may use (PROTOCOL.md §3.1): an exact
 id, then an exact name, then a unique prefix of the ids and names; with no reference, the

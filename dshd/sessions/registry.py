@@ -15,7 +15,7 @@ is listed as damaged without breaking the list, and a session in which a read fo
 damaged old frame (``Session.damaged``) is listed with ``damaged`` added, open or closed;
 all closed sessions of one list are read in ONE worker thread (``dshd.sessions.listing``).
 Names are unique per owner, checked against the list (``dshd.sessions.names``); a deleted
-session is ``forget``-ed.
+session is forgotten (``forget_deleted``).
 Opening is serialised per session id so two concurrent requests never race
 to open the same log.
 
@@ -58,17 +58,16 @@ from ..errors import SessionClosing, SessionLimit, SessionNotFound
 from ..paths import is_valid_id
 from ..storage.errors import LockHeld, StateDirMoved, StorageError
 from ..storage.format import Header
-from ..storage.pages import read_events
 from ..storage.reader import list_session_dirs
 from ..storage.writer import SessionLog
 from ..execution.capture import ShellOutputLimits
-from .calls import SETTLED_MARKER, StopPolicy
+from .calls import StopPolicy
 from .chain import read_index
 from .listing import DiskListing
 from .names import SessionNames
 from .deletion import Deletions, delete_session
 from .faults import TestFault
-from .resume import ResumePlan, plan_resume, tail_windows
+from .resume import ResumePlan, plan_resume, tail_windows, turn_events, unsettled_sessions
 from .session import Session
 
 log = structlog.get_logger("dshd.registry")
@@ -104,8 +103,6 @@ def mint_session_id(taken=lambda _id: False, first: str | None = None) -> str:
 REOPEN_WAIT_SECONDS = 30.0
 #: Crashed sessions reopened for their subscribers, at most this many times per session a minute.
 REVIVE_MAX = 3
-#: Events per disk read of an open turn's events (``turn_events``).
-TURN_PAGE_EVENTS = 10_000
 #: Closed sessions remembered as damaged (an old frame found damaged by a read), at most.
 DAMAGED_MAX = 65_536
 
@@ -300,13 +297,6 @@ class SessionRegistry:
         async with self.names.claim(session.owner, name, except_id=session.id):
             await session.set_name(name)
 
-    def forget(self, session_id: str) -> None:
-        """A session was deleted: drop what the registry remembers of it (its listing and
-        damaged record); its name is free once its directory is gone (``names``)."""
-        self._listing.forget(session_id)
-        self._damaged.pop(session_id, None)
-        self._last_used.pop(session_id, None)
-
     async def _create(self, cwd: str, title: str | None, policy: str | None,
                       sandbox: str | None, env: dict[str, str] | None, owner: int | None,
                       name: str | None) -> Session:
@@ -444,7 +434,8 @@ class SessionRegistry:
                                         kill_after_rename=kill)
 
     def forget_deleted(self, session_id: str) -> None:
-        """Drop what the registry remembers of a deleted session (room names: its name)."""
+        """Drop what the registry remembers of a deleted session (its name is free once its
+        directory is gone: ``dshd.sessions.names``)."""
         for table in (self._last_used, self._damaged, self._revivals, self._opening):
             table.pop(session_id, None)
         self._listing.forget(session_id)
@@ -482,43 +473,6 @@ class SessionRegistry:
         infos += found
         infos.sort(key=lambda i: (i.get("createdAt") or 0, i["sessionId"]))
         return infos
-
-
-def turn_events(session_dir: Path, session_id: str, seq: int) -> list:
-    """The events from ``seq`` on (the open turn a resume plan looks at), read from disk and
-    verified; [] when a frame there is damaged (the turn then does not resume: repair ends
-    it ``interrupted``)."""
-    out: list = []
-    after = seq - 1
-    try:
-        while page := read_events(session_dir, session_id, after, TURN_PAGE_EVENTS):
-            out += page
-            after = page[-1].seq
-    except StorageError as exc:
-        log.warning("turn.events_unreadable", session=session_id, error=str(exc))
-        return []
-    return out
-
-
-def unsettled_sessions(sessions_dir: Path) -> list[str]:
-    """Session ids with a call dir (``<id>/calls/<callId>/``) that has no ``settled`` marker,
-    sorted; no log is read (a worker thread at daemon start)."""
-    found = set()
-    try:
-        session_ids = os.listdir(sessions_dir)
-    except OSError:
-        return []
-    for session_id in session_ids:
-        calls = sessions_dir / session_id / "calls"
-        try:
-            names = os.listdir(calls)
-        except OSError:
-            continue
-        if is_valid_id(session_id) and any(
-                not os.path.islink(calls / name) and os.path.isdir(calls / name)
-                and not os.path.exists(calls / name / SETTLED_MARKER) for name in names):
-            found.add(session_id)
-    return sorted(found)
 
 
 __all__ = ["SessionRegistry", "unsettled_sessions", "SessionNotFound", "SessionLimit", "LockHeld"]
