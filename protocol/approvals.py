@@ -63,6 +63,9 @@ class ApprovalRule(_Result, omit_defaults=True):
     by: Any = None
     at: int = 0
     words: list[str] | UnsetType = UNSET
+    #: The session's sandbox mode when the rule was made: it matches only at that mode or a
+    #: stricter one (PROTOCOL.md §3.4).
+    sandbox: str | UnsetType = UNSET
 
 
 class ApprovalRulesResult(_Result):

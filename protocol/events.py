@@ -58,6 +58,8 @@ class ApprovalPolicyData(_Data):
 class SandboxModeData(_Data):
     mode: str
     source: str | UnsetType = UNSET
+    #: The uid that changed it (``session.setSandbox``).
+    by: int | UnsetType = UNSET
 
 
 class SessionOwnerData(_Data):

@@ -36,6 +36,11 @@ same literal word), and the words after the prefix may be anything by the rule's
 Tabs separate words as spaces do (bash's blanks); non-ASCII spaces are part of a word in
 bash and here. So a prefix rule is as wide as its program: ``git`` allows ``git -c
 alias.x=!sh ...``; prefer ``git status``.
+
+A command longer than :data:`MAX_PREFIX_COMMAND_CHARS` is not a simple command either, and
+this is decided before any lexing: ``shlex`` is quadratic in a word's length (a 1 MB word
+took the daemon's event loop 95 s), and the gate runs on that loop. :func:`simple_words`
+lexes once; a caller matching many rules lexes the command once (:func:`matches_words`).
 """
 
 from __future__ import annotations
@@ -44,13 +49,17 @@ import shlex
 import unicodedata
 from typing import Literal, Sequence
 
-__all__ = ["MAX_RULE_CHARS", "MAX_RULE_WORDS", "RuleKind", "matches", "refusal", "rule_problem",
-           "simple_words"]
+__all__ = ["MAX_PREFIX_COMMAND_CHARS", "MAX_RULE_CHARS", "MAX_RULE_WORDS", "RuleKind",
+           "matches", "matches_words", "refusal", "rule_problem", "simple_words"]
 
 RuleKind = Literal["exact", "prefix"]
 #: An exact rule's text, at most (characters); a prefix rule's words, at most.
 MAX_RULE_CHARS = 65_536
 MAX_RULE_WORDS = 64
+#: A command a prefix rule may match, at most (characters; longer: asked, never lexed). 4,096
+#: is POSIX's smallest ``LINE_MAX``/``_POSIX_ARG_MAX`` and far above a command a person reads
+#: and approves by its words, while ``shlex`` over it stays in the milliseconds (module doc).
+MAX_PREFIX_COMMAND_CHARS = 4_096
 #: shlex's punctuation characters (``punctuation_chars=True``): a token of only these is an
 #: operator to bash (or a quoted one, refused alike: module doc).
 _OPERATOR_CHARS = frozenset("();<>|&")
@@ -60,39 +69,43 @@ _NEVER = {"$": "an expansion ($)", "`": "a command substitution (`)",
 
 def refusal(command: str) -> str | None:
     """Why ``command`` is not one simple command (a phrase), or None when it is one."""
+    return _lexed(command)[0]
+
+
+def _lexed(command: str) -> tuple[str | None, tuple[str, ...]]:
+    """``(refusal, words)``: why ``command`` is not one simple command (None when it is one)
+    and, when it is, its words; lexed at most once, never past the bound (module doc)."""
+    if len(command) > MAX_PREFIX_COMMAND_CHARS:
+        return f"more than {MAX_PREFIX_COMMAND_CHARS} characters", ()
     for char, why in _NEVER.items():
         if char in command:
-            return why
+            return why, ()
     for char in command:
         if char != "\t" and unicodedata.category(char) == "Cc":
-            return f"a control character (U+{ord(char):04X})"
+            return f"a control character (U+{ord(char):04X})", ()
     lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
     lexer.commenters = ""
     lexer.whitespace_split = True
     try:
-        words = list(lexer)
+        words = tuple(lexer)
     except ValueError as exc:  # "No closing quotation", "No escaped character"
-        return f"text the shell cannot split ({exc})"
+        return f"text the shell cannot split ({exc})", ()
     if not words:
-        return "no command"
+        return "no command", ()
     for word in words:
         if word and set(word) <= _OPERATOR_CHARS:
-            return f"the operator {word!r}"
+            return f"the operator {word!r}", ()
     # A '#' that starts a word (unquoted) starts a comment; the lexer keeps quotes' '#' too,
     # so any word that starts with '#' refuses (module doc: fail closed).
     if any(word.startswith("#") for word in words):
-        return "a comment (#)"
-    return None
+        return "a comment (#)", ()
+    return None, words
 
 
 def simple_words(command: str) -> tuple[str, ...] | None:
     """The words of ``command`` when it is one simple command (module doc), else None."""
-    if refusal(command) is not None:
-        return None
-    lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
-    lexer.commenters = ""
-    lexer.whitespace_split = True
-    return tuple(lexer)
+    why, words = _lexed(command)
+    return words if why is None else None
 
 
 def rule_problem(kind: str, command: str) -> str | None:
@@ -106,11 +119,11 @@ def rule_problem(kind: str, command: str) -> str | None:
     if "\0" in command:
         return "a rule's command must not contain NUL"
     if kind == "prefix":
-        why = refusal(command)
+        why, words = _lexed(command)
         if why is not None:
-            return (f"a prefix rule is words of one simple command; {command!r} holds {why} "
+            shown = command if len(command) <= 200 else command[:200] + "..."
+            return (f"a prefix rule is words of one simple command; {shown!r} holds {why} "
                     "(allow that exact command with an exact rule instead)")
-        words = simple_words(command) or ()
         if len(words) > MAX_RULE_WORDS:
             return f"a prefix rule has at most {MAX_RULE_WORDS} words"
     return None
@@ -124,7 +137,12 @@ def matches(kind: str, rule: str | Sequence[str], command: str) -> bool:
     if kind != "prefix":
         return False
     words = simple_words(rule) if isinstance(rule, str) else tuple(rule)
-    if not words:
+    return matches_words(words, simple_words(command))
+
+
+def matches_words(rule_words: Sequence[str] | None, command_words: Sequence[str] | None) -> bool:
+    """Whether a prefix rule's words lead a command's words (:func:`simple_words` of it, None
+    when it is not one simple command): the command lexed once for every rule."""
+    if not rule_words or command_words is None:
         return False
-    got = simple_words(command)
-    return got is not None and got[:len(words)] == tuple(words)
+    return tuple(command_words[:len(rule_words)]) == tuple(rule_words)

@@ -37,7 +37,8 @@ async def approval_rules(conn: ConnectionPort, p: a.ApprovalRulesParams) -> a.Ap
     session = await port.open_session(conn, p.session_id)
     return a.ApprovalRulesResult(rules=[a.ApprovalRule(
         rule_id=r["ruleId"], kind=r["kind"], command=r["command"], by=r["by"], at=r["at"],
-        **({"words": r["words"]} if "words" in r else {})) for r in session.approvals.rules.listed()])
+        sandbox=r["sandbox"], **({"words": r["words"]} if "words" in r else {}))
+        for r in session.approvals.rules.listed()])
 
 
 async def approval_revoke_rule(conn: ConnectionPort, p: a.RevokeRuleParams) -> m.EmptyResult:

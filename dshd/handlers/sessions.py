@@ -139,7 +139,7 @@ async def session_set_policy(conn: ConnectionPort,
 
 async def session_set_sandbox(conn: ConnectionPort, p: m.SetSandboxParams) -> m.EmptyResult:
     session = await port.open_session(conn, p.session_id)
-    await session.set_sandbox(p.sandbox, source="session.setSandbox")
+    await session.set_sandbox(p.sandbox, source="session.setSandbox", by=conn.uid)
     return m.EmptyResult()
 
 

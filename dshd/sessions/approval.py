@@ -31,7 +31,11 @@ the call is cancelled while pending         cancelled        caller
 **Rules** (``dshd.sessions.rules``): a person's ``allow-for-session`` decision makes a rule
 (an exact command, or a prefix of words of one simple command: ``protocol.shellwords``); its
 ``approval/rule`` is made durable before the decision is taken, and the decision's
-``approval/decided`` names it (``ruleId``). A later call the rule allows is decided at once,
+``approval/decided`` names it (``ruleId``); it records the session's sandbox mode, and
+matches only while the mode is that or stricter. A call whose arguments carry a non-empty
+``env`` never matches a rule (``bash -c`` reads ``BASH_ENV`` and the like: the env can run
+what the command does not say) and no rule is made from it; its summary shows the env
+assignments before the command (:func:`summary_of`). A later call a rule allows is decided at once,
 still with its audit pair: ``approval/asked``, then ``approval/decided {outcome:
 allowed-once, by: rule, ruleId}``. Policy ``never`` comes first: it rejects every call,
 rules or not (the session's off switch). A rule is taken back by :meth:`revoke_rule`.
@@ -76,6 +80,7 @@ is driven by a fake port in the tests.
 from __future__ import annotations
 
 import secrets
+import shlex
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -116,6 +121,9 @@ class ApprovalPort(Protocol):
     @property
     def policy(self) -> str: ...
 
+    #: The session's sandbox mode now (a rule matches at its mode or a stricter one).
+    mode: str
+
     def record(self, type_: str, data: dict, ignorable: bool = False) -> int:
         """Append an event to the session log; its seq. Raises when it cannot."""
         ...
@@ -148,6 +156,8 @@ class _Pending:
     request: ApprovalRequest | None = None
     #: The rule that decided it (``by: rule``) or that its ``allow-for-session`` made.
     rule_id: str | None = None
+    #: The command a rule may allow (None: none may: not bash, or a call with its own env).
+    ruled: str | None = None
     decided: trio.Event = field(default_factory=trio.Event)
     outcome: str | None = None
     by: str | None = None
@@ -157,10 +167,40 @@ class _Pending:
 
 
 def summary_of(call: GateCall) -> str:
-    """The exact command a person is asked about (never a truncated label)."""
+    """The exact command a person is asked about (never a truncated label): a bash call's
+    command, after its own env's assignments shell-quoted (``BASH_ENV='$(id)' ls``), as bash
+    would read them; the env is bounded like the command is (``protocol.methods``)."""
     if call.name == "bash":
-        return str(call.arguments.get("command", ""))
+        command = str(call.arguments.get("command", ""))
+        env = call.arguments.get("env")
+        if isinstance(env, dict) and env:
+            pairs = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in env.items())
+            return f"{pairs} {command}"
+        return command
     return f"{call.name} {call.arguments}"
+
+
+def ruled_command(call: GateCall) -> str | None:
+    """The command a session's rules may allow: a bash call's, unless its arguments carry a
+    non-empty ``env`` (module doc: then it is always asked); None when no rule may."""
+    if call.name != "bash" or call.arguments.get("env"):
+        return None
+    return str(call.arguments.get("command", ""))
+
+
+def _not_allowed(kind: str, rule: str, approval_id: str, command: str) -> str:
+    """The BAD_RULE sentence of a rule that does not allow its approval's command."""
+    def cut(text: str) -> str:
+        return text if len(text) <= 200 else text[:200] + "..."
+    rule, shown = cut(rule), cut(command)
+    if kind == "exact":
+        return (f"the exact rule {rule!r} does not allow the command of approval {approval_id} "
+                f"({shown!r}): an exact rule's text must equal the command (leave the rule's "
+                "command out to allow this command as given)")
+    return (f"the prefix rule {rule!r} does not allow the command of approval {approval_id} "
+            f"({shown!r}); a prefix rule allows one simple command only (no ;, &&, ||, |, &, $, "
+            "backticks, redirections or newlines) that starts with its words: allow this "
+            "command with an exact rule instead")
 
 
 class ApprovalDesk:
@@ -234,16 +274,16 @@ class ApprovalDesk:
         ``MAX_RULES`` -32013; a rule that cannot be made durable is taken back (a
         ``rule-revoked`` after it) and nothing is decided (StorageError)."""
         p = self._open_request(approval_id)
-        summary = p.request.summary if p.request is not None else ""
-        tool = p.request.tool if p.request is not None else ""
-        rule = new_rule(kind or "exact", summary if command is None else command, by,
-                        time.time_ns() // 1_000_000)
-        if tool != "bash" or not rule.allows(summary):
+        if p.ruled is None:
             raise errors.InvalidParams(
-                f"the {rule.kind} rule {rule.command!r} does not allow the command of approval "
-                f"{approval_id} ({summary!r}); a prefix rule allows one simple command only "
-                "(no ;, &&, ||, |, &, $, backticks, redirections or newlines): allow this "
-                "command with an exact rule instead", field="rule", code="BAD_RULE")
+                f"approval {approval_id} is not a bash call of a command alone (a call with its "
+                "own env is always asked: the env may run what the command does not say); "
+                "allow it once instead", field="rule", code="BAD_RULE")
+        rule = new_rule(kind or "exact", p.ruled if command is None else command, by,
+                        time.time_ns() // 1_000_000, self.port.mode)
+        if not rule.allows(p.ruled):
+            raise errors.InvalidParams(_not_allowed(rule.kind, rule.command, approval_id,
+                                                    p.ruled), field="rule", code="BAD_RULE")
         self.rules.check_room()
         data = rule.event()
         seq = self.port.record("approval/rule", data, ignorable=True)
@@ -319,7 +359,7 @@ class ApprovalDesk:
             )
         except Exception:
             raise refused("audit") from None
-        p = _Pending(approval_id, call.call_id)
+        p = _Pending(approval_id, call.call_id, ruled=ruled_command(call))
         grace = float(getattr(call, "ask_timeout", 0) or 0)
         if not self._decided_at_once(p, call, summary):
             if not self.answerers and grace <= 0:
@@ -332,7 +372,7 @@ class ApprovalDesk:
     async def reask(self, call: GateCall, approval_id: str, *, grace: float) -> None:
         """Ask ``approval_id`` again after a restart (module doc: re-ask); ``grace`` seconds
         for an answerer to attach. Returns on ``allowed-once``; raises CallFailed otherwise."""
-        p = _Pending(approval_id, call.call_id)
+        p = _Pending(approval_id, call.call_id, ruled=ruled_command(call))
         summary = summary_of(call)
         if not self._decided_at_once(p, call, summary):
             await self._ask_within(p, self._request(call, summary), grace, None, "grace")
@@ -344,7 +384,8 @@ class ApprovalDesk:
             self._decide(p, "allowed-once", "caller")
         elif self.port.policy == "never":
             self._decide(p, "rejected", "policy", "rejected-policy")
-        elif (rule := self.rules.match(call.name, summary)) is not None:
+        elif p.ruled is not None and (rule := self.rules.match(
+                call.name, p.ruled, mode=self.port.mode)) is not None:
             p.rule_id = rule.rule_id
             self._decide(p, "allowed-once", "rule")
         return p.outcome is not None

@@ -27,12 +27,16 @@ session's memory is bounded). Two parts:
   snapshot form, still read as the base of a chain).
 * **Digests.** Each id also carries a 64-bit digest of its call's tool name and arguments
   (:func:`call_digest`, blake2b of the name and the arguments' sorted JSON without the
-  terminal's size), so that a ``tool.run`` reusing a known id with other arguments is refused
+  terminal's size, numbers compared by value as OPS.md §1 says -- an integral float is its
+  integer: ``timeout: 5.0`` is ``timeout: 5``), so that a ``tool.run`` reusing a known id with other arguments is refused
   (``CALL_ID_REUSED``) while a retry of the same call still answers ``existing``: 8 bytes a
   call in the frozen level (``array('Q')``), a dict entry in the recent level, and in the
   snapshot next to each delta (``digests``: id -> 16 hex digits). ``0`` means "not known"
   (a call logged by a daemon before digests, or a model's call proposed and never started):
-  such a call is taken as the same (``existing``), as before.
+  such a call is taken as the same (``existing``), as before. A digest logged before numbers
+  compared by value (:func:`legacy_digest`: the JSON as decoded) differs from the new one only
+  when the arguments hold an integral float; :meth:`KnownCalls.check_reuse` takes either, so
+  every digest already in a snapshot stays valid.
 * :class:`ResultCache` -- an LRU of at most ``capacity`` settled results (dicts, as logged).
   A result that fell out is read back from the log by its seq (:class:`KnownCalls`).
 * :class:`KnownCalls` -- the call table's view of both, plus what only unsettled calls need
@@ -54,7 +58,8 @@ import trio
 
 from ..errors import InvalidParams
 
-__all__ = ["CallIndex", "FREEZE_MIN", "KnownCalls", "ResultCache", "UNSETTLED", "call_digest"]
+__all__ = ["CallIndex", "FREEZE_MIN", "KnownCalls", "ResultCache", "UNSETTLED", "call_digest",
+           "legacy_digest"]
 
 #: The smallest number of settled ids in the dict level before they are frozen.
 FREEZE_MIN = 4096
@@ -69,7 +74,31 @@ _sorted_json = msgspec.json.Encoder(order="sorted")
 
 def call_digest(name: str, arguments: object) -> int:
     """The 64-bit digest of a call (module doc): ``arguments`` as a dict or as its logged JSON
-    text; 0 when they do not decode (a digest that is not known)."""
+    text, numbers by value; 0 when they do not decode (a digest that is not known)."""
+    return _digest(name, arguments, _by_value)
+
+
+def legacy_digest(name: str, arguments: object) -> int:
+    """The digest as logged before numbers compared by value (module doc)."""
+    return _digest(name, arguments, lambda v: v)
+
+
+#: Integral floats below this magnitude are their integers (exact in a float; an int64).
+_INT_FLOAT_MAX = 2.0 ** 63
+
+
+def _by_value(value: object) -> object:
+    """``value`` with every integral float as its integer (``5.0`` -> ``5``, ``-0.0`` -> 0)."""
+    if isinstance(value, float):
+        return int(value) if value.is_integer() and abs(value) < _INT_FLOAT_MAX else value
+    if isinstance(value, dict):
+        return {k: _by_value(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_by_value(v) for v in value]
+    return value
+
+
+def _digest(name: str, arguments: object, canonical: Callable[[object], object]) -> int:
     if isinstance(arguments, (str, bytes)):
         try:
             arguments = msgspec.json.decode(arguments)
@@ -77,7 +106,7 @@ def call_digest(name: str, arguments: object) -> int:
             return 0
     if not isinstance(arguments, dict):
         return 0
-    kept = {k: v for k, v in arguments.items() if k not in _PRESENTATION}
+    kept = canonical({k: v for k, v in arguments.items() if k not in _PRESENTATION})
     h = hashlib.blake2b(name.encode("utf-8", "replace") + b"\0" + _sorted_json.encode(kept),
                         digest_size=8)
     return int.from_bytes(h.digest(), "big") or 1
@@ -387,7 +416,8 @@ class KnownCalls:
         """InvalidParams ``CALL_ID_REUSED`` when ``call_id`` is known as a call of another
         tool or other arguments (module doc)."""
         known = self.index.digest(call_id)
-        if known and known != call_digest(name, arguments):
+        if known and known != call_digest(name, arguments) \
+                and known != legacy_digest(name, arguments):
             raise InvalidParams(
                 f"callId {call_id!r} is already a call of this session with another command or "
                 "other arguments; its result is not this request's (use a new callId)",

@@ -14,9 +14,14 @@ same events:
 * ``live`` -- the rules the gate applies: a new rule only once its event is durable, a
   revoked one at once (before its event is durable: taking a permission back never waits).
 
-The gate asks :meth:`RuleBook.match` with the call's command; the first live rule that
-``protocol.shellwords.matches`` it wins (exact rules first, then prefix rules, oldest first).
-Rules apply to ``bash`` calls only: the rule's text is a command line. At most
+The gate asks :meth:`RuleBook.match` with the call's command and the session's sandbox mode
+now; the first live rule that allows it wins (exact rules first, then prefix rules, oldest
+first; the command is lexed once for all prefix rules: ``protocol.shellwords``). Rules apply
+to ``bash`` calls only: the rule's text is a command line (a call with its own ``env`` is
+never given to a rule: the desk asks it). A rule records the session's sandbox mode when it
+was made (``sandbox``) and matches only while the session's mode is that one or stricter
+(:data:`SANDBOX_ORDER`): a rule never outlives a loosening of the sandbox (a rule logged
+without a mode is taken as made under ``read-only``; an unknown mode matches nothing). At most
 :data:`MAX_RULES` live rules a session (``-32013`` ``RULE_LIMIT`` past it: revoke one first).
 Pure bookkeeping: no I/O here; the desk (``dshd.sessions.approval``) appends the events.
 """
@@ -27,14 +32,23 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from protocol.shellwords import matches, rule_problem, simple_words
+from protocol.shellwords import matches, matches_words, rule_problem, simple_words
 
 from .. import errors
 
-__all__ = ["MAX_RULES", "Rule", "RuleBook", "new_rule"]
+__all__ = ["MAX_RULES", "Rule", "RuleBook", "SANDBOX_ORDER", "new_rule", "no_looser"]
 
 #: Live rules a session holds, at most.
 MAX_RULES = 256
+#: Sandbox modes, strictest first (EXEC.md §3).
+SANDBOX_ORDER = ("read-only", "workspace-write", "danger-full-access")
+
+
+def no_looser(mode: str, than: str) -> bool:
+    """Whether sandbox ``mode`` is ``than`` or stricter (an unknown one is neither)."""
+    if mode not in SANDBOX_ORDER or than not in SANDBOX_ORDER:
+        return False
+    return SANDBOX_ORDER.index(mode) <= SANDBOX_ORDER.index(than)
 
 
 @dataclass(frozen=True)
@@ -45,6 +59,8 @@ class Rule:
     words: tuple[str, ...] | None  # prefix only
     by: Any
     at: int
+    #: The session's sandbox mode when the rule was made (module doc).
+    sandbox: str = "read-only"
 
     def event(self) -> dict:
         """The ``approval/rule`` data."""
@@ -53,13 +69,13 @@ class Rule:
             data["command"] = self.command
         else:
             data["words"] = list(self.words)
-        data.update(by=self.by, at=self.at)
+        data.update(by=self.by, at=self.at, sandbox=self.sandbox)
         return data
 
     def shown(self) -> dict:
         """The rule as ``approval.rules`` lists it (``command`` for both kinds)."""
         out = {"ruleId": self.rule_id, "kind": self.kind, "command": self.command,
-               "by": self.by, "at": self.at}
+               "by": self.by, "at": self.at, "sandbox": self.sandbox}
         if self.words is not None:
             out["words"] = list(self.words)
         return out
@@ -73,7 +89,7 @@ def _join(words: tuple[str, ...]) -> str:
     return shlex.join(words)
 
 
-def new_rule(kind: str, command: str, by: Any, at: int) -> Rule:
+def new_rule(kind: str, command: str, by: Any, at: int, sandbox: str) -> Rule:
     """A new rule from a decision (``-32602`` with ``data.field`` ``rule`` when it cannot be
     one: ``protocol.shellwords.rule_problem``)."""
     problem = rule_problem(kind, command)
@@ -81,9 +97,9 @@ def new_rule(kind: str, command: str, by: Any, at: int) -> Rule:
         raise errors.InvalidParams(problem, field="rule", code="BAD_RULE")
     rule_id = "r-" + secrets.token_hex(6)
     if kind == "exact":
-        return Rule(rule_id, kind, command, None, by, at)
+        return Rule(rule_id, kind, command, None, by, at, sandbox)
     words = simple_words(command) or ()
-    return Rule(rule_id, kind, _join(words), words, by, at)
+    return Rule(rule_id, kind, _join(words), words, by, at, sandbox)
 
 
 def _from_event(data: dict) -> Rule | None:
@@ -91,15 +107,17 @@ def _from_event(data: dict) -> Rule | None:
     rule_id, kind = data.get("ruleId"), data.get("kind")
     if not isinstance(rule_id, str) or kind not in ("exact", "prefix"):
         return None
+    sandbox = data.get("sandbox", "read-only")  # none logged: the strictest (module doc)
+    sandbox = sandbox if isinstance(sandbox, str) else ""
+    by, at = data.get("by"), int(data.get("at") or 0)
     if kind == "exact":
         command = data.get("command")
-        return Rule(rule_id, kind, command, None, data.get("by"), int(data.get("at") or 0)) \
+        return Rule(rule_id, kind, command, None, by, at, sandbox) \
             if isinstance(command, str) and command else None
     words = data.get("words")
     if not isinstance(words, list) or not words or not all(isinstance(w, str) for w in words):
         return None
-    return Rule(rule_id, kind, _join(tuple(words)), tuple(words), data.get("by"),
-                int(data.get("at") or 0))
+    return Rule(rule_id, kind, _join(tuple(words)), tuple(words), by, at, sandbox)
 
 
 class RuleBook:
@@ -149,12 +167,17 @@ class RuleBook:
         """Take ``rule_id`` out of the live rules at once; the rule, None when not live."""
         return self.live.pop(rule_id, None)
 
-    def match(self, tool: str, command: str) -> Rule | None:
-        """The live rule that allows this call (module doc), or None."""
+    def match(self, tool: str, command: str, *, mode: str) -> Rule | None:
+        """The live rule that allows this call under sandbox ``mode`` (module doc), or None."""
         if tool != "bash":
             return None
-        rules = sorted(self.live.values(), key=lambda r: r.kind != "exact")
-        return next((rule for rule in rules if rule.allows(command)), None)
+        rules = [r for r in self.live.values() if no_looser(mode, r.sandbox)]
+        exact = next((r for r in rules if r.kind == "exact" and r.command == command), None)
+        if exact is not None or not any(r.kind == "prefix" for r in rules):
+            return exact
+        words = simple_words(command)  # once for every prefix rule (module doc)
+        return next((r for r in rules if r.kind == "prefix" and matches_words(r.words, words)),
+                    None)
 
     def listed(self) -> list[dict]:
         return [rule.shown() for rule in self.live.values()]

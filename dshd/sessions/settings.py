@@ -17,9 +17,12 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import structlog
 import trio
 
 from ..storage.errors import StorageError
+
+log = structlog.get_logger("dshd.sessions")
 
 __all__ = ["SessionSettings", "record_durably"]
 
@@ -99,14 +102,20 @@ class SessionSettings:
         self.policy = policy
         self._lane.show_settings(policy=policy)
 
-    async def set_sandbox(self, mode: str, source: str) -> None:
+    async def set_sandbox(self, mode: str, source: str, by: int | None = None) -> None:
         """Change the sandbox mode of the calls confined from now on (a running command keeps
         the confinement it started with) once the change is durable; StorageError changes
-        nothing (-32014, the old mode stays), as set_policy."""
+        nothing (-32014, the old mode stays), as set_policy. ``by``: the caller's uid (in the
+        event, and the ``session.sandbox_changed`` daemon log line)."""
+        data: dict[str, Any] = {"mode": mode, "source": source}
+        if by is not None:
+            data["by"] = by
+        before = self.mode
         seq = await self._record_durably(
-            [("sandbox/mode", {"mode": mode, "source": source}, False)],
+            [("sandbox/mode", data, False)],
             [("sandbox/mode", {"mode": self.mode, "source": "rollback"}, False)],
         )
+        log.info("session.sandbox_changed", session=self.id, **{"from": before}, to=mode, by=by)
         if seq < self._mode_seq:
             return  # a later change became durable with us and already applied
         self._mode_seq = seq

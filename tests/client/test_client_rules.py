@@ -6,6 +6,7 @@ rules surviving a snapshot and a restart."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -270,3 +271,96 @@ async def test_approve_with_no_arguments_decides_the_one_request_of_this_directo
     assert (rule["kind"], rule["command"]) == ("exact", "echo by name")
     proc = await dsh(daemon.socket, "approve", cwd=workdir)  # nothing waits there now
     assert proc.returncode == 2 and b"no approval is pending in session" in proc.stderr
+
+
+async def _run_env_no_wait(daemon, sid: str, command: str, call_id: str, env: dict):
+    """``dsh run --ask --ask-timeout 0 --env K=V...``: only a rule could allow it."""
+    pairs = [a for k, v in env.items() for a in ("--env", f"{k}={v}")]
+    return await dsh(daemon.socket, "run", "--ask", "--ask-timeout", "0", "--session", sid,
+                     "--call-id", call_id, *pairs, "--", command)
+
+
+async def test_a_call_with_its_own_env_never_matches_a_rule_and_the_ask_shows_the_env(
+        snappy_dshd, workdir):
+    """bash -c expands BASH_ENV: a rule made for ``echo hello`` must not run it with one."""
+    daemon = snappy_dshd
+    sid = await _session(daemon, workdir)
+    await _make_prefix_rule(daemon, sid, "echo hello", "echo hello first")
+    evil = {"BASH_ENV": "$(touch pwned)"}
+    proc = await _run_env_no_wait(daemon, sid, "echo hello", "v1", evil)
+    assert proc.returncode == 125 and b"APPROVAL_UNAVAILABLE" in proc.stderr, proc.stderr
+    assert not (workdir / "pwned").exists()
+    run = await Live(Path(tempfile.mkdtemp(prefix="dsh-rl-", dir="/tmp")), "v2").start(
+        daemon.socket, "run", "--ask", "--ask-timeout", "30", "--session", sid, "--call-id",
+        "v2", "--env", "BASH_ENV=$(touch pwned)", "--env", "A=b c", "--", "echo hello")
+    try:
+        aid = await _pending_id(daemon, "v2")
+        proc = await dsh(daemon.socket, "approvals", "--json")
+        [shown] = [p for p in json.loads(proc.stdout)["approvals"] if p["approvalId"] == aid]
+        assert shown["summary"] == "BASH_ENV='$(touch pwned)' A='b c' echo hello"
+        proc = await dsh(daemon.socket, "approve", aid, "--allow-for-session", "--prefix",
+                         "echo hello")
+        assert proc.returncode == 1 and b"env" in proc.stderr, proc.stderr  # no rule from it
+        assert (await dsh(daemon.socket, "approve", aid, "--reject")).returncode == 0
+        assert await run.wait() == 125
+    finally:
+        run.kill()
+    asked = [e for e in await _decisions(daemon, sid)
+             if e["type"] == "approval/asked" and e["callId"] == "v1"]
+    assert asked[0]["summary"] == "BASH_ENV='$(touch pwned)' echo hello"
+    # the same command without an env is still allowed by the rule
+    proc = await _run_no_wait(daemon, sid, "echo hello again", "v3")
+    assert (proc.returncode, proc.stdout) == (0, b"hello again\n"), proc.stderr
+
+
+async def test_a_rule_does_not_outlive_a_looser_sandbox(snappy_dshd, workdir):
+    daemon = snappy_dshd
+    async with connect(daemon.socket) as c:
+        sid = await c.create_session(workdir, approval_policy="ask", sandbox="workspace-write")
+    rule_id = await _make_prefix_rule(daemon, sid, "echo boxed", "echo boxed 0")
+    [rule] = [e for e in await _decisions(daemon, sid) if e["type"] == "approval/rule"]
+    assert (rule["ruleId"], rule["sandbox"]) == (rule_id, "workspace-write")
+    async with connect(daemon.socket) as c:
+        await c.set_sandbox(sid, "danger-full-access")
+    proc = await _run_no_wait(daemon, sid, "echo boxed 1", "b1")
+    assert proc.returncode == 125 and b"APPROVAL_UNAVAILABLE" in proc.stderr, proc.stderr
+    async with connect(daemon.socket) as c:
+        await c.set_sandbox(sid, "read-only")  # stricter than the rule's: it applies
+    proc = await _run_no_wait(daemon, sid, "echo boxed 2", "b2")
+    assert (proc.returncode, proc.stdout) == (0, b"boxed 2\n"), proc.stderr
+
+
+async def test_a_huge_command_under_a_prefix_rule_is_asked_and_the_daemon_stays_live(
+        snappy_dshd, workdir):
+    """shlex is quadratic in a word's length: a 1 MB word must not be lexed on the loop."""
+    daemon = snappy_dshd
+    sid = await _session(daemon, workdir)
+    await _make_prefix_rule(daemon, sid, "echo big", "echo big 0")
+    async with connect(daemon.socket) as c, connect(daemon.socket) as probe:
+        huge = "echo big " + "a" * 1_000_000
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: c.start_tool(sid, huge, call_id="g1", approved=False))
+            await trio.sleep(0.2)
+            with trio.fail_after(5):  # a generous liveness bound
+                for _ in range(3):
+                    await probe.status()
+        result = await c.wait(sid, "g1", timeout=LIVENESS)
+        assert result.error_code == "APPROVAL_UNAVAILABLE", result
+
+
+async def test_set_sandbox_is_audited_with_its_caller(snappy_dshd, workdir):
+    daemon = snappy_dshd
+    sid = await _session(daemon, workdir)
+    async with connect(daemon.socket) as c:
+        await c.set_sandbox(sid, "read-only")
+    async with connect(daemon.socket) as c:
+        events = [json.loads(bytes(raw)) async for raw in c.iter_records(sid)]
+    modes = [e["data"] for e in events if e["type"] == "sandbox/mode"]
+    assert modes[-1] == {"mode": "read-only", "source": "session.setSandbox", "by": os.getuid()}
+    with trio.fail_after(LIVENESS):
+        while "session.sandbox_changed" not in daemon.log_path.read_text(errors="replace"):
+            await trio.sleep(0.05)
+    [line] = [ln for ln in daemon.log_path.read_text().splitlines()
+              if "session.sandbox_changed" in ln]
+    assert sid in line and "workspace-write" in line and "read-only" in line
+    assert str(os.getuid()) in line

@@ -121,7 +121,8 @@ def test_run_sandbox_on_an_existing_session_changes_it_audited(daemon, workdir):
     assert [s["sandbox"] for s in info if s["sessionId"] == sid] == ["read-only"]
     events = [json.loads(line) for line in daemon.dsh("log", sid, "--json").stdout.splitlines()]
     modes = [e["data"] for e in events if e["type"] == "sandbox/mode"]
-    assert modes[-1] == {"mode": "read-only", "source": "session.setSandbox"}
+    assert modes[-1] == {"mode": "read-only", "source": "session.setSandbox",
+                         "by": os.getuid()}  # audited with its caller
     daemon.restart()  # durable: the next daemon confines by it too
     r = daemon.dsh("run", "--session", sid, "--", "touch", "third", cwd=str(workdir))
     assert r.returncode != 0 and not (workdir / "third").exists()

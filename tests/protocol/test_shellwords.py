@@ -109,11 +109,13 @@ def test_rule_problems():
 _word = st.text(st.characters(codec="utf-8", exclude_characters="\0"), min_size=1, max_size=8)
 _operator = st.sampled_from([";", "&&", "||", "|", "&", "$(", "`", ">", "<", ">>", "<<", "\n",
                              "${", "(", ")", "$", "\r", "|&", "&>"])
+#: Text around the operator that does not quote it: a quoted ``;`` inside a word (``";0"``) is
+#: a literal character to bash and to the rules (module doc), not an operator.
+_unquoted = st.text(st.characters(exclude_characters="'\"\\"), max_size=20)
 
 
 @settings(max_examples=400, deadline=None)
-@given(st.lists(_word, min_size=1, max_size=4), _operator, st.text(max_size=20),
-       st.text(max_size=20))
+@given(st.lists(_word, min_size=1, max_size=4), _operator, _unquoted, _unquoted)
 def test_a_command_with_any_operator_never_matches_a_prefix_rule(rule_words, op, before, after):
     rule = " ".join(shlex_quote(w) for w in rule_words)
     command = f"{rule} {before}{op}{after}"
@@ -146,3 +148,19 @@ def _cc(char: str) -> bool:
 def shlex_quote(word: str) -> str:
     import shlex
     return shlex.quote(word)
+
+
+def test_a_command_past_the_bound_never_matches_a_prefix_rule_and_is_not_lexed(monkeypatch):
+    from protocol import shellwords
+    long_word = "ls " + "a" * (shellwords.MAX_PREFIX_COMMAND_CHARS)
+    assert len(long_word) > shellwords.MAX_PREFIX_COMMAND_CHARS
+    assert simple_words("ls " + "a" * 100) == ("ls", "a" * 100)
+
+    def no_lexing(*args, **kwargs):
+        raise AssertionError("lexed a command past the bound")
+    monkeypatch.setattr(shellwords.shlex, "shlex", no_lexing)
+    assert not matches("prefix", ("ls",), long_word)
+    assert simple_words(long_word) is None
+    assert "characters" in refusal(long_word)
+    assert "characters" in rule_problem("prefix", long_word)
+    assert matches("exact", long_word, long_word)  # an exact rule has no such bound

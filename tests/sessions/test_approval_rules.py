@@ -176,3 +176,65 @@ async def test_an_ask_timeout_waits_for_a_decision_then_ends_unavailable(autojum
         (aid, _), = port.shown.items()
         desk.decide(aid, "reject")
     assert result == ["APPROVAL_REJECTED"]
+
+
+async def _pending_aid(desk, port, arguments: dict):
+    """Start a gate for ``arguments`` (an answerer attached) in a nursery; its approval id."""
+    await port.changed.wait()
+    (aid, request), = port.shown.items()
+    return aid, request
+
+
+async def test_an_exact_rule_that_is_not_the_command_says_its_text_must_equal_it():
+    port = FakePort()
+    desk = ApprovalDesk(port, "s-1")
+    desk.answerer_joined("sub-1")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_gate, desk, FakeCall(arguments={"command": "ls -l"}))
+        aid, _ = await _pending_aid(desk, port, {})
+        with pytest.raises(errors.InvalidParams) as bad:
+            await desk.allow_for_session(aid, "exact", "ls", 1000)
+        message = str(bad.value)
+        assert bad.value.data["code"] == "BAD_RULE"
+        assert "exact rule's text must equal the command" in message, message
+        assert "prefix" not in message and "with an exact rule instead" not in message
+        desk.decide(aid, "reject")
+
+
+async def test_a_call_with_an_env_is_asked_whatever_the_rules_and_shows_its_env():
+    port = FakePort()
+    desk = ApprovalDesk(port, "s-1")
+    await _allowed_by_rule(desk, port, "ls", "prefix", "ls")
+    port.changed = trio.Event()
+    await _allowed_by_rule(desk, port, "make", "exact", None)
+    for n, command in enumerate(["ls", "make"]):
+        call = FakeCall(f"e-{n}", arguments={"command": command,
+                                             "env": {"BASH_ENV": "$(id > PWNED)"}})
+        assert await _gate(desk, call) == "APPROVAL_UNAVAILABLE"
+        asked = [d for t, d in port.events if t == "approval/asked"][-1]
+        assert asked["summary"] == f"BASH_ENV='$(id > PWNED)' {command}"
+    # an empty env is no env: the rule applies
+    assert await _gate(desk, FakeCall("e-9", arguments={"command": "ls", "env": {}})) == \
+        "allowed-once"
+
+
+async def test_a_rule_matches_only_while_the_sandbox_is_as_strict_as_when_it_was_made():
+    port = FakePort()
+    port.mode = "workspace-write"
+    desk = ApprovalDesk(port, "s-1")
+    await _allowed_by_rule(desk, port, "ls", "prefix", "ls")
+    [rule] = [d for t, d in port.events if t == "approval/rule"]
+    assert rule["sandbox"] == "workspace-write"
+    for mode, outcome in (("danger-full-access", "APPROVAL_UNAVAILABLE"),
+                          ("read-only", "allowed-once"), ("workspace-write", "allowed-once"),
+                          ("something-new", "APPROVAL_UNAVAILABLE")):
+        port.mode = mode
+        assert await _gate(desk, FakeCall(f"m-{mode}", arguments={"command": "ls -a"})) == \
+            outcome, mode
+    # a rule logged without a mode (before modes were recorded) is taken as read-only's
+    book = RuleBook()
+    book.fold("approval/rule", {"ruleId": "r-000000000001", "kind": "exact", "command": "ls",
+                                "by": 0, "at": 0})
+    book.opened()
+    assert book.match("bash", "ls", mode="read-only") is not None
+    assert book.match("bash", "ls", mode="workspace-write") is None
