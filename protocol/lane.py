@@ -146,6 +146,8 @@ class LaneSession(JsonView, msgspec.Struct, rename="camel"):
     cwd: str
     approval_policy: str
     sandbox: str
+    #: The session's name (``session/name``; None: none). A rename is a control change.
+    name: str | None = None
 
 
 class LaneView(JsonView, msgspec.Struct, rename="camel"):

@@ -7,7 +7,7 @@ passed. A round: ``dsh run`` in several project directories (one of them writes 
 output, so the state grows and ``max_state_bytes`` has to act), named sessions reused by name,
 a call detached with Ctrl-C then re-joined (``dsh attach``, ``dsh wait``), an approval
 answered with a prefix rule that then allows the next call by itself (and is revoked),
-a chat turn whose client dies mid-answer and is re-joined (``dsh chat --attach``), a
+a chat turn whose client dies mid-turn and is re-joined (``dsh chat --attach``), a
 throw-away session removed (``dsh rm``), and ``dsh sessions``; then ``--pause`` seconds. At
 the end it prints ``du -sh`` of the state dir before and after ``dsh prune --older-than`` a
 third of the day, ``dsh sessions`` after it, and a summary.
@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -45,11 +46,16 @@ from dshd.testing import DshdProcess  # noqa: E402
 DSH = [sys.executable, "-m", "client.cli"]
 SESSION_LINE = re.compile(r"session (\S+) call (\S+)")
 RULE_ID = re.compile(r"\br-[0-9a-f]{12}\b")
+#: A file the chat's tool call waits for (at most 60 s): the day creates it once the first
+#: client is dead and the re-joined one answers, so the turn cannot end before the re-join.
+CHAT_GATE = "chat-rejoined"
 #: The chat's scripted model: a slow answer (the client is killed while it streams), a tool
-#: call, then the closing text the re-joined client must show.
+#: call that waits for CHAT_GATE, then the closing text the re-joined client must show.
 CHAT_SCRIPT = [
     {"text": " ".join(f"word{i}" for i in range(120)), "paceMs": 40,
-     "toolCalls": [{"name": "bash", "arguments": {"command": "echo chat-tool-ran"}}]},
+     "toolCalls": [{"name": "bash", "arguments": {"command": (
+         f"i=0; while [ ! -e {CHAT_GATE} ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); "
+         "done; echo chat-tool-ran")}}]},
     {"text": "All done for this turn.", "paceMs": 5},
 ]
 
@@ -260,22 +266,54 @@ def approvals_with_rules(day: Day, dirs: list[Path], n: int) -> str:
     return f"rule {rule.group(0)} allowed, then revoked"
 
 
+def read_until(stream, needle: str, timeout: float) -> str:
+    """What ``stream`` (a pipe) printed up to and including ``needle``, read as it comes (an
+    answer streams word by word without a newline, so ``readline`` would wait for its end).
+    Raises StepFailed when the stream ends or ``timeout`` seconds pass first."""
+    fd, seen = stream.fileno(), b""
+    deadline = time.monotonic() + timeout
+    while needle.encode() not in seen:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            raise StepFailed(f"no {needle!r} within {timeout:.0f} s: {seen[-300:]!r}")
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            raise StepFailed(f"the output ended before {needle!r}: {seen[-300:]!r}")
+        seen += chunk
+    return seen.decode(errors="replace")
+
+
 def chat_rejoin(day: Day, dirs: list[Path], n: int) -> str:
+    """A chat's client dies mid-turn; ``dsh chat --attach`` (which re-joined it, and answers
+    its approvals from then on) shows the turn to its end. No race with the answer's pace,
+    however slow the machine: the re-join attaches while the first client still answers,
+    and the turn's tool call waits for CHAT_GATE, created only after the first client died,
+    so the turn is still running when the re-joined client takes over."""
     day.need("chat", "--attach", "--name")
     name, cwd = f"chat-{n}", dirs[0]
-    proc = day.spawn("chat", "--name", name, "--yes", "look around", cwd=cwd)
-    assert proc.stdout is not None
-    seen = ""
-    while "word5" not in seen:  # the answer streams: the client dies in the middle of it
-        chunk = proc.stdout.readline()
-        if not chunk:
-            raise StepFailed(f"dsh chat ended before its answer streamed ({proc.wait()})")
-        seen += chunk
-    proc.kill()
-    proc.wait(30)
-    back = day.dsh("chat", "--attach", name, "--yes", cwd=cwd, timeout=180)
-    if "All done for this turn." not in back.stdout:
-        raise StepFailed(f"the re-joined chat did not show the turn's end: {back.stdout[-300:]!r}")
+    (cwd / CHAT_GATE).unlink(missing_ok=True)
+    first = day.spawn("chat", "--name", name, "--yes", "look around", cwd=cwd)
+    back = None
+    try:
+        read_until(first.stdout, "word5", 120)  # the answer streams
+        back = day.spawn("chat", "--attach", name, "--yes", cwd=cwd)
+        err = read_until(back.stderr, "re-joining turn", 120)
+        first.kill()  # the first client dies mid-turn
+        first.wait(30)
+        (cwd / CHAT_GATE).touch()
+        out, rest = back.communicate(timeout=180)
+    finally:
+        for proc in (first, back):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
+    err += rest
+    if back.returncode != 0 or "All done for this turn." not in out:
+        raise StepFailed(f"the re-joined chat exited {back.returncode} without the turn's "
+                         f"end: {out[-300:]!r} {err[-300:]!r}")
+    if "chat-tool-ran" not in out:
+        raise StepFailed(f"the re-joined chat did not answer the turn's tool call: "
+                         f"{out[-300:]!r} {err[-300:]!r}")
     return f"{name} re-joined"
 
 

@@ -24,7 +24,11 @@ Theory of operation (STORAGE.md §1, PROTOCOL.md §3.1 ``session.delete``):
   compacted: ids are only minted here, and the guarantee must not depend on the clock.
 * **Audit.** Every delete is one ``session.deleted`` line in the daemon log: ``session``,
   ``name``, ``title``, ``by`` (uid, None for retention),
-  ``freed_bytes`` (the sum of the removed files' sizes), ``forced``, ``cancelled``, ``why``.
+  ``freed_bytes``, ``forced``, ``cancelled``, ``why``. ``freed_bytes`` is the sum of the
+  session's file sizes once its work has stopped and before it is closed: the last snapshot
+  and summary the close writes are removed with it but not counted (they were never there to
+  free), so a ``session.prune`` dry run, which measures the sessions as they stand, answers
+  the same ``freedBytes`` as the real prune of the same sessions.
 * **Test hook.** ``DSH_TEST_FAULT=delete-kill:TOKEN`` SIGKILLs the daemon between the rename
   and the removal when the session's cwd contains TOKEN (``dshd.sessions.faults``).
 """
@@ -195,6 +199,7 @@ async def delete_session(registry, session, *, force: bool, by: int | None, why:
     deadline = trio.current_time() + FORCE_WAIT_SECONDS
     if busy:
         await _cancel_work(session, deadline)
+    held = await trio.to_thread.run_sync(tree_bytes, registry.sessions_dir / session.id)
     session.close(deadline, "cancel")
     with trio.move_on_at(deadline + 5):
         await session.finished.wait()
@@ -202,8 +207,9 @@ async def delete_session(registry, session, *, force: bool, by: int | None, why:
         raise StorageFailure(f"session {session.id} did not finish stopping within "
                              f"{FORCE_WAIT_SECONDS:g} s; nothing was deleted: ask again")
     try:
-        freed = await trio.to_thread.run_sync(
+        await trio.to_thread.run_sync(
             lambda: registry.deletions.remove(session.id, kill_after_rename=kill_after_rename))
+        freed = held  # module doc: what the session held, not what its close added
     except OSError as exc:
         if (registry.sessions_dir / session.id).exists():  # before the rename: it is whole
             raise StorageFailure(

@@ -10,7 +10,8 @@ a call's live output, a settings value or a turn field is a plain JSON value), c
 tracker and tell the publisher what kind of change it was (``dshd.sessions.streams``): the
 running turn's text is *bulk* (published at the next paced publish, with the calls' output,
 which the publisher copies in through :meth:`Lane.tool_output`); everything else is a
-*control* change, published at once whatever the byte pause says. The turn's ``calls`` (the
+*control* change (a rename too: the lane's ``session`` carries the name), published at
+once whatever the byte pause says. The turn's ``calls`` (the
 current step's calls, ``protocol.lane.TurnCall``) follow the calls' own entries: whenever a
 call of the step enters ``tools``, starts running or enters ``recent`` (settled), its
 ``state`` in ``turn.calls`` changes with it, in the same batch, so a subscriber never needs
@@ -77,6 +78,11 @@ class Lane:
             self.tracker.set(["session", "approvalPolicy"], policy)
         if sandbox is not None:
             self.tracker.set(["session", "sandbox"], sandbox)
+        self._changed()
+
+    def show_name(self, name: str | None) -> None:
+        """The session's name (None: it has none): a control change, like the settings."""
+        self.tracker.set(["session", "name"], name)
         self._changed()
 
     # ----------------------------------------------------------------- tools

@@ -16,7 +16,10 @@ Theory of operation (OPS.md "Retention", STORAGE.md §1):
   goes, the call dir gets ``output.removed`` (``{"at": ms, "bytes": n}``, written atomically
   and fsync'd), so the removal survives a restart and a crash in between is finished by the
   next pass. The log and the call's ``tool/result`` never change: only the raw bytes go.
-  Reading them (``tool.read``, ``tool.follow``) answers :class:`OutputRemoved`.
+  Reading them (``tool.read``, ``tool.follow``) answers :class:`OutputRemoved`. A pass that
+  ends still over the bound counts what is left (``runningOutputBytes``: the output files of
+  calls that have not settled, which are never removed while they run; the rest is logs,
+  summaries and other files) and ``retention.over_bound`` says both (:func:`over_bound_hint`).
 * :func:`run` is the daemon task: a pass at start (after the calls that outlived the last
   daemon are back) and every ``retention_interval_seconds``; each pass is bounded
   (:data:`DELETE_PER_PASS` sessions, :data:`REMOVE_PER_PASS` outputs), the walk runs in a
@@ -44,7 +47,7 @@ from .deletion import SessionBusy, tree_bytes
 log = structlog.get_logger("dshd.retention")
 
 __all__ = ["DELETE_PER_PASS", "OUTPUT_REMOVED", "PRUNE_MAX", "REMOVE_PER_PASS", "OutputRemoved",
-           "check_output", "prune", "run", "trim_outputs"]
+           "check_output", "over_bound_hint", "prune", "run", "trim_outputs"]
 
 #: The marker of a call whose raw output retention removed (in its call dir).
 OUTPUT_REMOVED = "output.removed"
@@ -162,13 +165,28 @@ def _settled_outputs(sessions_dir: Path) -> list[tuple[float, Path, list[Path]]]
     return candidates
 
 
+def _running_output_bytes(sessions_dir: Path) -> int:
+    """Bytes of the output files of calls that have not settled (never removed)."""
+    total = 0
+    for call_dir in sessions_dir.glob("*/calls/*"):
+        if not is_valid_id(call_dir.parent.parent.name) or (call_dir / "settled").exists():
+            continue
+        for f in call_dir.glob("output.raw*"):
+            try:
+                total += f.stat().st_size
+            except OSError:
+                continue  # settled and removed meanwhile
+    return total
+
+
 def trim_outputs(state_dir: Path, max_bytes: int, limit: int = REMOVE_PER_PASS) -> dict:
     """Remove settled calls' output oldest first until the state is under ``max_bytes``
-    (module doc). Blocking (a worker thread). ``{"removed", "freedBytes", "stateBytes"}``."""
+    (module doc). Blocking (a worker thread). ``{"removed", "freedBytes", "stateBytes",
+    "runningOutputBytes"}`` (the last counted only when still over, else 0)."""
     total = tree_bytes(state_dir)
     removed = freed = 0
     if total <= max_bytes:
-        return {"removed": 0, "freedBytes": 0, "stateBytes": total}
+        return {"removed": 0, "freedBytes": 0, "stateBytes": total, "runningOutputBytes": 0}
     for _mtime, call_dir, files in _settled_outputs(Path(state_dir) / "sessions"):
         if total <= max_bytes or removed >= limit:
             break
@@ -185,7 +203,21 @@ def trim_outputs(state_dir: Path, max_bytes: int, limit: int = REMOVE_PER_PASS) 
         removed += 1
         freed += size
         total -= size
-    return {"removed": removed, "freedBytes": freed, "stateBytes": total}
+    running = _running_output_bytes(Path(state_dir) / "sessions") if total > max_bytes else 0
+    return {"removed": removed, "freedBytes": freed, "stateBytes": total,
+            "runningOutputBytes": running}
+
+
+def over_bound_hint(done: dict, max_bytes: int) -> str:
+    """What ``retention.over_bound`` says of a pass that left the state over ``max_bytes``
+    with no settled output to remove: what it counted, and what a person can do."""
+    running = done.get("runningOutputBytes", 0)
+    rest = max(done["stateBytes"] - running, 0)
+    return (f"no settled call's output is left to remove, and the state is "
+            f"{done['stateBytes']} bytes, over max_state_bytes {max_bytes}: {running} bytes "
+            f"are running calls' output (never removed while they run) and {rest} bytes are "
+            "logs, summaries and other files; wait for the running calls, prune sessions "
+            "(dsh prune) or lower retain_sessions_days")
 
 
 async def one_pass(registry, config) -> None:
@@ -206,9 +238,8 @@ async def one_pass(registry, config) -> None:
         if done["stateBytes"] > config.max_state_bytes and done["removed"] < REMOVE_PER_PASS:
             log.warning("retention.over_bound", state_bytes=done["stateBytes"],
                         max_state_bytes=config.max_state_bytes,
-                        hint="no settled call's output is left to remove: the logs alone "
-                             "exceed it; prune sessions (dsh prune) or lower "
-                             "retain_sessions_days")
+                        running_output_bytes=done["runningOutputBytes"],
+                        hint=over_bound_hint(done, config.max_state_bytes))
 
 
 async def run(registry, config) -> None:

@@ -129,7 +129,8 @@ class Session(SessionSettings):
         self._mode_seq = -1
         recent = self._absorb_log(index)
         h = log_.header
-        self._lane = Lane(LaneSession(self.id, h.title, h.cwd, self.policy, self.mode), recent,
+        self._lane = Lane(LaneSession(self.id, h.title, h.cwd, self.policy, self.mode,
+                                     self.name), recent,
                          before_flush=self._sync_outputs,
                          interval=config.publish_interval_seconds,
                          rate=config.publish_rate_bytes)

@@ -88,6 +88,8 @@ class SessionSettings:
         self.policy = policy
         self.mode = mode
         self._lane.show_settings(policy=policy, sandbox=mode)
+        if name is not None:
+            self._lane.show_name(name)
 
     async def set_policy(self, policy: str, source: str) -> None:
         """Change the approval policy once the change is durable; StorageError changes
@@ -128,6 +130,7 @@ class SessionSettings:
         await self._record_durably([("session/name", {"name": name}, True)],
                                    [("session/name", {"name": self.name}, True)])
         self.name = name
+        self._lane.show_name(name)
 
     async def _record_durably(
         self, change: list[tuple[str, dict, bool]], undo: list[tuple[str, dict, bool]]

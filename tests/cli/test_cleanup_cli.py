@@ -306,3 +306,24 @@ def test_prune_leaves_a_session_someone_is_attached_to(daemon, workdir):
     until(lambda: f"deleted {sid}" in daemon.dsh("prune", "--older-than", "0s").stdout,
           "the session pruned once nobody watches it")
     assert sid not in listed(daemon)
+
+
+def test_prune_dry_run_counts_the_bytes_the_real_prune_frees(daemon, workdir):
+    """A dry run and the real prune of the same sessions answer the same freedBytes: what the
+    sessions held when the prune looked (a real delete first closes the session, whose last
+    snapshot and summary go with it, and were never the user's to free)."""
+    sids = []
+    for i in range(4):
+        if i == 2:
+            daemon.restart()  # the first two are closed sessions now, the others open
+        sid = session_of(daemon.dsh("run", "--", "sh", "-c", f"seq 1 {2000 * (i + 1)}",
+                                    cwd=str(workdir)))
+        for j in range(3):
+            assert daemon.dsh("run", "--session", sid, "--", "echo", f"more {j}").returncode == 0
+        sids.append(sid)
+    time.sleep(1.1)
+    dry = json.loads(daemon.dsh("prune", "--older-than", "1s", "--dry-run", "--json").stdout)
+    assert sorted(dry["deleted"]) == sorted(sids) and dry["freedBytes"] > 0
+    real = json.loads(daemon.dsh("prune", "--older-than", "1s", "--json").stdout)
+    assert sorted(real["deleted"]) == sorted(sids)
+    assert real["freedBytes"] == dry["freedBytes"], (dry, real)

@@ -38,9 +38,14 @@ def test_only_the_owner_or_root_deletes(system_daemon):
     r = dsh_as(None, d, "run", "--", "true")  # root's own session (cwd: the repo)
     assert r.returncode == 0, r.stderr
     root_sid = r.stderr.split("session ", 1)[1].split()[0]
-    # The member may not delete root's session, nor prune it.
+    # The member may not delete root's session, nor prune it. Through the CLI it cannot even
+    # name it: `dsh rm` resolves with session.find, which never names another user's session
+    # (PROTOCOL.md §3.1); asked directly, session.delete refuses it as another user's.
     r = dsh_as(member, d, "rm", root_sid)
-    assert r.returncode == 1 and "another user" in r.stderr, r.stderr
+    assert r.returncode == 1 and f"session {root_sid} not found" in r.stderr, r.stderr
+    refused = _as(member, d.socket, [["session.delete", {"sessionId": root_sid}]])[1]
+    assert refused["error"]["code"] == -32001, refused
+    assert "another user" in refused["error"]["message"], refused
     r = dsh_as(member, d, "--json", "prune", "--older-than", "0s")
     assert r.returncode == 0, r.stderr
     pruned = json.loads(r.stdout)["deleted"]

@@ -285,10 +285,10 @@ async def test_a_damaged_old_snapshot_loses_no_call_id_and_marks_the_session_dam
                                                 "callId": cid,
                                                 "arguments": {"command": f"echo call {i}"}})
             assert dup == {"callId": cid, "existing": True}, cid
-            other = await reader.error("tool.run", {"sessionId": sid, "name": "bash",
-                                                    "callId": cid,
-                                                    "arguments": {"command": "echo again"}})
-            assert other.data["code"] == "CALL_ID_REUSED", (cid, other)
+            reused = await reader.error("tool.run", {"sessionId": sid, "name": "bash",
+                                                     "callId": cid,
+                                                     "arguments": {"command": "echo again"}})
+            assert reused.data["code"] == "CALL_ID_REUSED", (cid, reused)
         bad = await _damage_after_intact(reader, sid)
         assert bad.code == -32014 and bad.data["code"] == "LOG_DAMAGED", bad
         listed = {s["sessionId"]: s for s in

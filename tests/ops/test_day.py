@@ -1,7 +1,7 @@
 """`make day`'s script in its quick mode (`--minutes 1`): a smoke run against a real daemon
-through the real CLI. `--allow-missing`: a step whose command this build lacks is reported
-SKIPPED instead of failing (before all rooms of issue 15 are merged); every step that can
-run must pass, and the state must stay under its bound."""
+through the real CLI. Every room of issue 15 is merged, so it runs without `--allow-missing`:
+a step whose command this build lacks fails the day; every step must pass, and the state must
+stay under its bound."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 def test_a_short_day_passes_and_prints_the_state_before_and_after_prune():
     r = subprocess.run([sys.executable, str(REPO / "tools/day.py"), "--minutes", "1",
-                        "--pause", "5", "--allow-missing"], capture_output=True, text=True,
+                        "--pause", "5"], capture_output=True, text=True,
                        timeout=900, stdin=subprocess.DEVNULL)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     out = r.stdout
@@ -29,6 +29,8 @@ def test_a_short_day_passes_and_prints_the_state_before_and_after_prune():
     runs = re.search(r"^  runs +ok +(\d+) +failed +0", out, re.M)
     assert runs and int(runs.group(1)) >= 1
     assert re.search(r"^  detach/attach +ok +[1-9]\d* +failed +0", out, re.M)
+    assert re.search(r"^  chat re-join +ok +[1-9]\d* +failed +0$", out, re.M)
+    assert "SKIPPED" not in out and "skipped:" not in out
 
 
 def test_the_day_refuses_bad_arguments():

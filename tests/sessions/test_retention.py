@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from dshd.sessions.retention import OUTPUT_REMOVED, removed_at, trim_outputs
+from dshd.sessions.retention import OUTPUT_REMOVED, over_bound_hint, removed_at, trim_outputs
 
 
 def call(state: Path, sid: str, cid: str, size: int, *, settled_at: float | None,
@@ -59,3 +59,21 @@ def test_a_tombstone_being_removed_is_never_touched(tmp_path):
     c = call(tmp_path, ".deleting-s1", "c", 100, settled_at=1)
     assert trim_outputs(tmp_path, max_bytes=1)["removed"] == 0
     assert (c / "output.raw").exists() and removed_at(c) is None
+
+
+def test_still_over_the_bound_says_what_it_counted(tmp_path):
+    """Past every removal the pass says what holds the state over its bound: a running call's
+    output (never removed while it runs) is named as that, not as "the logs"."""
+    running = call(tmp_path, "s1", "running", 5000, settled_at=None)
+    log = tmp_path / "sessions" / "s1" / "session.v1.jsonl.zst"
+    log.write_bytes(b"z" * 300)
+    done = trim_outputs(tmp_path, max_bytes=1000)
+    assert done["stateBytes"] == 10_300 and done["runningOutputBytes"] == 10_000
+    hint = over_bound_hint(done, 1000)
+    assert "10000 bytes are running calls' output" in hint and "never removed" in hint
+    assert "300 bytes are logs, summaries and other files" in hint
+    assert "the logs alone" not in hint
+    (running / "settled").touch()  # settled: its output goes, the logs are what is left
+    done = trim_outputs(tmp_path, max_bytes=100)
+    assert done["runningOutputBytes"] == 0 and done["stateBytes"] == 300
+    assert "0 bytes are running calls' output" in over_bound_hint(done, 100)
