@@ -45,6 +45,7 @@ import trio
 
 from ..errors import LimitExceeded, StorageFailure
 from ..paths import is_valid_id
+from ..storage.sidecar import fsync_dir
 
 log = structlog.get_logger("dshd.deletion")
 
@@ -91,14 +92,6 @@ def tree_bytes(path: Path) -> int:
     return total
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class Deletions:
     """The ledger, the tombstones and the removal of one state directory (module doc)."""
 
@@ -131,7 +124,7 @@ class Deletions:
         finally:
             os.close(fd)
         if fresh:
-            _fsync_dir(self.state_dir)
+            fsync_dir(self.state_dir)
         self._deleted.add(session_id)
 
     def remove(self, session_id: str, *, kill_after_rename: bool = False) -> int:
@@ -147,7 +140,7 @@ class Deletions:
         self._remember(session_id)
         tombstone = self.sessions_dir / (TOMBSTONE_PREFIX + session_id)
         os.rename(session_dir, tombstone)
-        _fsync_dir(self.sessions_dir)
+        fsync_dir(self.sessions_dir)
         if kill_after_rename:  # DSH_TEST_FAULT=delete-kill: a crash mid-delete
             os.kill(os.getpid(), signal.SIGKILL)
         shutil.rmtree(tombstone, ignore_errors=True)
