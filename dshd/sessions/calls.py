@@ -98,7 +98,7 @@ class CallTable:
     def __init__(self, host: CallHost, log_: SessionLog, approvals: ApprovalDesk,
                  config: Config, sandbox, session_dir: Path, *,
                  running_calls: Callable[[], int] | None = None,
-                 fault: TestFault | None = None,
+                 fault: TestFault | None = None, written: Callable[[int], None] | None = None,
                  read_result: Callable[[str, int], Awaitable[dict]] | None = None) -> None:
         self.host, self.log, self.approvals = host, log_, approvals
         #: The session's lane, built from what the table absorbed on open (``bind_lane``).
@@ -107,6 +107,7 @@ class CallTable:
         self.running: dict[str, Call] = {}
         #: Running calls over the whole daemon (the registry's count; None: this session's).
         self._running_calls = running_calls or (lambda: len(self.running))
+        self._written = written or (lambda _bytes: None)  # a settled call's output (retention)
         self.fault = fault
         #: Every known call id, bounded memory (``dshd.sessions.call_index``); a result that
         #: fell out of the cache is read back through ``read_result`` (the session's).
@@ -377,6 +378,7 @@ class CallTable:
                 slog.warning("sidecar.retire_failed", error=str(exc))
         if durable:
             self.mark_settled(call.call_id)
+            self._written(result_.details.truncation.total_bytes)
         self.known.wake(call.call_id)
         slog.info("tool.settled", exit_code=result_.exit_code, error_code=result_.error_code,
                   durable=durable, total_bytes=result_.details.truncation.total_bytes)

@@ -66,6 +66,7 @@ from .chain import read_index
 from .listing import DiskListing
 from .names import SessionNames
 from .deletion import Deletions, delete_session
+from .retention import RetentionNudge
 from .faults import TestFault
 from .resume import ResumePlan, plan_resume, tail_windows, turn_events, unsettled_sessions
 from .session import Session
@@ -136,6 +137,8 @@ class SessionRegistry:
         #: session.list of the closed sessions, cached (``dshd.sessions.listing``).
         self._listing = DiskListing(self.sessions_dir, self._defaults, self._damaged.get)
         self.names = SessionNames(self.list)
+        #: Wakes the retention task when settled output may have filled the state's headroom.
+        self.retention = RetentionNudge()
         self._fault = TestFault.parse(os.environ.get("DSH_TEST_FAULT"))
         #: The deleted-ids ledger and the tombstones (``dshd.sessions.deletion``).
         self.deletions = Deletions(state_dir)
@@ -197,7 +200,7 @@ class SessionRegistry:
 
     async def _start(self, log_: SessionLog, index=None) -> Session:
         session = Session(log_, self.sessions_dir / log_.header.id, self.config, self.sandbox,
-                          running_calls=self.running_calls,
+                          running_calls=self.running_calls, written=self.retention.written,
                           fault=self._fault, plan=log_.resume_plan, index=index)
         assert self._nursery is not None
         await self._nursery.start(self._own, session)

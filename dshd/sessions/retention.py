@@ -21,7 +21,12 @@ Theory of operation (OPS.md "Retention", STORAGE.md §1):
   calls that have not settled, which are never removed while they run; the rest is logs,
   summaries and other files) and ``retention.over_bound`` says both (:func:`over_bound_hint`).
 * :func:`run` is the daemon task: a pass at start (after the calls that outlived the last
-  daemon are back) and every ``retention_interval_seconds``; each pass is bounded
+  daemon are back), every ``retention_interval_seconds``, and sooner when settled output may
+  have filled what was left under ``max_state_bytes``: every call that settles tells the
+  :class:`RetentionNudge` its ``totalBytes``, and once they add up to the headroom the last
+  pass left (at least ``1/NUDGE_SHARE`` of the bound) the task wakes, at most one pass every
+  :data:`MIN_PASS_SECONDS`. So a bound holds between passes to within the output of the
+  calls running meanwhile, not an hour of output; each pass is bounded
   (:data:`DELETE_PER_PASS` sessions, :data:`REMOVE_PER_PASS` outputs), the walk runs in a
   worker thread, and a pass that fails is logged and retried at the next one.
 """
@@ -47,7 +52,7 @@ from .deletion import SessionBusy, tree_bytes
 log = structlog.get_logger("dshd.retention")
 
 __all__ = ["DELETE_PER_PASS", "OUTPUT_REMOVED", "PRUNE_MAX", "REMOVE_PER_PASS", "OutputRemoved",
-           "check_output", "over_bound_hint", "prune", "run", "trim_outputs"]
+           "RetentionNudge", "check_output", "over_bound_hint", "prune", "run", "trim_outputs"]
 
 #: The marker of a call whose raw output retention removed (in its call dir).
 OUTPUT_REMOVED = "output.removed"
@@ -57,6 +62,30 @@ PRUNE_MAX = 1_000
 DELETE_PER_PASS = 64
 REMOVE_PER_PASS = 1_024
 _LOG_NAMES = ("session.v1.jsonl.zst", "session.v1.jsonl")
+#: A nudged pass comes once settled output reaches the headroom, at least this share of the
+#: bound (1/NUDGE_SHARE); and never sooner than MIN_PASS_SECONDS after the last pass.
+NUDGE_SHARE = 32
+MIN_PASS_SECONDS = 5.0
+
+
+class RetentionNudge:
+    """Settled output since the last pass against the headroom it left (module doc)."""
+
+    def __init__(self) -> None:
+        self.since = 0
+        self.headroom: int | None = None  # None: no pass has measured the state yet
+        self.woken = trio.Event()
+
+    def written(self, total_bytes: int) -> None:
+        """A call settled with ``total_bytes`` of output (``CallTable``'s hook)."""
+        self.since += max(0, total_bytes)
+        if self.headroom is not None and self.since >= self.headroom:
+            self.woken.set()
+
+    def passed(self, state_bytes: int, max_bytes: int) -> None:
+        """A pass measured ``state_bytes``: the headroom starts again from there."""
+        self.since, self.woken = 0, trio.Event()
+        self.headroom = max(max_bytes - state_bytes, max_bytes // NUDGE_SHARE, 1)
 
 
 class OutputRemoved(InvalidParams):
@@ -232,6 +261,7 @@ async def one_pass(registry, config) -> None:
     if config.max_state_bytes > 0:
         done = await trio.to_thread.run_sync(trim_outputs, registry.state_dir,
                                              config.max_state_bytes)
+        registry.retention.passed(done["stateBytes"], config.max_state_bytes)
         if done["removed"]:
             log.info("retention.output_removed", calls=done["removed"],
                      freed_bytes=done["freedBytes"], state_bytes=done["stateBytes"])
@@ -243,10 +273,14 @@ async def one_pass(registry, config) -> None:
 
 
 async def run(registry, config) -> None:
-    """The retention task (module doc): a pass now, then one every interval."""
+    """The retention task (module doc): a pass now, then one every interval or when the
+    settled output nudges it."""
     while True:
         try:
             await one_pass(registry, config)
         except Exception as exc:  # noqa: BLE001 - one failed pass must not end the daemon
             log.error("retention.pass_failed", error=str(exc))
-        await trio.sleep(config.retention_interval_seconds)
+        rest = min(MIN_PASS_SECONDS, config.retention_interval_seconds)
+        await trio.sleep(rest)
+        with trio.move_on_after(config.retention_interval_seconds - rest):
+            await registry.retention.woken.wait()

@@ -100,6 +100,7 @@ class Session(SessionSettings):
         self, log_: SessionLog, session_dir: Path, config: Config, sandbox,
         running_calls: Callable[[], int] | None = None, fault: TestFault | None = None,
         plan: ResumePlan | None = None, index: CallIndex | None = None,
+        written: Callable[[int], None] | None = None,
     ) -> None:
         self._log = log_
         #: What comes back after a daemon restart (``dshd.sessions.resume``), once it runs.
@@ -117,7 +118,7 @@ class Session(SessionSettings):
         #: Reads of the log's old frames (``dshd.sessions.logview``); ``damaged`` lives there.
         self._view = LogView(log_, self.id)
         self._calls = CallTable(self, log_, self._approvals, config, sandbox, session_dir,
-                                running_calls=running_calls, fault=fault,
+                                running_calls=running_calls, fault=fault, written=written,
                                 read_result=self._view.result)
         #: The env as logged (folded at append: the next snapshot's; ``_record_durably``).
         self._logged_env: dict[str, str] = {}

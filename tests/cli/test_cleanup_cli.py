@@ -327,3 +327,26 @@ def test_prune_dry_run_counts_the_bytes_the_real_prune_frees(daemon, workdir):
     real = json.loads(daemon.dsh("prune", "--older-than", "1s", "--json").stdout)
     assert sorted(real["deleted"]) == sorted(sids)
     assert real["freedBytes"] == dry["freedBytes"], (dry, real)
+
+
+def test_settled_output_nudges_a_pass_long_before_the_interval(workdir):
+    # The interval is a day: only the output the calls settle with can wake retention, and it
+    # must, or a bound set for a busy day is passed by an hour of output before a pass comes.
+    bound = 700_000
+    config = f"max_state_bytes = {bound}\nretention_interval_seconds = 86400\n"
+    with running_daemon(config) as d:
+        big = "head -c 300000 /dev/zero | tr '\\0' n"
+        r = d.dsh("run", "--call-id", "first", "--", "sh", "-c", big, cwd=str(workdir))
+        assert r.returncode == 0, r.stderr
+        sid = session_of(r)
+        for n in range(2, 6):
+            r = d.dsh("run", "--session", sid, "--call-id", f"call-{n}", "--", "sh", "-c", big,
+                      cwd=str(workdir))
+            assert r.returncode == 0, r.stderr
+        first = d.state_dir / "sessions" / sid / "calls" / "first"
+        until(lambda: (first / "output.removed").exists(), "the oldest output removed by a "
+              "pass the settled output woke")
+        until(lambda: any(rec["state_bytes"] <= bound
+                          for rec in log_lines(d, "retention.output_removed")),
+              "a pass that left the state under its bound")
+        assert list((d.state_dir / "sessions" / sid / "calls" / "call-5").glob("output.raw*"))
