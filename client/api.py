@@ -397,10 +397,13 @@ class Client:
             session_id=session_id, rule_id=rule_id))
 
     # -- turns (PROTOCOL.md §3.5) ----------------------------------------------------------
-    async def start_turn(self, session_id: str, text: str) -> str:
-        """``turn.start``: the agent loop takes ``text``; returns the turn id."""
+    async def start_turn(self, session_id: str, text: str,
+                         ask_timeout: float | None = None) -> str:
+        """``turn.start``: the agent loop takes ``text``; returns the turn id. ``ask_timeout``:
+        seconds its calls wait for an answerer (None: the daemon's turn_ask_grace_seconds)."""
         result: m.TurnStartResult = await self.request(
-            "turn.start", m.TurnStartParams(session_id=session_id, input=text))
+            "turn.start", m.TurnStartParams(session_id=session_id, input=text,
+                                            ask_timeout=ask_timeout))
         return result.turn_id
 
     async def cancel_turn(self, session_id: str) -> bool:
