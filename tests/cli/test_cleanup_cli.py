@@ -105,7 +105,8 @@ def test_rm_refuses_a_busy_session_and_force_cancels_it(daemon, workdir):
                     "the second running session")
         r = daemon.dsh("rm", sid)
         assert r.returncode == 1, r.stderr
-        assert "busy" in r.stderr and "--force" in r.stderr
+        assert "busy" in r.stderr and f"dsh rm --force {sid}" in r.stderr
+        assert "force: true" not in r.stderr  # the CLI's words, not the protocol's
         assert sid in listed(daemon) and (daemon.state_dir / "sessions" / sid).is_dir()
         assert runner.poll() is None  # the refused delete touched nothing
         r = daemon.dsh("--json", "rm", "--force", sid)
