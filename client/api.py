@@ -217,11 +217,12 @@ class Client:
         return session_id, how
 
     async def find_session_named(self, ref: str | None,
-                                 cwd: str | os.PathLike[str] | None = None
-                                 ) -> tuple[str, str, str | None]:
-        """``find_session`` with the session's name (None: it has none)."""
+                                 cwd: str | os.PathLike[str] | None = None,
+                                 running: bool = False) -> tuple[str, str, str | None]:
+        """``find_session`` with the session's name (None: it has none); ``running``: with
+        no ``ref``, prefer the newest session of ``cwd`` with a running call or turn."""
         result: m.SessionFindResult = await self.request("session.find", m.SessionFindParams(
-            ref=ref, cwd=None if cwd is None else os.fspath(cwd)))
+            ref=ref, cwd=None if cwd is None else os.fspath(cwd), running=running or None))
         return result.session_id, result.how, result.name
 
     async def rename_session(self, session_id: str, name: str | None) -> None:
