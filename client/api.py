@@ -217,11 +217,12 @@ class Client:
         return session_id, how
 
     async def find_session_named(self, ref: str | None,
-                                 cwd: str | os.PathLike[str] | None = None
-                                 ) -> tuple[str, str, str | None]:
-        """``find_session`` with the session's name (None: it has none)."""
+                                 cwd: str | os.PathLike[str] | None = None,
+                                 running: bool = False) -> tuple[str, str, str | None]:
+        """``find_session`` with the session's name (None: it has none); ``running``: with
+        no ``ref``, prefer the newest session of ``cwd`` with a running call or turn."""
         result: m.SessionFindResult = await self.request("session.find", m.SessionFindParams(
-            ref=ref, cwd=None if cwd is None else os.fspath(cwd)))
+            ref=ref, cwd=None if cwd is None else os.fspath(cwd), running=running or None))
         return result.session_id, result.how, result.name
 
     async def rename_session(self, session_id: str, name: str | None) -> None:
@@ -397,10 +398,13 @@ class Client:
             session_id=session_id, rule_id=rule_id))
 
     # -- turns (PROTOCOL.md §3.5) ----------------------------------------------------------
-    async def start_turn(self, session_id: str, text: str) -> str:
-        """``turn.start``: the agent loop takes ``text``; returns the turn id."""
+    async def start_turn(self, session_id: str, text: str,
+                         ask_timeout: float | None = None) -> str:
+        """``turn.start``: the agent loop takes ``text``; returns the turn id. ``ask_timeout``:
+        seconds its calls wait for an answerer (None: the daemon's turn_ask_grace_seconds)."""
         result: m.TurnStartResult = await self.request(
-            "turn.start", m.TurnStartParams(session_id=session_id, input=text))
+            "turn.start", m.TurnStartParams(session_id=session_id, input=text,
+                                            ask_timeout=ask_timeout))
         return result.turn_id
 
     async def cancel_turn(self, session_id: str) -> bool:

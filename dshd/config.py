@@ -177,6 +177,11 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     #: A re-asked approval (pending across a restart) waits this long for an answerer to
     #: attach before it is ``unavailable``, seconds: 0 .. 86400 (room asks).
     reask_grace_seconds: Annotated[float, msgspec.Meta(ge=0, le=86_400)] = 120.0
+    # -- fixchat room (issue 15): re-joinable turns (PROTOCOL.md §3.4's one rule) ----------
+    #: A model-proposed call's approval with no answerer (none at ask time, or the last one
+    #: left) waits this long for one to (re)join before it is ``unavailable``, seconds:
+    #: 0 .. 86400 (0: at once, as a ``tool.run`` without ``askTimeout``).
+    turn_ask_grace_seconds: Annotated[float, msgspec.Meta(ge=0, le=86_400)] = 120.0
     # -- sessions room (issue 14): an open session's bounded memory ------------------------
     #: Settled tool results an open session keeps in memory (an LRU), counts: 1 .. 65536; a
     #: ``tool.wait`` on an older one reads it back from the log by its seq (the lane's

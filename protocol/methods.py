@@ -411,6 +411,9 @@ class TurnStartParams(_Params):
 
     session_id: str
     input: Input
+    #: Seconds a call of this turn waits for an answerer (PROTOCOL.md §3.4's one rule);
+    #: None: ``turn_ask_grace_seconds``; 0: at once (a chat that knows nobody can answer).
+    ask_timeout: Annotated[float, Meta(ge=0, le=MAX_ASK_TIMEOUT_SECONDS)] | None = None
 
 
 class TurnStartResult(_Result):

@@ -36,7 +36,7 @@ MAX_REF_CHARS = 256
 FIND_CANDIDATES_MAX = 20
 
 SessionName = Annotated[str, Meta(pattern=NAME_PATTERN)]
-FindHow = Literal["id", "name", "prefix", "newest-in-cwd"]
+FindHow = Literal["id", "name", "prefix", "newest-in-cwd", "running-in-cwd"]
 
 
 def is_valid_name(value: object) -> bool:
@@ -46,10 +46,12 @@ def is_valid_name(value: object) -> bool:
 
 class SessionFindParams(_Params):
     """``session.find``: ``ref`` (an id, a name or a prefix of either), else the newest
-    session whose cwd is ``cwd``."""
+    session whose cwd is ``cwd`` -- with ``running``, the newest of those with a running call
+    or turn first (``how: running-in-cwd``; none: the newest)."""
 
     ref: Annotated[str, Meta(min_length=1, max_length=MAX_REF_CHARS)] | None = None
     cwd: Annotated[str, Meta(pattern="^/", max_length=4096)] | None = None
+    running: bool | None = None
 
 
 class SessionFindResult(_Result):

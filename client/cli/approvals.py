@@ -12,7 +12,8 @@ directory -- when exactly one request waits there (it says which, and the comman
 ``dsh policy`` sets the policy (ask | never), lists the live rules (``--rules``) or
 revokes one (``--revoke RULE``). Sessions are named as everywhere (``client.cli.sessionref``).
 The decision's outcome goes to stdout; what a rule now allows and how to take it back, to
-stderr. Exit 0, or 1 when the request was decided already or is not pending (``client.exits``).
+stderr. Exit 0, or 1 when the request was decided already or is not pending, or nothing is
+pending (``client.exits``); 2 (a usage error) when several wait and none is named.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ async def _find(client: Any, first: str | None, second: str | None) -> tuple[str
     if not here:
         what = (f"no approval {first} is pending in a session you may use, and "
                 if first is not None else "")
-        raise click.UsageError(f"{what}no approval is pending in session {session_id} "
+        raise click.ClickException(f"{what}no approval is pending in session {session_id} "
                                "(`dsh approvals` lists what waits)")
     raise click.UsageError(f"{len(here)} approvals are pending in session {session_id}: name "
                            "one (`dsh approvals` lists them)")
@@ -121,8 +122,8 @@ def approve(opts: Options, first: str | None, second: str | None, decision: str,
 
     `dsh approve APPROVAL` (its session is found), `dsh approve SESSION APPROVAL`, or
     `dsh approve [SESSION]` when one request waits there (no SESSION: the newest session of
-    this directory). Exit 1 when it was already decided ("already decided: OUTCOME") or is
-    unknown.
+    this directory). Exit 1 when it was already decided ("already decided: OUTCOME"), is
+    unknown, or nothing is pending; 2 when several are pending and none is named.
     """
     if prefix is not None and decision != "allow-for-session":
         raise click.UsageError("--prefix goes with --allow-for-session")
@@ -142,6 +143,9 @@ def approve(opts: Options, first: str | None, second: str | None, decision: str,
             return decided_status(already=True)
         if as_json or opts.json:
             print_json(result)
+        elif isinstance(result.rule_id, str):
+            kind = f"prefix {printable(prefix)}" if prefix else "exact command"
+            emit(f"allowed for the session by rule {result.rule_id} ({kind})\n")
         else:
             emit(f"{printable(str(result.outcome))}\n")
         if isinstance(result.rule_id, str):

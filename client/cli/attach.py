@@ -1,7 +1,8 @@
 """``dsh attach [SESSION]``: show a session's running calls and their live output.
 
 SESSION is an id, a name or a unique prefix (``client.cli.sessionref``); without it the newest
-session of the current directory, said on stderr.
+session of the current directory with a running call or turn (none: the newest), said on
+stderr.
 
 Theory of operation: one call -- ``--call``, or the only call running -- is attached over the
 raw channel (``attach_call``): its complete retained output is replayed from byte 0 (or from
@@ -166,7 +167,7 @@ async def _attach_views(client: Client, session_id: str, call_id: str | None, fo
 ATTACH_HELP = """Show the running calls of SESSION and their live output.
 
 SESSION: an id, a name or a unique prefix; without it, the newest session of the
-current directory (said on stderr).
+current directory with a running call or turn, else the newest (said on stderr).
 
 While an agent turn runs in SESSION (dsh chat), show the turn instead: the turn so far
 (its input, the assistant's text, the calls and their results), then its text and calls
@@ -214,7 +215,7 @@ def attach(opts: Options, ref: str | None, call_id: str | None, tail: int | None
         raise click.UsageError("--json prints results: not with --approve or --tail")
 
     async def body(link: Link) -> int:
-        session_id = await ride(link, lambda c: resolve_session(c, ref), note)
+        session_id = await ride(link, lambda c: resolve_session(c, ref, running=True), note)
         if as_json:
             from client.cli.attachjson import attach_json
             return await attach_json(link, session_id, call_id, follow)

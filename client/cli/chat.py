@@ -6,10 +6,12 @@ view and sends ``turn.start``; from then on the lane drives the screen
 (``client.cli.turnscreen``; with ``--json`` the turn's events print as JSON lines instead,
 :class:`JsonScreen`). The other is the session's approval answerer (:class:`Approver`): it
 asks on the terminal (or allows every call with ``--yes``) and answers with
-``approval.decide``. When stdin ends with a request to answer (no terminal, no ``--yes``, or
-Ctrl-D), this chat cannot ask anyone: its answerer leaves (its subscription ends), so dshd
-decides that request and every later one ``unavailable`` unless another answerer of the
-session decides first -- the truth, where "rejected" would not be. When a call of the turn
+``approval.decide``. With no terminal and no ``--yes`` nobody can be asked, so stdin is never
+read for an answer (piped lines are prompts only): the chat is no answerer and starts its
+turns with ``askTimeout: 0``, so dshd decides a call ``unavailable`` at once unless another
+answerer of the session is attached -- the truth, where "rejected" would not be. When stdin
+ends on a terminal (Ctrl-D) with a request to answer, its answerer leaves; the request waits
+``turn_ask_grace_seconds`` for another (PROTOCOL.md §3.4's one rule). When a call of the turn
 settled ``APPROVAL_UNAVAILABLE``, dsh says no one could be asked and exits 125
 (``client.exits.unanswered_status``) once the turn ends.
 
@@ -17,7 +19,8 @@ Leaving a turn: Ctrl-C once cancels it (``turn.cancel``) and the chat shows it u
 second Ctrl-C while it cancels leaves at once (status 130; the turn settles on its own in
 dshd). On a terminal the detach sequence of ``dsh attach`` (``Ctrl-P Ctrl-Q``,
 ``--detach-keys``; ``client.cli.chatinput``) leaves the turn running (status 0) and says how
-to re-join it: ``dsh chat --attach SESSION`` shows the turn so far from the log (its input,
+to re-join it (a call waiting for approval waits ``turn_ask_grace_seconds`` from the moment
+no answerer is attached; a chat killed mid-turn is the same): ``dsh chat --attach SESSION`` shows the turn so far from the log (its input,
 the steps' text, the calls and their results) and the current step's text from the lane,
 then follows it live to its end; its status is the turn's (``client.exits.turn_status``: 0
 completed, 1 error or interrupted, 130 cancelled). With no turn running it says so (0).
@@ -42,8 +45,8 @@ from client.cli.common import run_program
 from client.cli.keys import DEFAULT_DETACH_KEYS, describe_keys, detach_keys_option
 from client.cli.sessionref import SESSION_REF, resolve_session
 from client.cli.turnscreen import TurnScreen, note, turn_start_seq
-from client.exits import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, single, turn_status, \
-    unanswered_status
+from client.exits import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_NEVER_RAN, EXIT_OK, single, \
+    turn_status, unanswered_status
 from client.transport import ConnectionLost
 from protocol.events import TurnEndData
 from protocol.rpc import RpcError
@@ -151,8 +154,9 @@ class Approver:
         """Stop being the answerer: dshd decides what waits (and what comes) ``unavailable``,
         unless another answerer of the session decides first."""
         self.left = True
-        note("\ndsh: stdin ended: this chat cannot answer approvals (no terminal, no --yes); "
-             "it stops answering", dim=True)
+        note("\ndsh: stdin ended: this chat stops answering approvals; a waiting call waits "
+             "turn_ask_grace_seconds for another answerer (dsh chat --attach --yes "
+             f"{self.session_id}, or dsh approve), then it is unavailable", dim=True)
         with anyio.move_on_after(LEAVE_S, shield=True):
             await self._sub.aclose()
 
@@ -189,11 +193,12 @@ class JsonScreen:
 
 # ---------------------------------------------------------------------- one turn
 async def run_turn(client: Client, sub, session_id: str, text: str, lines: Lines,
-                   as_json: bool) -> int:
-    """Start one turn and show it until it ends; its exit status."""
+                   as_json: bool, ask_timeout: float | None = None) -> int:
+    """Start one turn and show it until it ends; its exit status (``ask_timeout``: 0 when
+    this chat cannot answer, module doc)."""
     after_seq = (await client.get_session(session_id)).last_seq
     try:
-        turn_id = await client.start_turn(session_id, text)
+        turn_id = await client.start_turn(session_id, text, ask_timeout)
     except RpcError as exc:
         if (exc.data or {}).get("code") != "TURN_RUNNING":
             raise
@@ -279,8 +284,8 @@ async def _follow_turn(client: Client, sub, session_id: str, screen: Any,
                 nonlocal left
                 await lines.detach.wait()
                 note(f"\ndsh: detached; the turn keeps running in dshd. Re-join it: {rejoin_hint}"
-                     f" (until an answerer is attached, a call that needs approval is decided "
-                     f"unavailable: dsh attach --approve {session_id} answers)")
+                     f" (a call that needs approval waits turn_ask_grace_seconds for an "
+                     f"answerer, then it is unavailable: re-join with --yes, or dsh approve)")
                 left = EXIT_OK
                 tasks.cancel_scope.cancel()
 
@@ -334,15 +339,18 @@ class _nothing:
 
 async def _turns(client: Client, sub, session_id: str, args: ChatArgs, lines: Lines,
                  answering: Client) -> int:
+    # No terminal, no --yes: nobody can be asked; stdin holds prompts, never answers.
+    answers = args.yes or sys.stdin.isatty()
+    grace = None if answers else 0.0
     async with anyio.create_task_group() as nursery:
-        approver = Approver(answering, session_id, lines, args.yes)
         nursery.start_soon(lines.run)
-        await nursery.start(approver.run)
+        if answers:
+            await nursery.start(Approver(answering, session_id, lines, args.yes).run)
         if args.attach is not None:
             status = await rejoin(client, sub, session_id, lines, args.as_json)
         elif args.prompt is not None:
             status = await run_turn(client, sub, session_id, args.prompt, lines,
-                                    args.as_json)
+                                    args.as_json, grace)
         else:
             status = EXIT_OK
             if isinstance(lines, TtyLines):
@@ -353,8 +361,10 @@ async def _turns(client: Client, sub, session_id: str, args: ChatArgs, lines: Li
                 if line is None:
                     break
                 if line.strip():
-                    status = await run_turn(client, sub, session_id, line, lines,
-                                            args.as_json)
+                    turn_status_ = await run_turn(client, sub, session_id, line, lines,
+                                                  args.as_json, grace)
+                    # One turn's call no one could be asked about stays the chat's status.
+                    status = status if status == EXIT_NEVER_RAN else turn_status_
                     if lines.detach.is_set():
                         break
         nursery.cancel_scope.cancel()
@@ -383,9 +393,12 @@ Leaving a turn:
                   its end; the status is the turn's (0 completed, 1 error
                   or interrupted, 130 cancelled)
 
-A call that needs approval is asked on the terminal (y/N). When stdin ends before an
-answer (no terminal, no --yes), no one could be asked: dshd decides it unavailable, the
-model is told, and dsh exits 125 once the turn ends.
+A call that needs approval is asked on the terminal (y/N). With no terminal and no --yes,
+stdin is never read for answers (piped lines are prompts): no one can be asked, dshd
+decides the call unavailable (unless another answerer is attached), the model is told,
+and dsh exits 125 once the turn ends. A call whose chat left (detached, killed, Ctrl-D)
+waits turn_ask_grace_seconds (default 120) for an answerer: dsh chat --attach --yes, or
+dsh approve, answers it.
 """
 
 

@@ -78,7 +78,7 @@ def rm(opts: Options, refs: tuple[str, ...], force: bool, as_json: bool) -> None
                 sid = await resolve_session(client, ref)
                 done = await client.call("session.delete", {"sessionId": sid, "force": force})
             except RpcError as exc:
-                note(f"dsh: {exc.message}")
+                note(f"dsh: {_rm_failure(exc, ref)}")
                 failed += 1
                 continue
             if as_json or opts.json:
@@ -90,6 +90,16 @@ def rm(opts: Options, refs: tuple[str, ...], force: bool, as_json: bool) -> None
         return 1 if failed else 0
 
     sys.exit(execute(opts, body))
+
+
+def _rm_failure(exc: RpcError, ref: str) -> str:
+    """The sentence of a failed delete, in the CLI's words (SESSION_BUSY names ``--force``)."""
+    data = exc.data if isinstance(exc.data, dict) else {}
+    if data.get("code") != "SESSION_BUSY":
+        return exc.message
+    return (f"session {ref} is busy ({data.get('running', '?')} running call(s), approval(s) "
+            f"or turn); nothing was deleted. Wait for it to finish, or run "
+            f"`dsh rm --force {ref}`, which cancels them first")
 
 
 @click.command()

@@ -6,7 +6,8 @@ Theory of operation: click-man (the ``man`` extra) renders a click command tree.
 group's ``commands`` dict, which :class:`~client.cli.main.LazyGroup` fills only on demand, so
 every command of ``COMMANDS`` is loaded first; then ``click_man.core.write_man_pages`` writes
 the pages. Two things click-man leaves as click's help text and roff would misread are fixed
-in its output (and the NAME line gets the whole first sentence): click's ``\\b`` (no-rewrap) paragraphs become ``.nf`` ... ``.fi`` blocks, and a
+in its output (and the NAME line gets the whole first sentence, without a leading ``dsh:``, the
+name it already starts with): click's ``\\b`` (no-rewrap) paragraphs become ``.nf`` ... ``.fi`` blocks, and a
 line that begins with ``.`` or ``'`` is escaped (``\\&``). ``dsh.1`` gets an EXIT STATUS
 section: the table of ``client.exits.EXIT_TABLE`` (``client.cli.help.exit_table_roff``).
 The date is today's, or ``SOURCE_DATE_EPOCH``'s (click-man's rule), for reproducible builds.
@@ -54,6 +55,7 @@ def _whole_name(text: str, short_help: str) -> str:
     head, sep, rest = text.partition(".SH NAME\n")
     line, nl, tail = rest.partition("\n")
     name = line.split(" \\- ", 1)[0]
+    short_help = short_help.removeprefix("dsh: ")  # "dsh - dsh: run ..." says dsh twice
     return f"{head}{sep}{name} \\- {short_help.replace('-', chr(92) + '-')}{nl}{tail}"
 
 

@@ -4,7 +4,8 @@
 Theory of operation: the daemon resolves (``session.find``, PROTOCOL.md §3.1) so that every
 frontend resolves alike; :func:`resolve_session` asks it and says on stderr which session a
 prefix or the default chose (``dsh: using session ID (NAME), the newest in DIR``; ``dsh:
-PREFIX matched ID``). An ambiguous prefix or a directory without sessions is the daemon's
+PREFIX matched ID``; ``dsh attach`` asks for the newest session with a running call or turn
+first: ``..., the newest in DIR with a running call or turn``). An ambiguous prefix or a directory without sessions is the daemon's
 ``-32004`` (its sentence and, when ambiguous, its candidates: the command exits 1 as for
 any error answer). :data:`SESSION_REF` is the click parameter type of every session argument
 and option; its ``shell_complete`` lists the names and ids the daemon holds that start with
@@ -82,10 +83,11 @@ def complete_sessions(socket: str | None, incomplete: str,
 
 
 async def resolve_session(client: Any, ref: str | None, *, cwd: str | None = None,
-                          say: Callable[[str], None] = note) -> str:
+                          say: Callable[[str], None] = note, running: bool = False) -> str:
     """The id of the session ``ref`` names, or with ``ref`` None the newest session of
-    ``cwd`` (default: the current directory); says on stderr what a prefix or the default
-    chose (module doc). Raises ``RpcError`` (-32004) when nothing or more than one matches."""
+    ``cwd`` (default: the current directory; ``running``: the newest there with a running
+    call or turn first, ``dsh attach``); says on stderr what a prefix or the default chose
+    (module doc). Raises ``RpcError`` (-32004) when nothing or more than one matches."""
     server = getattr(client, "server", None)
     if server is not None and "session.find" not in server.methods:
         # An older dshd (it lists no session.find): a reference is an exact id there.
@@ -99,10 +101,14 @@ async def resolve_session(client: Any, ref: str | None, *, cwd: str | None = Non
         except OSError:
             raise click.UsageError("the current directory no longer exists; name a session "
                                    "(`dsh sessions` lists them)") from None
-    session_id, how, name = await client.find_session_named(ref, cwd if ref is None else None)
+    session_id, how, name = await client.find_session_named(
+        ref, cwd if ref is None else None, running and ref is None)
     named = f" ({name})" if name else ""
     if how == "newest-in-cwd":
         say(f"dsh: using session {session_id}{named}, the newest in {cwd}")
+    elif how == "running-in-cwd":
+        say(f"dsh: using session {session_id}{named}, the newest in {cwd} with a running "
+            "call or turn")
     elif how == "prefix":
         say(f"dsh: {ref} matched {session_id}{named}")
     return session_id

@@ -112,8 +112,10 @@ class TurnDriver:
         return self.turn is not None
 
     # ------------------------------------------------------------------ requests
-    def start(self, text: str) -> str:
+    def start(self, text: str, ask_grace: float | None = None) -> str:
         """Append turn/start + message/user and start the loop; returns the turnId.
+        ``ask_grace``: seconds its calls wait for an answerer (None: the daemon's
+        ``turn_ask_grace_seconds``).
 
         Raises ``errors.TurnBusy`` (a turn is running), ``errors.SessionClosing``.
         """
@@ -123,7 +125,7 @@ class TurnDriver:
         if not port.accepting():
             raise errors.SessionClosing(
                 "storage failure: the session is closing; no new turns are accepted")
-        turn = Turn("t-" + secrets.token_hex(6))
+        turn = Turn("t-" + secrets.token_hex(6), ask_grace=ask_grace)
         port.record("turn/start", {"turnId": turn.id})
         port.record("message/user", {"turnId": turn.id, "text": clean(text)})
         self.turn = turn
@@ -428,7 +430,7 @@ class TurnDriver:
             return False
         try:
             port.start_call(call.call_id, call.raw_name, call.arguments, False,
-                            turn_id=turn.id, step_id=turn.step_id)
+                            turn_id=turn.id, step_id=turn.step_id, ask_timeout=turn.ask_grace)
         except errors.CallLimit as exc:
             port.settle_unstarted(call.call_id, call.name, "LIMIT_EXCEEDED",
                                   sentence("LIMIT_EXCEEDED", limit=exc.limit))

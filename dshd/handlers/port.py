@@ -83,9 +83,11 @@ def start_call(session: Any, call_id: str, name: str, arguments: dict, approved:
     session.start_call(call_id, name, arguments, approved, ask_timeout=ask_timeout)
 
 
-def start_turn(session: Any, session_id: str, text: str) -> str:
-    """Start a turn; its id (-32013 TURN_RUNNING when one runs)."""
-    return TurnDriver.of(session).start(text)
+def start_turn(session: Any, session_id: str, text: str,
+               ask_grace: float | None = None) -> str:
+    """Start a turn; its id (-32013 TURN_RUNNING when one runs). ``ask_grace``: its calls'
+    grace for an answerer (None: ``turn_ask_grace_seconds``)."""
+    return TurnDriver.of(session).start(text, ask_grace)
 
 
 def steer_turn(session: Any, session_id: str, text: str) -> str:

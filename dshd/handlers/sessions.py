@@ -146,8 +146,21 @@ async def session_set_sandbox(conn: ConnectionPort, p: m.SetSandboxParams) -> m.
 async def session_find(conn: ConnectionPort, p: m.SessionFindParams) -> m.SessionFindResult:
     cwd = None if p.cwd is None else os.path.realpath(p.cwd)  # sessions store theirs resolved
     infos = [i for i in await conn.daemon.registry.list() if may_use(conn, i.get("owner"))]
-    info, how = find(infos, p.ref, cwd)
+    info, how = find(infos, p.ref, cwd, _busy_in(conn) if p.running else None)
     return m.SessionFindResult(session_id=info["sessionId"], how=how, name=info.get("name"))
+
+
+def _busy_in(conn: ConnectionPort):
+    """``session.find``'s ``running``: a session with a running call or a running turn."""
+    registry = conn.daemon.registry
+
+    def busy(info: dict) -> bool:
+        if info.get("running"):
+            return True
+        session = registry.opened(info["sessionId"])
+        agent = getattr(session, "agent", None) if session is not None else None
+        return agent is not None and agent.busy()
+    return busy
 
 
 async def session_rename(conn: ConnectionPort, p: m.SessionRenameParams) -> m.EmptyResult:

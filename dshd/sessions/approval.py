@@ -11,20 +11,20 @@ caller pre-approved (``approved: true``)    allowed-once     caller
 session policy ``never``                    rejected         policy
 a live approval rule allows the command     allowed-once     rule
 no answerer attached at ask time, and no    unavailable      policy
-``askTimeout``
-no answerer within ``askTimeout`` seconds   unavailable      policy
+grace (``askTimeout`` absent or 0)
+no answerer for a whole grace (below)       unavailable      policy
 the ask cannot be made durable              rejected         policy
 an answerer decides allow / reject          allowed-once /   answerer
                                             rejected
-the last answerer leaves while pending      unavailable      policy
+the last answerer leaves, no grace          unavailable      policy
 the call is cancelled while pending         cancelled        caller
 *re-asked after a restart* (:meth:`reask`):
 session policy ``never``                    rejected         policy
 a live approval rule allows the command     allowed-once     rule
-no answerer within ``reask_grace_seconds``  unavailable      policy
+no answerer for a whole grace               unavailable      policy
+(``reask_grace_seconds``)
 an answerer decides allow / reject          allowed-once /   answerer
                                             rejected
-the last answerer leaves after the grace    unavailable      policy
 the call is cancelled while pending         cancelled        caller
 ==========================================  ===============  ==========
 
@@ -41,12 +41,16 @@ allowed-once, by: rule, ruleId}``. Policy ``never`` comes first: it rejects ever
 rules or not (the session's off switch). A rule is taken back by :meth:`revoke_rule`.
 
 **The one rule for a request nobody is attached to answer** (PROTOCOL.md §3.4): it waits a
-*grace* for an answerer -- ``askTimeout`` seconds for a new ask (absent: 0, i.e. at once),
-``reask_grace_seconds`` for one asked again after a restart. Within the grace the request
-is pending and listed (``approval.list``, the lane), any connection may decide it
-(``approval.decide`` needs no subscription), and an answerer that comes and goes does not
-end the wait; at its end, no answerer attached → ``unavailable``; from then on an attached
-answerer's decision is waited for, and the last answerer leaving → ``unavailable``.
+*grace* for an answerer -- ``askTimeout`` seconds for a ``tool.run`` (absent: 0, i.e. at
+once), ``turn_ask_grace_seconds`` for a model-proposed call of a turn (its chat may die or
+detach and re-join: ``dsh chat --attach``), ``reask_grace_seconds`` for one asked again
+after a restart. The grace runs from the moment the request has no answerer: from the ask
+when none is attached, and again from the moment the last answerer leaves (never from the
+ask time then). Within the grace the request is pending and listed (``approval.list``, the
+lane), any connection may decide it (``approval.decide`` needs no subscription), and an
+answerer that comes and goes does not end the wait; a whole grace with no answerer →
+``unavailable``. While an answerer is attached its decision is waited for, however long.
+With no grace (0) the last answerer leaving → ``unavailable`` at once.
 
 Only ``allowed-once`` returns; every other outcome raises ``CallFailed`` with its code and a
 sentence (``dshd.results``, via ``WHY``), so the call settles without running (fail closed). An
@@ -62,9 +66,7 @@ daemon stopped (or crashed) is asked again when its session is opened after the 
 :meth:`ApprovalDesk.reask` with the *same* ``approvalId`` (no second ``approval/asked``: the
 pair stays one asked, one decided). The request is in the lane's ``approvals`` at once, but
 nobody can be attached yet (the daemon opens such sessions before it accepts connections),
-so the "no answerer" rule waits ``reask_grace_seconds`` for one to attach: within the grace
-an answerer that comes and goes does not end the wait; at its end, no answerer → unavailable;
-from then on the rules above hold. An ``allowed-once`` returns once, and the caller's
+so the one rule above waits ``reask_grace_seconds`` for one to attach. An ``allowed-once`` returns once, and the caller's
 pipeline runs the command once (the barrier makes the grant durable first). A daemon stop
 that *detaches* (``on_stop = "detach"``) calls :meth:`ApprovalDesk.detach` first: a request
 cancelled from then on is hidden but not decided, so its ``approval/asked`` stays open in the
@@ -105,6 +107,7 @@ WHY = {
     "unavailable-left": ("APPROVAL_UNAVAILABLE", "left"),
     "unavailable-grace": ("APPROVAL_UNAVAILABLE", "grace"),
     "unavailable-timeout": ("APPROVAL_UNAVAILABLE", "timeout"),
+    "unavailable-turn": ("APPROVAL_UNAVAILABLE", "turn"),
     "cancelled": ("APPROVAL_CANCELLED", ""),
 }
 
@@ -162,8 +165,12 @@ class _Pending:
     outcome: str | None = None
     by: str | None = None
     why: str | None = None
-    #: A re-ask's grace (trio time) before which the "no answerer" rule does not apply.
+    #: The request's grace, seconds (0: none): the one rule (module doc).
+    grace: float = 0.0
+    #: End of the current grace (trio time): no answerer by then → unavailable.
     grace_until: float = 0.0
+    #: Set when the last answerer leaves: the grace task starts a new grace from then.
+    orphaned: trio.Event = field(default_factory=trio.Event)
 
 
 def summary_of(call: GateCall) -> str:
@@ -229,8 +236,11 @@ class ApprovalDesk:
         if not self.answerers and not self.detached:
             now = trio.current_time()
             for p in list(self.pending.values()):
-                if p.grace_until <= now:  # a re-ask in its grace waits for the next one
+                if p.grace <= 0:
                     self._decide(p, "unavailable", "policy", "unavailable-left")
+                else:  # the grace runs from now (its task wakes: ``_grace``)
+                    p.grace_until = max(p.grace_until, now + p.grace)
+                    p.orphaned.set()
 
     def detach(self) -> None:
         """The daemon stops and detaches (``CallTable.stop``): from now on a cancelled request
@@ -366,7 +376,8 @@ class ApprovalDesk:
                 self._decide(p, "unavailable", "policy", "unavailable")
             else:
                 await self._ask_within(p, self._request(call, summary),
-                                       grace if grace > 0 else None, asked_seq, "timeout")
+                                       grace if grace > 0 else None, asked_seq,
+                                       getattr(call, "ask_why", "timeout"))
         self._conclude(p)
 
     async def reask(self, call: GateCall, approval_id: str, *, grace: float) -> None:
@@ -397,10 +408,12 @@ class ApprovalDesk:
     async def _ask_within(self, p: _Pending, request: ApprovalRequest, grace: float | None,
                           asked_seq: int | None, why: str) -> None:
         """Ask, with ``grace`` seconds (None: none) for an answerer to attach (module doc:
-        the one rule); ``why``: ``timeout`` (askTimeout) or ``grace`` (a re-ask)."""
+        the one rule); ``why``: ``timeout`` (askTimeout), ``turn`` (a turn's call) or
+        ``grace`` (a re-ask)."""
         if grace is None:
             await self._ask(p, request, asked_seq)
             return
+        p.grace = grace
         p.grace_until = trio.current_time() + grace
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._grace, p, "unavailable-" + why)
@@ -417,10 +430,17 @@ class ApprovalDesk:
             raise refused(p.why or p.outcome)
 
     async def _grace(self, p: _Pending, why: str) -> None:
-        """At the end of the grace, no answerer attached → unavailable (``why``)."""
-        await trio.sleep_until(p.grace_until)
-        if not self.answerers:
-            self._decide(p, "unavailable", "policy", why)
+        """A whole grace with no answerer → unavailable (``why``); while one is attached,
+        wait for the last to leave (``answerer_left`` moves ``grace_until`` on)."""
+        while p.outcome is None:
+            await trio.sleep_until(p.grace_until)
+            if trio.current_time() < p.grace_until:
+                continue  # the last answerer left meanwhile: a new grace from then
+            if not self.answerers:
+                self._decide(p, "unavailable", "policy", why)
+                return
+            p.orphaned = trio.Event()
+            await p.orphaned.wait()
 
     async def _ask(self, p: _Pending, request: ApprovalRequest,
                    asked_seq: int | None = None) -> None:

@@ -175,7 +175,7 @@ class CallTable:
 
     def start(self, call_id: str, name: str, arguments: dict, approved: bool, *,
               turn_id: str | None = None, step_id: str | None = None,
-              ask_timeout: float = 0.0) -> None:
+              ask_timeout: float | None = 0.0) -> None:
         """Append ``tool/call`` and start the call's pipeline as a task of the session.
 
         The caller has checked the id is new (or only proposed) and the tool and arguments
@@ -187,13 +187,12 @@ class CallTable:
         self.admit()
         encoded = _json.encode(arguments).decode()
         data = {"callId": call_id, "name": name, "arguments": encoded}
-        if turn_id is not None:
-            data["turnId"] = turn_id
-        if step_id is not None:
-            data["stepId"] = step_id
+        data.update({k: v for k, v in (("turnId", turn_id), ("stepId", step_id)) if v is not None})
         ev = self.log.append("tool/call", data)
         self.known.propose(call_id, name, call_digest(name, arguments))
-        call = Call(call_id, name, arguments, approved, ev.seq, ask_timeout=ask_timeout)
+        why = "timeout" if turn_id is None else "turn"  # a turn's: its chat may (re)join
+        grace = self.config.turn_ask_grace_seconds if ask_timeout is None else ask_timeout
+        call = Call(call_id, name, arguments, approved, ev.seq, ask_timeout=grace, ask_why=why)
         self.running[call_id] = call
         try:
             self._begin(call, encoded)

@@ -11,7 +11,8 @@ index: a deleted session's directory is gone, so it is not listed and its name i
 
 :func:`find` resolves a reference over the infos a caller may use (PROTOCOL.md §3.1): an exact
 id, then an exact name, then a unique prefix of the ids and names; with no reference, the
-newest session (``updatedAt``, then id) whose cwd is the given directory. Nothing found and
+newest session (``updatedAt``, then id) whose cwd is the given directory (with a ``busy``
+predicate -- ``session.find``'s ``running`` -- the newest busy one there first). Nothing found and
 more than one found are ``SessionNotFound`` (-32004), the latter with ``AMBIGUOUS`` and at most
 ``FIND_CANDIDATES_MAX`` candidates. Pure but for the lock.
 """
@@ -67,10 +68,17 @@ class SessionNames:
             yield
 
 
-def find(infos: list[dict], ref: str | None, cwd: str | None) -> tuple[dict, str]:
-    """(the info ``ref`` names, how) over ``infos`` (the caller's; module doc)."""
+def find(infos: list[dict], ref: str | None, cwd: str | None,
+         busy: Callable[[dict], bool] | None = None) -> tuple[dict, str]:
+    """(the info ``ref`` names, how) over ``infos`` (the caller's; module doc); ``busy``:
+    with no ``ref``, prefer the newest session of ``cwd`` it holds for."""
     if ref is None:
-        return _newest_in(infos, cwd), "newest-in-cwd"
+        newest = _newest_in(infos, cwd)
+        running = [i for i in infos if i.get("cwd") == cwd and busy is not None and busy(i)]
+        if running:
+            best = _newest_in(running, cwd)
+            return best, ("newest-in-cwd" if best is newest else "running-in-cwd")
+        return newest, "newest-in-cwd"
     for info in infos:
         if info["sessionId"] == ref:
             return info, "id"

@@ -108,7 +108,8 @@ class FakePort:
         self.proposed.add(call_id)
         self.events.setdefault(call_id, trio.Event())
 
-    def start_call(self, call_id, name, arguments, approved, *, turn_id=None, step_id=None):
+    def start_call(self, call_id, name, arguments, approved, *, turn_id=None, step_id=None,
+                   ask_timeout=None):
         if len(self.started) >= self.limit:
             raise errors.CallLimit(f"session {self.id} already runs {self.limit} calls")
         assert call_id in self.proposed and not approved

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -84,9 +85,10 @@ async def _make_prefix_rule(daemon, sid: str, prefix: str, command: str) -> str:
         aid = await _pending_id(daemon, "k1")
         proc = await dsh(daemon.socket, "approve", aid, "--allow-for-session", "--prefix", prefix)
         assert proc.returncode == 0, proc.stderr
-        assert proc.stdout == b"allowed-once\n"
         err = proc.stderr.decode()
         rule_id = err.split("dsh: rule ", 1)[1].split(" ", 1)[0]
+        assert proc.stdout.decode() == \
+            f"allowed for the session by rule {rule_id} (prefix {prefix})\n"
         assert f"take it back with `dsh policy {sid} --revoke {rule_id}`" in err
         assert await run.wait() == 0
     finally:
@@ -259,7 +261,9 @@ async def test_approve_with_no_arguments_decides_the_one_request_of_this_directo
         row = proc.stdout.decode().splitlines()[1].split()
         assert row[:2] == ["build", aid]  # the session's name, when it has one
         proc = await dsh(daemon.socket, "approve", "--allow-for-session", cwd=workdir)
-        assert (proc.returncode, proc.stdout) == (0, b"allowed-once\n"), proc.stderr
+        assert proc.returncode == 0, proc.stderr
+        assert re.fullmatch(r"allowed for the session by rule r-\w+ \(exact command\)\n",
+                            proc.stdout.decode()), proc.stdout
         err = proc.stderr.decode()
         assert f"dsh: using session {sid} (build), the newest in" in err
         assert f"dsh: approval {aid}: echo by name" in err
@@ -270,7 +274,10 @@ async def test_approve_with_no_arguments_decides_the_one_request_of_this_directo
     [rule] = json.loads(proc.stdout)["rules"]
     assert (rule["kind"], rule["command"]) == ("exact", "echo by name")
     proc = await dsh(daemon.socket, "approve", cwd=workdir)  # nothing waits there now
-    assert proc.returncode == 2 and b"no approval is pending in session" in proc.stderr
+    # Exit 1 as its help says, without a Usage banner (issue 15 item 4).
+    assert proc.returncode == 1 and b"no approval is pending in session" in proc.stderr
+    assert b"Usage:" not in proc.stderr
+    assert "nothing is pending" in (await dsh(daemon.socket, "approve", "--help")).stdout.decode()
 
 
 async def _run_env_no_wait(daemon, sid: str, command: str, call_id: str, env: dict):

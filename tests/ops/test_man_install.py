@@ -78,7 +78,8 @@ def _check_pages(env: dict, mandir: Path) -> None:
     assert Path(where.stdout.strip()) == mandir / "man1" / "dsh.1"
     head = subprocess.run(["sh", "-c", "man dsh | head -5"], capture_output=True, text=True,
                           timeout=60, env=dict(env, MANWIDTH="100"))
-    assert "dsh - dsh: run commands in dshd sessions that outlive the terminal." in head.stdout
+    assert "dsh - run commands in dshd sessions that outlive the terminal." in head.stdout
+    assert "dsh - dsh:" not in head.stdout  # the name is not repeated (issue 15 item 4)
     page = _man(env, "dsh").stdout
     assert "EXIT STATUS" in page and "TOOL_TIMEOUT" in page and "dsh-run(1)" in page
     run = _man(env, "dsh-run")
