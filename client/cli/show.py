@@ -116,8 +116,9 @@ def sessions(opts: Options, as_json: bool) -> None:
 @click.argument("ref", metavar="SESSION", type=SESSION_REF)
 @click.argument("name", required=False)
 @click.option("--clear", is_flag=True, help="Remove the session's name.")
+@json_flag
 @pass_options
-def rename(opts: Options, ref: str, name: str | None, clear: bool) -> None:
+def rename(opts: Options, ref: str, name: str | None, clear: bool, as_json: bool) -> None:
     """Give SESSION the name NAME (unique among your sessions), or --clear it.
 
     NAME: a letter or digit, then up to 63 of letters, digits, '.', '_', '-'."""
@@ -130,8 +131,11 @@ def rename(opts: Options, ref: str, name: str | None, clear: bool) -> None:
     async def body(client: Client) -> int:
         session_id = await resolve_session(client, ref)
         await client.rename_session(session_id, name)
-        note(f"dsh: session {session_id} is now named {name}" if name
-             else f"dsh: session {session_id} has no name now")
+        if as_json or opts.json:
+            print_json({"sessionId": session_id, "name": name})
+        else:
+            note(f"dsh: session {session_id} is now named {name}" if name
+                 else f"dsh: session {session_id} has no name now")
         return 0
 
     sys.exit(execute(opts, body))

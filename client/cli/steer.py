@@ -15,16 +15,17 @@ import sys
 import click
 
 from client.api import Client
-from client.cli.common import Options, execute, pass_options
+from client.cli.common import Options, execute, json_flag, pass_options
 from client.cli.sessionref import resolve_session
-from client.cli.terminal import note
+from client.cli.terminal import note, print_json
 from client.exits import EXIT_ERROR, EXIT_OK
 from protocol.rpc import RpcError
 
 __all__ = ["steer"]
 
 
-async def steer_session(client: Client, ref: str | None, text: str) -> int:
+async def steer_session(client: Client, ref: str | None, text: str,
+                        as_json: bool = False) -> int:
     session_id = await resolve_session(client, ref)
     try:
         result = await client.steer_turn(session_id, text)
@@ -34,14 +35,18 @@ async def steer_session(client: Client, ref: str | None, text: str) -> int:
         note(f"dsh: no turn is running in session {session_id}: nothing to steer; start one "
              f"with dsh chat --session {session_id} TEXT")
         return EXIT_ERROR
-    note(f"dsh: queued for turn {result.turn_id}: the model reads it at its next step")
+    if as_json:
+        print_json({"sessionId": session_id, "turnId": result.turn_id, "queued": True})
+    else:
+        note(f"dsh: queued for turn {result.turn_id}: the model reads it at its next step")
     return EXIT_OK
 
 
 @click.command("steer")
 @click.argument("words", nargs=-1, required=True, metavar="[SESSION] TEXT")
+@json_flag
 @pass_options
-def steer(opts: Options, words: tuple[str, ...]) -> None:
+def steer(opts: Options, words: tuple[str, ...], as_json: bool) -> None:
     """Add TEXT to the running turn of SESSION (default: the newest session of this
     directory): the model reads it at the turn's next step."""
     if len(words) > 2:
@@ -49,4 +54,5 @@ def steer(opts: Options, words: tuple[str, ...]) -> None:
     ref, text = (None, words[0]) if len(words) == 1 else words
     if not text.strip():
         raise click.UsageError("the text is empty")
-    sys.exit(execute(opts, lambda client: steer_session(client, ref, text)))
+    sys.exit(execute(opts, lambda client: steer_session(client, ref, text,
+                                                        as_json or opts.json)))

@@ -135,9 +135,11 @@ def test_attach_after_the_calls_settled_replays_them_from_the_log(root, workdir)
         until(lambda: "Step two." in out.read_text(), "the second step")
         proc.kill()
         proc.wait(WAIT_S)
-        r = daemon.dsh("steer", sid, "also say hi")
+        r = daemon.dsh("steer", "--json", sid, "also say hi")
         assert r.returncode == 0, r.stderr
-        assert "queued for turn t-" in r.stderr
+        steered = json.loads(r.stdout)  # --json: the answer on stdout, not the note
+        assert steered["sessionId"] == sid and steered["turnId"].startswith("t-")
+        assert steered["queued"] is True and "queued for turn" not in r.stderr
         aout, aerr = root / "a.out", root / "a.err"
         att = spawn(daemon, aout, aerr, "chat", "--attach", sid, cwd=str(workdir))
         until(lambda: aout.read_text().count("looking") == 2, "both calls' output")

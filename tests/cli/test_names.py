@@ -37,7 +37,8 @@ async def test_rename_then_every_command_takes_the_name_or_a_prefix(daemon, work
     r = daemon.dsh("log", "bui")  # a prefix of the name
     assert r.returncode == 0 and f"dsh: bui matched {sid} (build)" in r.stderr, r.stderr
     assert "build" in daemon.dsh("sessions").stdout
-    assert daemon.dsh("rename", "build", "--clear").returncode == 0
+    r = daemon.dsh("--json", "rename", "build", "--clear")
+    assert r.returncode == 0 and json.loads(r.stdout) == {"sessionId": sid, "name": None}
     assert _info(daemon, sid)["name"] is None
     assert daemon.dsh("log", "build").returncode == 1
 
