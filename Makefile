@@ -16,13 +16,29 @@ DOCDIR       ?= /usr/share/doc/dsh
 USER_PREFIX  ?= $(HOME)/.local/share/dsh
 USER_UNITDIR ?= $(HOME)/.config/systemd/user
 USER_BINDIR  ?= $(HOME)/.local/bin
+# Man pages and shell completions (README "Install"): MANDIR, BASH_COMPLETION_DIR,
+# ZSH_COMPLETION_DIR, FISH_COMPLETION_DIR (system); USER_MANDIR, USER_*_COMPLETION_DIR (user).
+USER_DATA    := $(or $(XDG_DATA_HOME),$(HOME)/.local/share)
+MANDIR       ?= /usr/local/share/man
+BASH_COMPLETION_DIR ?= /usr/local/share/bash-completion/completions
+ZSH_COMPLETION_DIR  ?= /usr/local/share/zsh/site-functions
+FISH_COMPLETION_DIR ?= /etc/fish/completions
+USER_MANDIR  ?= $(USER_DATA)/man
+USER_BASH_COMPLETION_DIR ?= $(USER_DATA)/bash-completion/completions
+USER_ZSH_COMPLETION_DIR  ?= $(USER_DATA)/zsh/site-functions
+USER_FISH_COMPLETION_DIR ?= $(USER_DATA)/fish/vendor_completions.d
 SERVICE_ENV   = PYTHON=$(PYTHON) PREFIX=$(PREFIX) UNITDIR=$(UNITDIR) DOCDIR=$(DOCDIR) \
-                USER_PREFIX=$(USER_PREFIX) USER_UNITDIR=$(USER_UNITDIR) USER_BINDIR=$(USER_BINDIR)
+                USER_PREFIX=$(USER_PREFIX) USER_UNITDIR=$(USER_UNITDIR) USER_BINDIR=$(USER_BINDIR) \
+                MANDIR=$(MANDIR) BASH_COMPLETION_DIR=$(BASH_COMPLETION_DIR) \
+                ZSH_COMPLETION_DIR=$(ZSH_COMPLETION_DIR) FISH_COMPLETION_DIR=$(FISH_COMPLETION_DIR) \
+                USER_MANDIR=$(USER_MANDIR) USER_BASH_COMPLETION_DIR=$(USER_BASH_COMPLETION_DIR) \
+                USER_ZSH_COMPLETION_DIR=$(USER_ZSH_COMPLETION_DIR) \
+                USER_FISH_COMPLETION_DIR=$(USER_FISH_COMPLETION_DIR)
 # How long `make stop` waits for dshd to exit (it settles calls and flushes in < 10 s).
 STOP_WAIT    ?= 20
 
 .PHONY: install install-test run start stop status test bench crash-test clean \
-        install-system uninstall-system install-user uninstall-user
+        install-system uninstall-system install-user uninstall-user day
 
 $(BIN)/python:
 	@$(PYTHON) -m venv $(VENV) || { echo "python3 -m venv failed: install it with 'apt-get install -y python3-venv'"; exit 1; }
@@ -95,6 +111,14 @@ bench: install-test
 # none twice, none lost); prints the figures, exits 1 on any violation.
 crash-test: install-test
 	$(BIN)/python tests/crash/campaign.py --iterations 300
+
+# A scripted day of use (issue 15): many dsh run in several dirs, named sessions, detach and
+# attach, approval rules, chat re-join, rm and prune against a real dshd with max_state_bytes;
+# prints dsh sessions and du -sh of the state before/after dsh prune; fails on a failed step,
+# a step this build lacks, or the state over its bound. MINUTES=1 for a short one.
+MINUTES ?= 30
+day: install-test
+	$(BIN)/python tools/day.py --minutes $(MINUTES) $(DAY_ARGS)
 
 # Stops the daemon first (never deletes its socket and state from under it), and refuses while
 # call hosts still run tool calls there (they outlive a stop); CANCEL=1 ends them first.

@@ -39,6 +39,8 @@ import client
 from client.paths import socket_path as resolve_socket_path
 from protocol import events
 from protocol import methods as m
+from protocol.approvals import (ApprovalRule, ApprovalRuleSpec, ApprovalRulesParams,
+                                PendingApproval, RevokeRuleParams)
 from client.raw import OutputFollow, ReadResult
 from client.subscription import Subscription
 from protocol.rpc import RpcError
@@ -196,14 +198,37 @@ class Client:
     # -- sessions ------------------------------------------------------------------------
     async def create_session(self, cwd: str | os.PathLike[str], title: str | None = None, *,
                              sandbox: str | None = None, approval_policy: str | None = None,
-                             env: dict[str, str] | None = None) -> str:
+                             env: dict[str, str] | None = None,
+                             name: str | None = None) -> str:
         """``session.create``. ``sandbox`` (``read-only`` | ``workspace-write`` |
         ``danger-full-access``) and ``approval_policy`` (``ask`` | ``never``) default to the
-        daemon's config when None. Returns the new session id."""
+        daemon's config when None; ``name`` (unique per owner) is taken or ``NAME_TAKEN``.
+        Returns the new session id."""
         params = m.SessionCreateParams(cwd=os.fspath(cwd), title=title, sandbox=sandbox,
-                                       approval_policy=approval_policy, env=env)
+                                       approval_policy=approval_policy, env=env, name=name)
         result: m.SessionCreateResult = await self.request("session.create", params)
         return result.session_id
+
+    async def find_session(self, ref: str | None, cwd: str | os.PathLike[str] | None = None
+                           ) -> tuple[str, str]:
+        """``session.find``: ``(session id, how)`` -- ``how`` is ``id``, ``name``,
+        ``prefix`` or ``newest-in-cwd`` (``ref`` None: the newest session of ``cwd``)."""
+        session_id, how, _ = await self.find_session_named(ref, cwd)
+        return session_id, how
+
+    async def find_session_named(self, ref: str | None,
+                                 cwd: str | os.PathLike[str] | None = None,
+                                 running: bool = False) -> tuple[str, str, str | None]:
+        """``find_session`` with the session's name (None: it has none); ``running``: with
+        no ``ref``, prefer the newest session of ``cwd`` with a running call or turn."""
+        result: m.SessionFindResult = await self.request("session.find", m.SessionFindParams(
+            ref=ref, cwd=None if cwd is None else os.fspath(cwd), running=running or None))
+        return result.session_id, result.how, result.name
+
+    async def rename_session(self, session_id: str, name: str | None) -> None:
+        """``session.rename``: give the session ``name`` (None clears it)."""
+        await self.request("session.rename",
+                           m.SessionRenameParams(session_id=session_id, name=name))
 
     async def list_sessions(self) -> list[m.SessionInfo]:
         result: m.SessionListResult = await self.request("session.list", m.EmptyParams())
@@ -248,6 +273,11 @@ class Client:
         await self.request("session.setApprovalPolicy",
                            m.SetApprovalPolicyParams(session_id=session_id, policy=policy))
 
+    async def set_sandbox(self, session_id: str, sandbox: str) -> None:
+        """``session.setSandbox``: the sandbox mode of the session's calls from now on."""
+        await self.request("session.setSandbox",
+                           m.SetSandboxParams(session_id=session_id, sandbox=sandbox))
+
     # -- tools ---------------------------------------------------------------------------
     async def run_tool(self, session_id: str, command: str, *, call_id: str | None = None,
                        timeout: float | None = None, approved: bool = True,
@@ -261,11 +291,15 @@ class Client:
     async def start_tool(self, session_id: str, command: str, *, call_id: str | None = None,
                          timeout: float | None = None, approved: bool = True,
                          name: str = "bash", tty: tuple[int, int] | None = None,
-                         stdin: bool = False) -> m.ToolRunResult:
+                         stdin: bool = False, ask_timeout: float | None = None,
+                         env: dict[str, str] | None = None) -> m.ToolRunResult:
         """``tool.run`` of the bash tool; ``existing`` is true when ``call_id`` names a call
         already in the session (nothing was run again). ``tty``: (cols, rows) of the PTY the
-        command runs under; ``stdin``: the call takes input (``tool.write``) on a pipe."""
+        command runs under; ``stdin``: the call takes input (``tool.write``) on a pipe;
+        ``env``: variables for this call, over the session's env."""
         arguments: dict[str, Any] = {"command": command}
+        if env:
+            arguments["env"] = dict(env)
         if timeout is not None:
             arguments["timeout"] = timeout
         if tty is not None:
@@ -274,7 +308,7 @@ class Client:
             arguments["stdin"] = "pipe"
         return await self.request("tool.run", m.ToolRunParams(
             session_id=session_id, name=name, arguments=arguments, call_id=call_id,
-            approved=approved))
+            approved=approved, ask_timeout=ask_timeout))
 
     async def wait(self, session_id: str, call_id: str,
                    timeout: float | None = None) -> m.ToolResult:
@@ -336,18 +370,41 @@ class Client:
 
     # -- approvals (PROTOCOL.md §3.4) -------------------------------------------------------
     async def decide(self, session_id: str, approval_id: str, decision: str) -> str:
-        """``approval.decide`` (``decision``: ``allow`` | ``reject``); returns the outcome
-        (``allowed-once`` | ``rejected``). A request decided already is ``RpcError`` -32011 with
-        ``data["outcome"]``; an unknown one -32007."""
-        result: m.ApprovalDecideResult = await self.request("approval.decide", m.ApprovalDecideParams(
-            session_id=session_id, approval_id=approval_id, decision=decision))
-        return result.outcome
+        """``approval.decide`` (``decision``: ``allow`` | ``allow-once`` | ``reject``); returns
+        the outcome (``allowed-once`` | ``rejected``). A request decided already is
+        ``RpcError`` -32011 with ``data["outcome"]``; an unknown one -32007."""
+        return (await self.decide_full(session_id, approval_id, decision)).outcome
+
+    async def decide_full(self, session_id: str, approval_id: str, decision: str,
+                          rule: tuple[str, str] | None = None) -> m.ApprovalDecideResult:
+        """``approval.decide``, any decision; ``rule``: ``(kind, command)`` of an
+        ``allow-for-session`` (None: an exact rule of the call's command)."""
+        spec = None if rule is None else ApprovalRuleSpec(kind=rule[0], command=rule[1])  # type: ignore[arg-type]
+        return await self.request("approval.decide", m.ApprovalDecideParams(
+            session_id=session_id, approval_id=approval_id, decision=decision, rule=spec))
+
+    async def approvals(self) -> list[PendingApproval]:
+        """``approval.list``: pending requests over the sessions we may use, oldest first."""
+        return (await self.request("approval.list", m.EmptyParams())).approvals
+
+    async def rules(self, session_id: str) -> list[ApprovalRule]:
+        """``approval.rules``: the session's live approval rules."""
+        return (await self.request("approval.rules", ApprovalRulesParams(
+            session_id=session_id))).rules
+
+    async def revoke_rule(self, session_id: str, rule_id: str) -> None:
+        """``approval.revokeRule``."""
+        await self.request("approval.revokeRule", RevokeRuleParams(
+            session_id=session_id, rule_id=rule_id))
 
     # -- turns (PROTOCOL.md §3.5) ----------------------------------------------------------
-    async def start_turn(self, session_id: str, text: str) -> str:
-        """``turn.start``: the agent loop takes ``text``; returns the turn id."""
+    async def start_turn(self, session_id: str, text: str,
+                         ask_timeout: float | None = None) -> str:
+        """``turn.start``: the agent loop takes ``text``; returns the turn id. ``ask_timeout``:
+        seconds its calls wait for an answerer (None: the daemon's turn_ask_grace_seconds)."""
         result: m.TurnStartResult = await self.request(
-            "turn.start", m.TurnStartParams(session_id=session_id, input=text))
+            "turn.start", m.TurnStartParams(session_id=session_id, input=text,
+                                            ask_timeout=ask_timeout))
         return result.turn_id
 
     async def cancel_turn(self, session_id: str) -> bool:

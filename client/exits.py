@@ -9,6 +9,11 @@ first digs out the exception that says what happened, then its line goes through
 ``note``. It returns None for anything it does not know (a bug: the caller re-raises it with
 its traceback). :func:`detached_status`, :func:`fsck_status` and :func:`decided_status` name
 the remaining cases.
+
+:data:`EXIT_TABLE` is the one exit-status table: each status with its meaning, the source of
+``dsh help exit-codes``, of README.md's "`dsh` exit status" section (``dsh help exit-codes
+--markdown``; tests/test_docs.py compares the two) and of the man page's EXIT STATUS. A new
+``EXIT_*`` constant without a row fails that test.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ from client.transport import DshClientError
 from protocol.lane import ToolResult
 from protocol.rpc import RpcError
 
-__all__ = ["exit_status", "turn_status", "failure_status", "detached_status", "fsck_status",
+__all__ = ["exit_status", "turn_status", "unanswered_status", "failure_status",
+           "detached_status", "fsck_status",
            "single", "leaves", "NEVER_RAN_CODES"]
 
 EXIT_OK = 0
@@ -32,6 +38,43 @@ EXIT_TIMEOUT = 124
 EXIT_NEVER_RAN = 125
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141
+
+#: The exit-status table (module doc): (the statuses of a row, its meaning), in the order shown.
+#: ``None`` stands for "N", the command's own exit code. Markdown code spans are kept in the
+#: text (README.md); ``dsh help exit-codes`` prints them without the backticks.
+EXIT_TABLE: tuple[tuple[tuple[int, ...] | None, str], ...] = (
+    ((EXIT_OK,), "success (`dsh run`, `dsh wait`: the command exited 0 and the call is not an "
+                 "error); `dsh run -t` / `dsh attach`: detached with the detach keys (the "
+                 "command keeps running)"),
+    (None, "`dsh run` / `dsh wait` / `dsh attach --call`: the command's exit code (128+signal "
+           "when a signal killed it)"),
+    ((EXIT_ERROR,), "a request refused by dshd (an error answer), any other `errorCode` with "
+                    "exit code 0; `dsh cancel`: the call was not running; `dsh fsck`: a "
+                    "session is damaged; `dsh chat`: the turn ended in an error or was "
+                    "interrupted"),
+    ((EXIT_DAEMON_NOT_RUNNING,), "dshd is not running or does not answer `initialize` in time "
+                                 "(`DSH_CONNECT_TIMEOUT`, default 10 s); a usage error"),
+    ((EXIT_OUTCOME_UNKNOWN,), "`TOOL_OUTCOME_UNKNOWN`: the call's host died with dshd (HOST.md "
+                              "§7), or `dsh run` / `dsh attach` / `dsh wait` lost dshd and it "
+                              "did not come back within `--reconnect-timeout` (default 30 s; 0: "
+                              "at once; or within what was left of it, when outages less than "
+                              "5 s apart share it); it may or may not have run (`dsh wait "
+                              "SESSION CALL` tells after a restart)"),
+    ((EXIT_TIMEOUT,), "`TOOL_TIMEOUT` (`dsh run --timeout`); `dsh wait --timeout` expired "
+                      "before the result (the call goes on)"),
+    ((EXIT_NEVER_RAN,), "the call never ran (`APPROVAL_*`, `SANDBOX_UNAVAILABLE`, "
+                        "`STORAGE_FAILURE`, `ABORTED_BEFORE_DISPATCH`, `TOOL_NOT_STARTED`, or "
+                        "an `errorCode` without an exit code); `dsh chat`: a call of the turn "
+                        "needed approval and no one could be asked (no terminal, no `--yes`)"),
+    ((EXIT_INTERRUPTED,), "`TOOL_CANCELLED` with exit code 0 (otherwise the command's own "
+                          "code); Ctrl-C (detached, or `--cancel-on-interrupt`); `dsh chat`: "
+                          "the turn was cancelled"),
+    ((EXIT_BROKEN_PIPE,), "stdout was closed (a broken pipe)"),
+    ((128 + 1, 128 + 15), "`dsh run` / `dsh attach` detached because dsh itself got SIGHUP / "
+                          "SIGTERM (the terminal restored; the command keeps running)"),
+)
+EXIT_TABLE_NOTE = "A call that is an error never exits 0."
+__all__ += ["EXIT_TABLE", "EXIT_TABLE_NOTE"]
 
 #: errorCodes of a call that never ran (exit 125 whatever else the result says).
 NEVER_RAN_CODES = frozenset({
@@ -95,6 +138,13 @@ def exit_status(result: ToolResult) -> tuple[int, str | None]:
 def turn_status(reason: Any) -> int:
     """``dsh chat``: 0 completed, 130 cancelled, 1 for an error or anything else."""
     return TURN_STATUS.get(reason, EXIT_ERROR) if isinstance(reason, str) else EXIT_ERROR
+
+
+def unanswered_status(status: int) -> int:
+    """``dsh chat``: a call needed approval and no one could be asked (stdin ended: no terminal,
+    no ``--yes``): 125, the status of a call that never ran, whatever the turn's own status
+    (``status``) -- but a cancelled turn stays 130."""
+    return status if status == EXIT_INTERRUPTED else EXIT_NEVER_RAN
 
 
 def detached_status(pipe: bool) -> int:

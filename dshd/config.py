@@ -177,11 +177,26 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     #: A re-asked approval (pending across a restart) waits this long for an answerer to
     #: attach before it is ``unavailable``, seconds: 0 .. 86400 (room asks).
     reask_grace_seconds: Annotated[float, msgspec.Meta(ge=0, le=86_400)] = 120.0
+    # -- fixchat room (issue 15): re-joinable turns (PROTOCOL.md §3.4's one rule) ----------
+    #: A model-proposed call's approval with no answerer (none at ask time, or the last one
+    #: left) waits this long for one to (re)join before it is ``unavailable``, seconds:
+    #: 0 .. 86400 (0: at once, as a ``tool.run`` without ``askTimeout``).
+    turn_ask_grace_seconds: Annotated[float, msgspec.Meta(ge=0, le=86_400)] = 120.0
     # -- sessions room (issue 14): an open session's bounded memory ------------------------
     #: Settled tool results an open session keeps in memory (an LRU), counts: 1 .. 65536; a
     #: ``tool.wait`` on an older one reads it back from the log by its seq (the lane's
     #: ``recent`` names the last 20; the cache serves the waits that follow a settle).
     results_cache: Annotated[int, msgspec.Meta(ge=1, le=65_536)] = 32
+    # -- room cleanup (issue 15): retention (OPS.md "Retention", dshd.sessions.retention) --
+    #: Idle sessions not updated for this long are deleted by the daemon, days (float):
+    #: 0 = keep forever; 0 .. 36500.
+    retain_sessions_days: Annotated[float, msgspec.Meta(ge=0, le=36_500)] = 30.0
+    #: Past this size of the state directory (the sum of its files' sizes), settled calls'
+    #: raw output is removed oldest first (their logged results stay), bytes: 0 = no bound;
+    #: else 1 .. 1 PiB.
+    max_state_bytes: Annotated[int, msgspec.Meta(ge=0, le=1 << 50)] = 4 * 1024 * 1024 * 1024
+    #: Seconds between two retention passes (one also runs at start): 1 .. 86400.
+    retention_interval_seconds: Annotated[float, msgspec.Meta(ge=1, le=86_400)] = 3600.0
     #: Log output: "auto" (console on a TTY, JSON otherwise), "console" or "json".
     log_format: Literal["auto", "console", "json"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"

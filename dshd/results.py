@@ -43,6 +43,13 @@ SENTENCES: dict[str, dict[str, str]] = {
         "grace": "dshd restarted while this call waited for approval, and nobody attached to "
         "approve it within reask_grace_seconds after the start, so it did not run. Keep an "
         "answerer attached (`dsh attach --approve --follow SESSION`) and retry.",
+        "turn": "nobody was attached to approve this call of the turn within "
+        "turn_ask_grace_seconds (the chat left or was never attached), so it did not run. "
+        "Re-join the turn sooner (`dsh chat --attach SESSION`) or answer it "
+        "(`dsh approvals`, then `dsh approve APPROVAL`).",
+        "timeout": "nobody decided this call or attached to approve it within its askTimeout "
+        "(`dsh run --ask-timeout`), so it did not run. Answer sooner (`dsh approvals`, then "
+        "`dsh approve APPROVAL`) or give a longer --ask-timeout, and retry.",
     },
     "APPROVAL_CANCELLED": {
         "": "the call was cancelled while it waited for approval; it did not run.",

@@ -10,7 +10,8 @@ that a graceful stop can stop accepting first, then tell the sessions to apply `
 their calls (``detach``: the call hosts run on; ``cancel``: the calls settle) and flush, and
 then cancel the handlers. Before the first accept, the registry opens every session with a
 call that has not settled (``SessionRegistry.resume_unsettled``, HOST.md §7), so calls that
-outlived the previous daemon are running (or settled) again before any client asks.
+outlived the previous daemon are running (or settled) again before any client asks; then the
+retention task starts (``dshd.sessions.retention.run``: a pass now, then every interval).
 
 Each accepted connection runs :func:`_serve_socket`, the handler wrapper: it reads the peer's
 credentials off the socket (a process inside one of this daemon's sandboxes counts as a foreign
@@ -52,6 +53,7 @@ from .daemon import Daemon
 from .execution.peers import refuse_confined
 from .handlers import dispatch
 from .service import Notifier, ServiceMonitor, stopping_message, watchdog_interval
+from .sessions import retention
 from .storage.lock import DaemonLock
 
 log = structlog.get_logger("dshd")
@@ -281,6 +283,7 @@ async def _run(daemon: Daemon, listener: _Listening, ready: dict,
                 await outer.start(daemon.registry.run)
                 # Calls that outlived the last daemon come back before anyone can ask.
                 await daemon.registry.resume_unsettled()
+                outer.start_soon(retention.run, daemon.registry, daemon.config)
                 await outer.start(monitor.run)
                 async with trio.open_nursery() as handlers:
                     accepting = trio.CancelScope()

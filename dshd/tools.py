@@ -110,7 +110,7 @@ BASH = ToolSpec(
         "Run a shell command with bash in the session's working directory, confined by the "
         "session's sandbox, after a person approves it. stdout and stderr come back merged; "
         "long output keeps only its tail (the daemon's output window; the result says what was "
-        "cut). stdin is empty unless stdin is \"pipe\" (written with tool.write); tty: true "
+        "cut). env sets variables for this command only. stdin is empty unless stdin is \"pipe\" (written with tool.write); tty: true "
         "runs it under a terminal of cols x rows (default 80x24) for programs that need one."
     ),
     arguments=BashArguments,
@@ -124,6 +124,8 @@ BASH = ToolSpec(
         "rows": "arguments.rows is the terminal's height, a whole number from 1 to 10000",
         "stdin": 'arguments.stdin is "null" (empty, the default) or "pipe" (written with '
                  "tool.write)",
+        "env": "arguments.env is an object of at most 256 names (shell names, <= 256 chars) "
+               "to string values (<= 32768 chars)",
     },
 )
 

@@ -31,7 +31,8 @@ from .lane import ToolResult
 
 __all__ = [
     "AnyEvent", "ApprovalAsked", "ApprovalAskedData", "ApprovalDecided", "ApprovalDecidedData",
-    "ApprovalPolicyData", "ApprovalPolicySet", "AssistantMessage", "AssistantMessageData",
+    "ApprovalPolicyData", "ApprovalPolicySet", "ApprovalRuleData", "ApprovalRuleMade",
+    "ApprovalRuleRevoked", "ApprovalRuleRevokedData", "AssistantMessage", "AssistantMessageData",
     "Event", "EVENT_TYPES", "ProposedCall", "SandboxModeData", "SandboxModeSet", "SessionEnv",
     "SessionEnvData", "SessionOwner", "SessionOwnerData", "StepData", "StepEnd", "StepStart",
     "ToolCall", "ToolCallData", "ToolResult", "ToolResultEvent", "TurnData", "TurnEnd",
@@ -57,6 +58,8 @@ class ApprovalPolicyData(_Data):
 class SandboxModeData(_Data):
     mode: str
     source: str | UnsetType = UNSET
+    #: The uid that changed it (``session.setSandbox``).
+    by: int | UnsetType = UNSET
 
 
 class SessionOwnerData(_Data):
@@ -130,11 +133,29 @@ class ApprovalAskedData(_Data):
 
 
 class ApprovalDecidedData(_Data):
-    """``by``: caller, answerer, policy or repair."""
+    """``by``: caller, answerer, policy, rule or repair; ``ruleId``: the rule that decided it
+    (``by: rule``) or that its ``allow-for-session`` made."""
 
     approval_id: str
     outcome: str
     by: str | UnsetType = UNSET
+    rule_id: str | UnsetType = UNSET
+
+
+class ApprovalRuleData(_Data):
+    """``approval/rule``: ``command`` (exact) or ``words`` (prefix); ``by`` uid; ``at`` ms."""
+
+    rule_id: str
+    kind: str
+    command: str | UnsetType = UNSET
+    words: list[str] | UnsetType = UNSET
+    by: Any = None
+    at: int = 0
+
+
+class ApprovalRuleRevokedData(_Data):
+    rule_id: str
+    by: Any = None
 
 
 class _Event(JsonView, msgspec.Struct, frozen=True, kw_only=True, tag_field="type",
@@ -199,6 +220,14 @@ class ApprovalDecided(_Event, tag="approval/decided"):
     data: ApprovalDecidedData
 
 
+class ApprovalRuleMade(_Event, tag="approval/rule"):
+    data: ApprovalRuleData
+
+
+class ApprovalRuleRevoked(_Event, tag="approval/rule-revoked"):
+    data: ApprovalRuleRevokedData
+
+
 class ToolResultEvent(_Event, tag="tool/result"):
     """``data``: the ToolResult as recorded, the struct ``tool.wait`` answers with."""
 
@@ -218,7 +247,7 @@ class UnknownEvent(JsonView, msgspec.Struct, frozen=True, kw_only=True, omit_def
 Event = Union[
     ApprovalPolicySet, SandboxModeSet, SessionOwner, SessionEnv, TurnStart, TurnEnd, StepStart,
     StepEnd, UserMessage, AssistantMessage, ToolCall, ApprovalAsked, ApprovalDecided,
-    ToolResultEvent,
+    ApprovalRuleMade, ApprovalRuleRevoked, ToolResultEvent,
 ]
 AnyEvent = Union[Event, UnknownEvent]
 

@@ -25,13 +25,17 @@ from .jsonview import JsonView
 
 __all__ = [
     "ApprovalRequest", "LaneSession", "LaneView", "RecentEntry", "SandboxNote", "ToolEntry",
-    "ToolResult", "ToolResultDetails", "TurnView", "Truncation", "plain",
+    "ToolResult", "ToolResultDetails", "TurnCall", "TurnView", "Truncation", "plain",
 ]
 
 #: The states of a call on the lane (``tools[callId].state``).
 ToolState = Literal["waiting-approval", "running"]
 #: The states of a turn on the lane (``turn.state``; ``dshd.agent.turn``).
 TurnState = Literal["starting", "running", "waiting-tools", "cancelling"]
+#: The states of one of the step's calls on the lane (``turn.calls[i].state``): named by the
+#: model's answer and not started yet (``proposed``), then the call's own ``tools`` state while
+#: it is there, then ``settled`` (its ``tool/result`` is in the log; refused calls too).
+TurnCallState = Literal["proposed", "waiting-approval", "running", "settled"]
 
 
 class Truncation(JsonView, msgspec.Struct, rename="camel"):
@@ -113,6 +117,18 @@ class RecentEntry(JsonView, msgspec.Struct, rename="camel"):
     error_code: str | None
 
 
+class TurnCall(JsonView, msgspec.Struct, rename="camel"):
+    """One of ``turn.calls``: a call the current step's answer named, in the answer's order.
+    ``name`` is the tool the model named (null when a resumed turn's log does not say);
+    ``exit_code`` / ``error_code`` are the settled result's (null before, and when absent)."""
+
+    call_id: str
+    name: str | None
+    state: TurnCallState
+    exit_code: int | None = None
+    error_code: str | None = None
+
+
 class TurnView(JsonView, msgspec.Struct, rename="camel"):
     """``turn``: the running turn (``null`` between turns)."""
 
@@ -121,7 +137,7 @@ class TurnView(JsonView, msgspec.Struct, rename="camel"):
     step: int
     step_id: str | None
     text: str
-    calls: list[str]
+    calls: list[TurnCall]
 
 
 class LaneSession(JsonView, msgspec.Struct, rename="camel"):
@@ -130,6 +146,8 @@ class LaneSession(JsonView, msgspec.Struct, rename="camel"):
     cwd: str
     approval_policy: str
     sandbox: str
+    #: The session's name (``session/name``; None: none). A rename is a control change.
+    name: str | None = None
 
 
 class LaneView(JsonView, msgspec.Struct, rename="camel"):

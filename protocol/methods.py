@@ -22,6 +22,7 @@ in ``dshd/handlers/``, one client method. Pure: msgspec and ``protocol`` only.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal, NamedTuple
 
 import msgspec
@@ -30,6 +31,7 @@ from msgspec import UNSET, Meta, UnsetType
 from .errors import OpError
 from .ids import ID_PATTERN, RESERVED_IDS
 from .lane import ToolResult
+from .names import SessionFindParams, SessionFindResult, SessionName, SessionRenameParams
 from .ops import check_json_value
 from .raw import (
     MAX_OUTPUT_CHUNK_BYTES, MAX_READ_BYTES, MAX_TERMINAL_CELLS, MAX_WRITE_BYTES, OutputGap,
@@ -37,6 +39,10 @@ from .raw import (
     ToolReadResult, ToolResizeParams, ToolSignalParams, ToolUnfollowParams, ToolWriteParams,
     ToolWriteResult,
 )
+from .cleanup import (PruneSkip, SessionDeleteParams, SessionDeleteResult, SessionPruneParams,
+                      SessionPruneResult)
+from .approvals import (ApprovalDecideParams, ApprovalDecideResult, ApprovalListResult,
+                        ApprovalRulesParams, ApprovalRulesResult, RevokeRuleParams)
 from .structs import _Params, _Result
 
 __all__ = [
@@ -47,11 +53,17 @@ __all__ = [
     "ClientCapabilities", "ClientInfo", "DaemonCapabilities", "DaemonStatus", "EmptyParams",
     "EmptyResult", "InitializeParams", "InitializeResult", "Method", "SandboxInfo",
     "ServerInfo", "SessionCreateParams", "SessionCreateResult", "SessionEventsParams",
-    "SessionEventsResult", "SessionGetParams", "SessionInfo", "SessionListResult",
+    "SessionEventsResult", "SessionFindParams", "SessionFindResult", "SessionGetParams",
+    "SessionInfo", "SessionListResult", "SessionRenameParams",
     "SetApprovalPolicyParams", "StreamParams", "SubscribeParams", "SubscribeResult",
-    "ToolCancelParams", "ToolResult", "ToolRunParams", "ToolRunResult", "ToolWaitParams",
+    "SetSandboxParams", "ToolCancelParams", "ToolResult", "ToolRunParams", "ToolRunResult",
+    "ToolWaitParams",
     "TurnCancelParams", "TurnStartParams", "TurnStartResult", "TurnSteerParams",
     "TurnSteerResult", "UnsubscribeParams", "arguments_problem",
+    "PruneSkip", "SessionDeleteParams", "SessionDeleteResult", "SessionPruneParams",
+    "SessionPruneResult",
+    "TurnSteerResult", "UnsubscribeParams", "arguments_problem", "env_problem", "RESERVED_ENV",
+    "Env",
     "MAX_OUTPUT_CHUNK_BYTES", "MAX_READ_BYTES", "MAX_TERMINAL_CELLS", "MAX_WRITE_BYTES",
     "OutputGap", "OutputParams", "Signal", "ToolCallParams", "ToolFollowParams",
     "ToolFollowResult", "ToolReadParams", "ToolReadResult", "ToolResizeParams",
@@ -70,10 +82,39 @@ MAX_INPUT_CHARS = 1024 * 1024
 MAX_ARGUMENTS_BYTES = 8 * 1024 * 1024
 #: ``bash``'s ``timeout`` cap: 7 days in seconds (PROTOCOL.md §3.2).
 MAX_BASH_TIMEOUT_SECONDS = 7 * 86400
+#: ``tool.run``'s ``askTimeout`` cap: one hour in seconds (PROTOCOL.md §3.4).
+MAX_ASK_TIMEOUT_SECONDS = 3600
 #: Largest terminal width or height of a tty call (HOST.md §5).
 MAX_TTY_SIZE = 10_000
 
 _arguments_encoder = msgspec.json.Encoder()
+
+#: A tool environment's names: shell names (EXEC.md §1).
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: Names dshd puts in every tool's environment; neither a session's nor a call's env may set
+#: them (EXEC.md §1).
+RESERVED_ENV = frozenset({"DSH_CALL_ID", "DSH_SESSION_ID", "DSH_RUN"})
+#: An env as a request carries it (session.create's ``env``, bash's ``arguments.env``): at
+#: most 256 entries, names ≤ 256 chars, values ≤ 32,768 chars.
+Env = Annotated[
+    dict[Annotated[str, Meta(max_length=MAX_ENV_NAME_CHARS)],
+         Annotated[str, Meta(max_length=MAX_ENV_VALUE_CHARS)]],
+    Meta(max_length=MAX_ENV_ENTRIES),
+]
+
+
+def env_problem(env: dict[str, str], field: str = "env") -> str | None:
+    """What is wrong with an env's names and values (beyond ``Env``'s caps), or None: names
+    are shell names, values have no NUL, none of :data:`RESERVED_ENV`. The one rule of a
+    session's env and a call's."""
+    for key, value in env.items():
+        if not ENV_NAME.fullmatch(key) or "\0" in value:
+            return (f"{field} has an invalid entry {key!r}: names are shell names "
+                    "([A-Za-z_][A-Za-z0-9_]*), values have no NUL")
+        if key in RESERVED_ENV:
+            return (f"{field} may not set {key!r}: dshd sets DSH_CALL_ID, DSH_SESSION_ID and "
+                    "DSH_RUN itself (they mark a call and its processes)")
+    return None
 
 
 def arguments_problem(arguments: Any) -> str | None:
@@ -184,17 +225,14 @@ class SessionCreateParams(_Params):
     """``session.create``; ``cwd`` must be absolute (existence is the daemon's check).
 
     Caps: ``cwd`` ≤ 4,096 chars, ``title`` ≤ 1,024, ``env`` ≤ 256 entries, names ≤ 256 chars,
-    values ≤ 32,768 chars."""
+    values ≤ 32,768 chars; ``name`` is a session name (``protocol.names``)."""
 
     cwd: Annotated[str, Meta(pattern="^/", max_length=MAX_CWD_CHARS)]
     title: Annotated[str, Meta(max_length=MAX_TITLE_CHARS)] | None = None
     approval_policy: ApprovalPolicy | None = None
     sandbox: SandboxMode | None = None
-    env: Annotated[
-        dict[Annotated[str, Meta(max_length=MAX_ENV_NAME_CHARS)],
-             Annotated[str, Meta(max_length=MAX_ENV_VALUE_CHARS)]],
-        Meta(max_length=MAX_ENV_ENTRIES),
-    ] | None = None
+    env: Env | None = None
+    name: SessionName | None = None
 
 
 class SessionCreateResult(_Result):
@@ -214,6 +252,10 @@ class SessionInfo(_Result):
     running: int | UnsetType = UNSET
     last_seq: int | UnsetType = UNSET
     owner: int | None | UnsetType = UNSET
+    name: str | None | UnsetType = UNSET
+    updated_at: int | None | UnsetType = UNSET
+    pending_approvals: int | UnsetType = UNSET
+    last_exit: int | str | None | UnsetType = UNSET
     damaged: str | UnsetType = UNSET
 
 
@@ -246,6 +288,13 @@ class SetApprovalPolicyParams(_Params):
     policy: ApprovalPolicy
 
 
+class SetSandboxParams(_Params):
+    """``session.setSandbox``: the sandbox mode of the session's calls from now on."""
+
+    session_id: str
+    sandbox: SandboxMode
+
+
 # ---------------------------------------------------------------------- tools (§3.2)
 class ToolRunParams(_Params):
     """``tool.run``. ``callId``, when given, matches ``protocol.ids`` and is not reserved;
@@ -258,6 +307,9 @@ class ToolRunParams(_Params):
     arguments: dict[str, Any]
     call_id: ClientCallId | None = None
     approved: bool = False
+    #: Seconds the gate waits for an answerer to attach (or a decision) before
+    #: ``unavailable`` (PROTOCOL.md §3.4); None: at once.
+    ask_timeout: Annotated[float, Meta(ge=0, le=MAX_ASK_TIMEOUT_SECONDS)] | None = None
 
     def __post_init__(self) -> None:
         if self.call_id in RESERVED_IDS:
@@ -279,7 +331,9 @@ class BashArguments(msgspec.Struct, frozen=True, kw_only=True):
     ``command`` a non-empty string without NUL, ``timeout`` seconds > 0 and ≤ 604,800; other
     keys are ignored. ``tty`` (a PTY of ``cols`` x ``rows``, 1..10000 each) and ``stdin``
     (``"pipe"``: written with ``tool.write``) shape the command's terminal and input (HOST.md
-    §5). Its JSON schema is what the model is shown."""
+    §5). ``env`` (``Env``'s caps and ``env_problem``'s rule, as ``session.create``'s) is set
+    over the session's env for this call only (EXEC.md §1). Its JSON schema is what the model
+    is shown."""
 
     command: Annotated[str, Meta(min_length=1, description="The command line, run as `bash -c`.")]
     timeout: Annotated[float, Meta(
@@ -294,12 +348,17 @@ class BashArguments(msgspec.Struct, frozen=True, kw_only=True):
     stdin: Annotated[Literal["null", "pipe"], Meta(
         description='"pipe": stdin is written with tool.write; "null": empty.',
     )] = "null"
+    env: Annotated[Env, Meta(
+        description="Environment variables for this command, over the session's env.",
+    )] | None = None
 
     def __post_init__(self) -> None:
         if "\0" in self.command:
             raise ValueError("arguments.command must not contain a NUL character (a shell "
                              "cannot run one) - at `$.command`")
-
+        problem = env_problem(self.env or {}, "arguments.env")
+        if problem is not None:
+            raise ValueError(f"{problem} - at `$.env`")
 
 
 class ToolWaitParams(_Params):
@@ -343,14 +402,7 @@ class StreamParams(_Params):
 
 
 # ---------------------------------------------------------------------- approvals (§3.4)
-class ApprovalDecideParams(_Params):
-    session_id: str
-    approval_id: str
-    decision: Literal["allow", "reject"]
-
-
-class ApprovalDecideResult(_Result):
-    outcome: str
+# ``protocol.approvals``: approval.decide, approval.rules, approval.revokeRule, approval.list.
 
 
 # ---------------------------------------------------------------------- turns (§3.5)
@@ -359,6 +411,9 @@ class TurnStartParams(_Params):
 
     session_id: str
     input: Input
+    #: Seconds a call of this turn waits for an answerer (PROTOCOL.md §3.4's one rule);
+    #: None: ``turn_ask_grace_seconds``; 0: at once (a chat that knows nobody can answer).
+    ask_timeout: Annotated[float, Meta(ge=0, le=MAX_ASK_TIMEOUT_SECONDS)] | None = None
 
 
 class TurnStartResult(_Result):
@@ -379,6 +434,7 @@ class TurnSteerResult(_Result):
     queued: bool = True
 
 
+# -- room cleanup (issue 15): deleting and pruning sessions (PROTOCOL.md §3.1) -------------
 class Method(NamedTuple):
     """One method: the struct its params decode into and the struct its result is."""
 
@@ -395,6 +451,11 @@ METHODS: dict[str, Method] = {
     "session.get": Method(SessionGetParams, SessionInfo),
     "session.events": Method(SessionEventsParams, SessionEventsResult),
     "session.setApprovalPolicy": Method(SetApprovalPolicyParams, EmptyResult),
+    "session.find": Method(SessionFindParams, SessionFindResult),
+    "session.rename": Method(SessionRenameParams, EmptyResult),
+    "session.delete": Method(SessionDeleteParams, SessionDeleteResult),
+    "session.prune": Method(SessionPruneParams, SessionPruneResult),
+    "session.setSandbox": Method(SetSandboxParams, EmptyResult),
     "tool.run": Method(ToolRunParams, ToolRunResult),
     "tool.wait": Method(ToolWaitParams, ToolResult),
     "tool.cancel": Method(ToolCancelParams, CancelledResult),
@@ -408,6 +469,9 @@ METHODS: dict[str, Method] = {
     "subscribe": Method(SubscribeParams, SubscribeResult),
     "unsubscribe": Method(UnsubscribeParams, EmptyResult),
     "approval.decide": Method(ApprovalDecideParams, ApprovalDecideResult),
+    "approval.rules": Method(ApprovalRulesParams, ApprovalRulesResult),
+    "approval.revokeRule": Method(RevokeRuleParams, EmptyResult),
+    "approval.list": Method(EmptyParams, ApprovalListResult),
     "turn.start": Method(TurnStartParams, TurnStartResult),
     "turn.cancel": Method(TurnCancelParams, CancelledResult),
     "turn.steer": Method(TurnSteerParams, TurnSteerResult),

@@ -1,5 +1,5 @@
-"""The session's approvals from a terminal or a script (PROTOCOL.md §3.4): ``dsh attach
---approve``, ``dsh approve``, ``dsh policy``.
+"""The interactive approval answerer (PROTOCOL.md §3.4): ``dsh attach --approve`` (``dsh
+approvals``, ``dsh approve`` and ``dsh policy`` are ``client.cli.approvals``').
 
 Theory of operation of the answerer (``answer_session``): the connection is an answerer; it
 subscribes to the session's lane and shows its calls like ``dsh attach`` while an ``Answerer``
@@ -32,29 +32,23 @@ line, as under ``dsh attach --follow``.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
-import click
 from msgspec import UNSET
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from client.api import Client
 from client.cli.answer import LineReader, Outcomes, parse_answer, request_lines
-from client.cli.common import Options, execute, json_flag, pass_options
 from client.cli.output import Printer, Watchers, followed, keep_up, show_calls
-from client.cli.run import POLICIES
-from client.cli.terminal import emit, end_line, note, print_json, prompt
-from client.exits import EXIT_ERROR, decided_status
+from client.cli.terminal import end_line, note, prompt
+from client.exits import EXIT_ERROR
 from client.link import Link, ride
-from protocol.printable import printable
 from client.subscription import Subscription
-from protocol.methods import ApprovalDecideResult
 from protocol.rpc import ALREADY_DECIDED, APPROVAL_NOT_FOUND, RpcError
 
-__all__ = ["answer_session", "answer_across_restarts", "Answerer", "approve", "policy"]
+__all__ = ["answer_session", "answer_across_restarts", "Answerer"]
 
 #: Events in flight to ``_attend``; requests queued for the answerer (more wait for a view).
 EVENT_BOUND = 16
@@ -290,53 +284,3 @@ async def _attend(events: MemoryObjectReceiveStream[AttendEvent], client: Client
             return 0
     return 0
 
-
-@click.command()
-@click.argument("session_id", metavar="SESSION")
-@click.argument("approval_id", metavar="APPROVAL")
-@click.option("--reject", is_flag=True, help="Reject the call (default: allow it once).")
-@json_flag
-@pass_options
-def approve(opts: Options, session_id: str, approval_id: str, reject: bool, as_json: bool) -> None:
-    """Allow (or --reject) a pending approval request; print the outcome.
-
-    Exit 1 when it was already decided ("already decided: OUTCOME") or is unknown.
-    """
-
-    async def body(client: Client) -> int:
-        try:
-            outcome = await client.decide(session_id, approval_id, "reject" if reject else "allow")
-        except RpcError as exc:
-            if exc.code != ALREADY_DECIDED:
-                raise
-            done = exc.data.get("outcome") if isinstance(exc.data, dict) else None
-            if as_json or opts.json:
-                print_json({"outcome": done, "alreadyDecided": True})
-            note(f"dsh: approval {approval_id} already decided: {done}")
-            return decided_status(already=True)
-        if as_json or opts.json:
-            print_json(ApprovalDecideResult(outcome=outcome))
-        else:
-            emit(f"{printable(str(outcome))}\n")
-        return decided_status(already=False)
-
-    sys.exit(execute(opts, body))
-
-
-@click.command()
-@click.argument("session_id", metavar="SESSION")
-@click.argument("policy", type=click.Choice(POLICIES), metavar="ask|never")
-@json_flag
-@pass_options
-def policy(opts: Options, session_id: str, policy: str, as_json: bool) -> None:
-    """Set the approval policy of SESSION: ask (wait for an answerer) or never (reject)."""
-
-    async def body(client: Client) -> int:
-        await client.set_policy(session_id, policy)
-        if as_json or opts.json:
-            print_json({"sessionId": session_id, "approvalPolicy": policy})
-        else:
-            note(f"session {session_id}: approval policy {policy}")
-        return 0
-
-    sys.exit(execute(opts, body))

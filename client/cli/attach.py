@@ -1,4 +1,8 @@
-"""``dsh attach SESSION``: show a session's running calls and their live output.
+"""``dsh attach [SESSION]``: show a session's running calls and their live output.
+
+SESSION is an id, a name or a unique prefix (``client.cli.sessionref``); without it the newest
+session of the current directory with a running call or turn (none: the newest), said on
+stderr.
 
 Theory of operation: one call -- ``--call``, or the only call running -- is attached over the
 raw channel (``attach_call``): its complete retained output is replayed from byte 0 (or from
@@ -8,6 +12,11 @@ and dsh exits with its status. A call that runs under a PTY (its arguments say `
 this terminal's keys and size too, by the rule of ``dsh run -t`` (``KEYS_RULE``), starting
 with one ``tool.resize`` to this terminal's size so that a full-screen program redraws. Bytes
 the per-call disk cap dropped are said in one line on stderr.
+
+A session whose agent turn runs (the lane's ``turn``; no ``--call``, no ``--follow``) is shown
+as ``dsh chat --attach`` shows it (``client.cli.chat.watch_turn``): the turn so far from the
+log, the current step's streaming text and its calls' output, live to the turn's end, and dsh
+exits with the turn's status; approvals are not answered here (``--approve`` does).
 
 Several calls (or ``--follow`` without ``--call``, which waits for new ones) use the lane
 view: for each batch ``show_calls`` prints a header for each new call, its new output
@@ -51,6 +60,7 @@ from client.cli.output import (
     show_calls,
     tools_of,
 )
+from client.cli.sessionref import SESSION_REF, resolve_session
 from client.cli.stream import (
     KEYS_RULE, Call, Io, call_is_tty, follow_call, left_early, result_status,
 )
@@ -88,6 +98,10 @@ async def _attach_once(link: Link, client: Client, session_id: str, call_id: str
     async with await client.subscribe(session_id) as sub:
         if not follow or call_id is not None:
             view = await sub.next_view()
+            if call_id is None and isinstance(view.get("turn"), dict):
+                from client.cli.chat import watch_turn  # the chat's screen, only for a turn
+
+                return await watch_turn(client, sub, session_id)
             tools = tools_of(view)
             one = call_id or (next(iter(tools)) if len(tools) == 1 else None)
             if one is not None:
@@ -152,6 +166,13 @@ async def _attach_views(client: Client, session_id: str, call_id: str | None, fo
 
 ATTACH_HELP = """Show the running calls of SESSION and their live output.
 
+SESSION: an id, a name or a unique prefix; without it, the newest session of the
+current directory with a running call or turn, else the newest (said on stderr).
+
+While an agent turn runs in SESSION (dsh chat), show the turn instead: the turn so far
+(its input, the assistant's text, the calls and their results), then its text and calls
+live to its end; the status is the turn's (as dsh chat --attach).
+
 One call (--call, or the only one running) is shown complete: its retained output from
 the first byte (--tail N: its last N lines), then live to its end; dsh exits with its
 status. A call run with -t gets this terminal's keys and size (below). Several calls, or
@@ -168,7 +189,7 @@ detaches with status 1.
 
 
 @click.command(help=ATTACH_HELP)
-@click.argument("session_id", metavar="SESSION")
+@click.argument("ref", metavar="[SESSION]", required=False, type=SESSION_REF)
 @click.option("--call", "call_id", metavar="ID", help="Follow only this call (exit with its status).")
 @click.option("--tail", type=click.IntRange(min=0), metavar="N",
               help="Start at the last N lines of the call's output (default: all of it).")
@@ -178,17 +199,29 @@ detaches with status 1.
 @click.option("--follow", "-f", is_flag=True, help="Keep waiting for new calls.")
 @click.option("--approve", is_flag=True,
               help="Answer the session's approval requests: y/n for each, read from stdin.")
+@click.option("--json", "as_json", is_flag=True,
+              help='No output: one JSON line {"sessionId","callId","result"} per call as it '
+                   "settles (result: its ToolResult, as dsh wait --json prints it).")
 @reconnect_option
 @pass_options
-def attach(opts: Options, session_id: str, call_id: str | None, tail: int | None,
-           detach_keys: bytes, follow: bool, approve: bool, reconnect_timeout: float) -> None:
+def attach(opts: Options, ref: str | None, call_id: str | None, tail: int | None,
+           detach_keys: bytes, follow: bool, approve: bool, as_json: bool,
+           reconnect_timeout: float) -> None:
     if approve and (call_id or tail is not None):
         raise click.UsageError("--approve answers for the whole session: not with --call "
                                "or --tail")
-    if approve:
-        sys.exit(execute_linked(
-            opts, lambda link: answer_across_restarts(link, session_id, follow),
-            reconnect_timeout=reconnect_timeout, approvals=True))
-    sys.exit(execute_linked(
-        opts, lambda link: attach_session(link, session_id, call_id, follow, tail, detach_keys),
-        reconnect_timeout=reconnect_timeout))
+    as_json = as_json or opts.json
+    if as_json and (approve or tail is not None):
+        raise click.UsageError("--json prints results: not with --approve or --tail")
+
+    async def body(link: Link) -> int:
+        session_id = await ride(link, lambda c: resolve_session(c, ref, running=True), note)
+        if as_json:
+            from client.cli.attachjson import attach_json
+            return await attach_json(link, session_id, call_id, follow)
+        if approve:
+            return await answer_across_restarts(link, session_id, follow)
+        return await attach_session(link, session_id, call_id, follow, tail, detach_keys)
+
+    sys.exit(execute_linked(opts, body, reconnect_timeout=reconnect_timeout,
+                            approvals=approve))

@@ -27,6 +27,10 @@ def detach_note(call: Call, followed: Followed, io: Io) -> None:
         note(f"detached; the call still waits for approval {followed.waiting} (`dsh approve "
              f"{call.session_id} {followed.waiting}`). Re-attach: {reattach_hint(call)}")
         return
+    if how is not None and how.why == "pipe":
+        note(f"dsh: stdout was closed; detached, the command keeps running. Re-attach: "
+             f"{reattach_hint(call)}; cancel: dsh cancel {call.session_id} {call.call_id}")
+        return
     why = f" ({describe_keys(io.detach_keys)})" if how is not None and how.why == "keys" else ""
     note(f"detached{why}; the command keeps running. Re-attach: {reattach_hint(call)}")
 

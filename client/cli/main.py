@@ -1,8 +1,9 @@
 """``dsh``: the command-line client of dshd -- the group, its options, its commands.
 
 Theory of operation: click parses; each command lives in the module of its job
-(``run``: ``dsh run``; ``attach``: ``dsh attach``; ``approve``: the answerer, ``dsh approve``,
-``dsh policy``; ``show``: ``sessions``, ``log``, ``status``, ``wait``, ``cancel``; ``fsck``;
+(``run``: ``dsh run``; ``attach``: ``dsh attach``; ``approve``: the answerer;
+``approvals``: ``dsh approvals``, ``dsh approve``, ``dsh policy``; ``show``: ``sessions``,
+``rename``, ``status``, ``wait``, ``cancel``; ``logshow``: ``log``; ``fsck``;
 ``chat``) and is one short anyio program over ``client.api.connect``
 (``client.cli.common.execute``). A command's own output goes to stdout -- a tool call's output
 exactly as the command wrote it, tables and logs as rich tables on a terminal and as plain
@@ -33,15 +34,22 @@ __all__ = ["COMMANDS", "LazyGroup", "cli", "main"]
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("client.cli.run", "run"),
     "attach": ("client.cli.attach", "attach"),
-    "approve": ("client.cli.approve", "approve"),
-    "policy": ("client.cli.approve", "policy"),
+    "approve": ("client.cli.approvals", "approve"),
+    "approvals": ("client.cli.approvals", "approvals"),
+    "policy": ("client.cli.approvals", "policy"),
     "sessions": ("client.cli.show", "sessions"),
-    "log": ("client.cli.show", "log"),
+    "log": ("client.cli.logshow", "log"),
+    "rename": ("client.cli.show", "rename"),
     "cancel": ("client.cli.show", "cancel"),
     "status": ("client.cli.show", "status"),
     "wait": ("client.cli.show", "wait"),
     "fsck": ("client.cli.fsck", "fsck"),
     "chat": ("client.cli.chat", "chat"),
+    "rm": ("client.cli.cleanup", "rm"),
+    "prune": ("client.cli.cleanup", "prune"),
+    "steer": ("client.cli.steer", "steer"),
+    "help": ("client.cli.help", "help_command"),
+    "completion": ("client.cli.completion", "completion"),
 }
 
 

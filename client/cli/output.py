@@ -153,7 +153,10 @@ async def finish_call(out: CompleteOutput, result: ToolResult,
 
 
 def call_header(call_id: str, call: Any) -> str:
-    call = call if isinstance(call, dict) else {}
+    """The bold line before a call's output; a call no longer in the lane (settled) has
+    nothing to say but that (its output and result follow)."""
+    if not isinstance(call, dict):
+        return f"── call {call_id} (settled: its output and result follow)"
     args = call.get("args")
     if isinstance(args, str):
         try:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Awaitable, Callable, Protocol
 
-from protocol.lane import TurnView
+from protocol.lane import TurnCall, TurnView
 
 from ..config import Config
 
@@ -30,6 +30,11 @@ class TurnLane(Protocol):
     def set_turn(self, view: TurnView | None) -> None: ...
 
     def update_turn(self, key: str, value: Any) -> None: ...
+
+    def turn_calls(self, calls: list[TurnCall]) -> None:
+        """The current step's calls; their states then follow the calls (module doc of
+        ``dshd.sessions.lane``)."""
+        ...
 
     def turn_text(self, text: str, *, append: bool = False) -> None: ...
 
@@ -78,7 +83,8 @@ class SessionPort(Protocol):
     def propose_call(self, call_id: str, name: str) -> None: ...
 
     def start_call(self, call_id: str, name: str, arguments: dict, approved: bool, *,
-                   turn_id: str | None = None, step_id: str | None = None) -> None: ...
+                   turn_id: str | None = None, step_id: str | None = None,
+                   ask_timeout: float | None = None) -> None: ...
 
     def settle_unstarted(self, call_id: str, name: str, code: str, text: str) -> dict: ...
 

@@ -37,6 +37,8 @@ from typing import Any
 
 import structlog
 
+from protocol.lane import TurnCall
+
 from .port import SessionPort
 from .turn import TurnDriver
 
@@ -55,6 +57,7 @@ class OpenTurn:
     answered: bool = False  # the open step has its (non-partial) model answer
     text: str = ""
     calls: list[str] = field(default_factory=list)  # callIds the answer named, in order
+    names: dict[str, str] = field(default_factory=dict)  # callId -> the tool the answer named
 
     @property
     def step(self) -> int:
@@ -95,8 +98,10 @@ def open_turns(events: Iterable[Any]) -> dict[str, OpenTurn]:
               and d.get("stepId") == turns[turn_id].step_id):
             turn = turns[turn_id]
             turn.answered, turn.text = True, str(d.get("text") or "")
-            turn.calls = [c["callId"] for c in d.get("toolCalls") or []
-                          if isinstance(c, dict) and isinstance(c.get("callId"), str)]
+            named = [c for c in d.get("toolCalls") or []
+                     if isinstance(c, dict) and isinstance(c.get("callId"), str)]
+            turn.calls = [c["callId"] for c in named]
+            turn.names = {c["callId"]: c["name"] for c in named if isinstance(c.get("name"), str)}
     return turns
 
 
@@ -130,15 +135,41 @@ def resumable_turns(events: Iterable[Any], resumed_call_ids: Set[str]) -> set[st
     return set()
 
 
+def lane_calls(events: Iterable[Any], turn: OpenTurn) -> list[TurnCall]:
+    """The lane's ``turn.calls`` of ``turn``'s open step as the log has them: ``settled`` (with
+    the result's codes) for a call with its ``tool/result``, else ``proposed`` (the lane takes
+    the state of a call back in ``tools`` from there)."""
+    wanted = set(turn.calls)
+    results: dict[str, dict] = {}
+    for ev in events:
+        d = _data(ev)
+        if getattr(ev, "type", None) == "tool/result" and d.get("callId") in wanted:
+            results[d["callId"]] = d
+    out = []
+    for cid in turn.calls:
+        r = results.get(cid)
+        if r is None:
+            out.append(TurnCall(cid, turn.names.get(cid), "proposed"))
+            continue
+        exit_code = r.get("exitCode")
+        error_code = r.get("errorCode")
+        out.append(TurnCall(cid, turn.names.get(cid), "settled",
+                            exit_code if isinstance(exit_code, int) else None,
+                            error_code if isinstance(error_code, str) else None))
+    return out
+
+
 async def resume_turn(port: SessionPort, events: Iterable[Any], turn_id: str) -> bool:
     """Take up the open turn ``turn_id`` (module doc); False (logged) when the events hold no
     such turn with an answered open step, or the session runs a turn already / is closing."""
+    events = list(events)
     turn = open_turns(events).get(turn_id)
     if turn is None or turn.step_id is None or not turn.answered:
         log.warning("turn.not_resumable", session=port.id, turn=turn_id)
         return False
     try:
-        TurnDriver.of(port).resume(turn_id, turn.step, turn.step_id, turn.text, turn.calls)
+        TurnDriver.of(port).resume(turn_id, turn.step, turn.step_id, turn.text,
+                                   list(lane_calls(events, turn)))
     except Exception as exc:  # TurnBusy, SessionClosing: the turn stays open; repair ends it
         log.warning("turn.not_resumed", session=port.id, turn=turn_id, error=str(exc))
         return False

@@ -41,6 +41,9 @@ class Turn:
     """The running turn (module doc)."""
 
     id: str
+    #: Seconds its calls wait for an answerer (``turn.start``'s ``askTimeout``; None: the
+    #: daemon's ``turn_ask_grace_seconds``; PROTOCOL.md §3.4).
+    ask_grace: float | None = None
     #: turn.cancel (or the session's stop) came: the loop unwinds at its next boundary.
     cancelled: bool = False
     steers: deque[str] = field(default_factory=deque)

@@ -47,7 +47,11 @@ once. Whatever ends the turn, a proposed call that never started is settled befo
 answer earns one more step.
 
 Lane ``turn`` value: ``null`` between turns, else ``{"turnId", "state", "step", "stepId",
-"text", "calls"}``; ``text`` is the current step's assistant text (reset at each step start).
+"text", "calls"}``; ``text`` is the current step's assistant text (reset at each step start);
+``calls`` the calls its answer named (``protocol.lane.TurnCall``: ``callId``, ``name``,
+``state`` ``proposed`` → ``waiting-approval`` → ``running`` → ``settled`` with ``exitCode`` and
+``errorCode``), set once the answer is recorded, before any of them is settled or started; the
+lane moves each call's state as the call moves (``dshd.sessions.lane``).
 
 =================  ==============================================================
 state              meaning
@@ -66,7 +70,7 @@ import secrets
 import structlog
 import trio
 
-from protocol.lane import TurnView
+from protocol.lane import TurnCall, TurnView
 
 from .. import errors
 from ..results import sentence
@@ -108,8 +112,10 @@ class TurnDriver:
         return self.turn is not None
 
     # ------------------------------------------------------------------ requests
-    def start(self, text: str) -> str:
+    def start(self, text: str, ask_grace: float | None = None) -> str:
         """Append turn/start + message/user and start the loop; returns the turnId.
+        ``ask_grace``: seconds its calls wait for an answerer (None: the daemon's
+        ``turn_ask_grace_seconds``).
 
         Raises ``errors.TurnBusy`` (a turn is running), ``errors.SessionClosing``.
         """
@@ -119,7 +125,7 @@ class TurnDriver:
         if not port.accepting():
             raise errors.SessionClosing(
                 "storage failure: the session is closing; no new turns are accepted")
-        turn = Turn("t-" + secrets.token_hex(6))
+        turn = Turn("t-" + secrets.token_hex(6), ask_grace=ask_grace)
         port.record("turn/start", {"turnId": turn.id})
         port.record("message/user", {"turnId": turn.id, "text": clean(text)})
         self.turn = turn
@@ -147,19 +153,22 @@ class TurnDriver:
         return True
 
     def resume(self, turn_id: str, step: int, step_id: str, text: str,
-               calls: list[str]) -> None:
+               calls: list[str | TurnCall]) -> None:
         """Take up turn ``turn_id`` from the log after a restart (``dshd.agent.resume``): its
-        open step ``step_id`` (number ``step``) named ``calls``; wait for their results, then go
-        on with the next step. Raises ``errors.TurnBusy``, ``errors.SessionClosing``."""
+        open step ``step_id`` (number ``step``) named ``calls`` (ids, or their lane entries as
+        the log has them); wait for their results, then go on with the next step. Raises
+        ``errors.TurnBusy``, ``errors.SessionClosing``."""
         port = self.port
         if self.turn is not None:
             raise errors.TurnBusy(port.id, self.turn.id)
-        turn = Turn(turn_id, step_id=step_id, steps=step, running=set(calls))
+        views = [c if isinstance(c, TurnCall) else TurnCall(c, None, "proposed") for c in calls]
+        ids = [c.call_id for c in views]
+        turn = Turn(turn_id, step_id=step_id, steps=step, running=set(ids))
         self.turn = turn
-        port.turn_lane.begin_turn(TurnView(turn_id, "waiting-tools", step, step_id, text,
-                                           list(calls)))
+        port.turn_lane.begin_turn(TurnView(turn_id, "waiting-tools", step, step_id, text, []))
+        port.turn_lane.turn_calls(views)
         try:
-            port.spawn(self._run, turn, list(calls))
+            port.spawn(self._run, turn, ids)
         except BaseException:
             self.turn = None
             port.turn_lane.set_turn(None)
@@ -371,6 +380,10 @@ class TurnDriver:
             data["attempts"] = response.attempts
         port.record("message/assistant", data)
         port.turn_lane.turn_text(text)
+        if minted:  # before any is settled or started: the lane moves their states from here
+            port.turn_lane.turn_calls([TurnCall(cid, clean(p.name), "proposed")
+                                       for cid, p in minted])
+            port.turn_lane.update_turn("state", "cancelling" if turn.cancelled else "waiting-tools")
         calls = []
         for call_id, proposed in minted:
             name = clean(proposed.name)
@@ -383,9 +396,6 @@ class TurnDriver:
             spec = TOOLS.get(proposed.name)
             calls.append(Proposed(call_id, name, proposed.name, arguments,
                                   bool(spec and spec.concurrent)))
-        if minted:
-            port.turn_lane.update_turn("calls", [cid for cid, _ in minted])
-            port.turn_lane.update_turn("state", "cancelling" if turn.cancelled else "waiting-tools")
         return calls
 
     async def _run_calls(self, turn: Turn, calls: list[Proposed]) -> None:
@@ -420,7 +430,7 @@ class TurnDriver:
             return False
         try:
             port.start_call(call.call_id, call.raw_name, call.arguments, False,
-                            turn_id=turn.id, step_id=turn.step_id)
+                            turn_id=turn.id, step_id=turn.step_id, ask_timeout=turn.ask_grace)
         except errors.CallLimit as exc:
             port.settle_unstarted(call.call_id, call.name, "LIMIT_EXCEEDED",
                                   sentence("LIMIT_EXCEEDED", limit=exc.limit))

@@ -1,10 +1,11 @@
-"""Tool calls and their approvals (PROTOCOL.md §3.2, §3.4): tool.run, tool.wait, tool.cancel,
-approval.decide.
+"""Tool calls (PROTOCOL.md §3.2): tool.run, tool.wait, tool.cancel (approvals: ``approvals``).
 
 Theory of operation: ``tool.run`` checks everything before it records anything: the params
 struct (ids, JSON values, the 8 MiB cap), the session, then the tool and its arguments through
 the tool registry's one check (``dshd.tools.check_arguments``, the check a model's call gets
-too); a known ``callId`` answers ``existing`` without running again; past the call limits the
+too); a known ``callId`` answers ``existing`` without running again when the request is the
+same call (its tool and arguments' digest, ``dshd.sessions.call_index``), else ``-32602``
+``CALL_ID_REUSED`` (a call whose digest is not known is taken as the same); past the call limits the
 answer is ``-32013`` and nothing is recorded. ``tool.wait`` answers the durable ToolResult, or
 ``-32010`` when the wait times out (the call goes on); the recorded result goes out as the
 ``protocol.lane.ToolResult`` struct a client decodes it into (the same bytes: the session
@@ -26,16 +27,16 @@ from ..tools import check_arguments
 from . import port
 from .context import ConnectionPort
 
-__all__ = ["approval_decide", "tool_cancel", "tool_run", "tool_wait"]
+__all__ = ["tool_cancel", "tool_run", "tool_wait"]
 
 
 async def tool_run(conn: ConnectionPort, p: m.ToolRunParams) -> m.ToolRunResult:
     session = await port.open_session(conn, p.session_id)
     check_arguments(p.name, p.arguments, values_checked=True)
     call_id = p.call_id or ("c-" + secrets.token_hex(6))
-    if session.has_call(call_id):
+    if session.has_call(call_id, p.name, p.arguments):  # CALL_ID_REUSED with other arguments
         return m.ToolRunResult(call_id=call_id, existing=True)
-    port.start_call(session, call_id, p.name, p.arguments, p.approved)
+    port.start_call(session, call_id, p.name, p.arguments, p.approved, p.ask_timeout or 0.0)
     return m.ToolRunResult(call_id=call_id)
 
 
@@ -58,9 +59,3 @@ async def tool_cancel(conn: ConnectionPort, p: m.ToolCancelParams) -> m.Cancelle
     _known_call(session, p.session_id, p.call_id)
     return m.CancelledResult(cancelled=session.cancel_call(p.call_id))
 
-
-async def approval_decide(conn: ConnectionPort,
-                          p: m.ApprovalDecideParams) -> m.ApprovalDecideResult:
-    session = await port.open_session(conn, p.session_id)
-    outcome = port.decide(session, p.session_id, p.approval_id, p.decision)
-    return m.ApprovalDecideResult(outcome=outcome)

@@ -26,7 +26,7 @@ import structlog
 from protocol import methods, rpc
 
 from ..errors import MethodNotFound, NotInitialized, to_rpc_error
-from . import calls, lifecycle, raw, sessions, streams, turns
+from . import approvals, calls, cleanup, lifecycle, raw, sessions, streams, turns
 from .context import AfterResponse, ConnectionPort
 
 __all__ = ["Answer", "HANDLERS", "NOT_A_CALL", "dispatch"]
@@ -44,6 +44,11 @@ HANDLERS: dict[str, Handler] = {
     "session.get": sessions.session_get,
     "session.events": sessions.session_events,
     "session.setApprovalPolicy": sessions.session_set_policy,
+    "session.find": sessions.session_find,
+    "session.rename": sessions.session_rename,
+    "session.delete": cleanup.session_delete,
+    "session.prune": cleanup.session_prune,
+    "session.setSandbox": sessions.session_set_sandbox,
     "tool.run": calls.tool_run,
     "tool.wait": calls.tool_wait,
     "tool.cancel": calls.tool_cancel,
@@ -54,7 +59,10 @@ HANDLERS: dict[str, Handler] = {
     "tool.closeStdin": raw.tool_close_stdin,
     "tool.resize": raw.tool_resize,
     "tool.signal": raw.tool_signal,
-    "approval.decide": calls.approval_decide,
+    "approval.decide": approvals.approval_decide,
+    "approval.rules": approvals.approval_rules,
+    "approval.revokeRule": approvals.approval_revoke_rule,
+    "approval.list": approvals.approval_list,
     "turn.start": turns.turn_start,
     "turn.cancel": turns.turn_cancel,
     "turn.steer": turns.turn_steer,

@@ -1,7 +1,7 @@
 """How handlers reach the session room, and the refusals that only a handler can word.
 
 Theory of operation: handlers reach sessions through the narrow port (``SessionRegistry.get``
-``create``, ``Session.start_call`` ``decide``, ``TurnDriver``). The session room raises its
+``create``, ``Session.start_call``, ``Session.approvals``, ``TurnDriver``). The session room raises its
 refusals as ``dshd.errors`` classes carrying their sentence and ``data``, so most port calls
 here are bare and the dispatcher's one map (``dshd.errors.to_rpc_error``) answers them. Only
 opening a session adds context a lower room cannot know: the storage layer's ``LockHeld``,
@@ -20,7 +20,8 @@ from ..storage.errors import LockHeld, LogCorrupt, LogTooNew, StateDirMoved
 from .context import ConnectionPort, may_use
 
 __all__ = [
-    "cancel_turn", "create_session", "decide", "open_session", "start_call", "start_turn",
+    "cancel_turn", "create_session", "delete_session", "open_session", "start_call",
+    "start_turn",
     "steer_turn",
 ]
 
@@ -55,28 +56,38 @@ async def open_session(conn: ConnectionPort, session_id: str) -> Any:
 
 async def create_session(conn: ConnectionPort, cwd: str, title: str | None,
                          policy: str | None, sandbox: str | None,
-                         env: dict[str, str] | None) -> Any:
-    """A new session owned by the connection's user (-32013 past ``max_sessions``)."""
+                         env: dict[str, str] | None, name: str | None = None) -> Any:
+    """A new session owned by the connection's user (-32013 past ``max_sessions``; -32602
+    NAME_TAKEN when ``name`` is another session's of this user)."""
     try:
         return await conn.daemon.registry.create(cwd, title, policy, sandbox, env,
-                                                 owner=conn.uid)
+                                                 owner=conn.uid, name=name)
     except StateDirMoved as exc:
         raise errors.StorageFailure(f"no session created: {exc}") from None
 
 
-def start_call(session: Any, call_id: str, name: str, arguments: dict, approved: bool) -> None:
-    """Record ``tool/call`` and start the call (-32013 CALL_LIMIT, nothing recorded)."""
-    session.start_call(call_id, name, arguments, approved)
+async def delete_session(conn: ConnectionPort, session_id: str, force: bool) -> dict:
+    """Delete a session the caller may delete (-32013 SESSION_BUSY without ``force``)."""
+    try:
+        return await conn.daemon.registry.delete(session_id, force=force, by=conn.uid,
+                                                 why="session.delete")
+    except LockHeld as exc:
+        raise errors.SessionLocked(
+            f"session {session_id} is locked by another process: {exc}") from None
 
 
-def decide(session: Any, session_id: str, approval_id: str, decision: str) -> str:
-    """Decide a pending approval; the outcome (-32011 with ``data.outcome``, -32007)."""
-    return session.decide(approval_id, decision)
+def start_call(session: Any, call_id: str, name: str, arguments: dict, approved: bool,
+               ask_timeout: float = 0.0) -> None:
+    """Record ``tool/call`` and start the call (-32013 CALL_LIMIT, nothing recorded);
+    ``ask_timeout``: seconds its gate waits for an answerer (PROTOCOL.md §3.4)."""
+    session.start_call(call_id, name, arguments, approved, ask_timeout=ask_timeout)
 
 
-def start_turn(session: Any, session_id: str, text: str) -> str:
-    """Start a turn; its id (-32013 TURN_RUNNING when one runs)."""
-    return TurnDriver.of(session).start(text)
+def start_turn(session: Any, session_id: str, text: str,
+               ask_grace: float | None = None) -> str:
+    """Start a turn; its id (-32013 TURN_RUNNING when one runs). ``ask_grace``: its calls'
+    grace for an answerer (None: ``turn_ask_grace_seconds``)."""
+    return TurnDriver.of(session).start(text, ask_grace)
 
 
 def steer_turn(session: Any, session_id: str, text: str) -> str:

@@ -13,7 +13,8 @@ host starting) waits until it runs, so ``tool.run`` then ``tool.write`` needs no
 Refusals: an unknown call is ``-32006`` (``CallNotFound``); input to a settled call ``-32006``
 with ``data.code`` ``CALL_SETTLED`` (also one that settles without ever running); a write or closeStdin to a pipe call started
 without ``stdin: "pipe"`` ``-32602`` ``NO_STDIN``; a resize of a call without a terminal
-``-32602`` ``NO_TTY``; a read offset outside ``[firstOffset, endOffset]`` ``-32602`` naming the
+``-32602`` ``NO_TTY``; a call whose output retention removed (``max_state_bytes``)
+``-32602`` ``OUTPUT_REMOVED`` with a sentence saying when; a read offset outside ``[firstOffset, endOffset]`` ``-32602`` naming the
 bound in ``data`` (a follower before ``firstOffset`` gets a ``gap`` instead). At most
 :data:`MAX_FOLLOWERS_PER_CONNECTION` followers per connection (``-32013``). Struct caps
 (offsets ≥ 0, limit ≤ 4 MiB, data ≤ 1 MiB, 1..10,000 cells, signal names) are
@@ -31,6 +32,7 @@ from protocol import methods as m
 from ..errors import CallNotFound, CallSettled, InvalidParams, LimitExceeded
 from ..execution.hostlink import HostRequestError
 from ..sessions.follow import CallSource, Follower, Gap
+from ..sessions.retention import check_output
 from . import port
 from .context import AfterResponse, ConnectionPort
 from .streams import MAX_SUBSCRIPTIONS_PER_CONNECTION
@@ -55,6 +57,9 @@ async def _source(conn: ConnectionPort, session_id: str, call_id: str) -> tuple[
     if not session.has_call(call_id):
         raise CallNotFound(f"call {call_id} not found in session {session_id}")
     registry = conn.daemon.registry
+    output = session.call_output(call_id)
+    if output.result is not None:  # only a settled call's output is ever removed
+        await check_output(output.dir, session_id, call_id)
 
     def lookup() -> Any:  # the session now: a follower outlives an evicted or revived one
         return (registry.opened(session_id) or session).call_output(call_id)

@@ -25,7 +25,8 @@ def _non_blank(text: str) -> None:
 async def turn_start(conn: ConnectionPort, p: m.TurnStartParams) -> m.TurnStartResult:
     _non_blank(p.input)
     session = await port.open_session(conn, p.session_id)
-    return m.TurnStartResult(turn_id=port.start_turn(session, p.session_id, p.input))
+    return m.TurnStartResult(turn_id=port.start_turn(session, p.session_id, p.input,
+                                                     p.ask_timeout))
 
 
 async def turn_cancel(conn: ConnectionPort, p: m.TurnCancelParams) -> m.CancelledResult:

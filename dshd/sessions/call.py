@@ -55,6 +55,11 @@ class Call:
     host: HostHandle | None = None
     detach: trio.Event = field(default_factory=trio.Event)
     keeps: bool = True
+    #: ``tool.run``'s ``askTimeout``: seconds the gate waits for an answerer (0: at once).
+    ask_timeout: float = 0.0
+    #: Which grace ``ask_timeout`` is (the unavailable sentence's variant): ``timeout``
+    #: (``askTimeout``) or ``turn`` (``turn_ask_grace_seconds``, a model-proposed call).
+    ask_why: str = "timeout"
 
     @property
     def detached(self) -> bool:

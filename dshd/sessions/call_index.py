@@ -25,6 +25,18 @@ session's memory is bounded). Two parts:
   (``dshd.sessions.chain``) and builds the index in one go (:meth:`from_entries`).
   :meth:`to_json` / :meth:`from_json` are the whole index in one dict (the version-1
   snapshot form, still read as the base of a chain).
+* **Digests.** Each id also carries a 64-bit digest of its call's tool name and arguments
+  (:func:`call_digest`, blake2b of the name and the arguments' sorted JSON without the
+  terminal's size, numbers compared by value as OPS.md §1 says -- an integral float is its
+  integer: ``timeout: 5.0`` is ``timeout: 5``), so that a ``tool.run`` reusing a known id with other arguments is refused
+  (``CALL_ID_REUSED``) while a retry of the same call still answers ``existing``: 8 bytes a
+  call in the frozen level (``array('Q')``), a dict entry in the recent level, and in the
+  snapshot next to each delta (``digests``: id -> 16 hex digits). ``0`` means "not known"
+  (a call logged by a daemon before digests, or a model's call proposed and never started):
+  such a call is taken as the same (``existing``), as before. A digest logged before numbers
+  compared by value (:func:`legacy_digest`: the JSON as decoded) differs from the new one only
+  when the arguments hold an integral float; :meth:`KnownCalls.check_reuse` takes either, so
+  every digest already in a snapshot stays valid.
 * :class:`ResultCache` -- an LRU of at most ``capacity`` settled results (dicts, as logged).
   A result that fell out is read back from the log by its seq (:class:`KnownCalls`).
 * :class:`KnownCalls` -- the call table's view of both, plus what only unsettled calls need
@@ -34,15 +46,20 @@ session's memory is bounded). Two parts:
 from __future__ import annotations
 
 import base64
+import hashlib
 import sys
 from array import array
 from bisect import bisect_left
 from collections import OrderedDict
 from typing import Any, Awaitable, Callable
 
+import msgspec
 import trio
 
-__all__ = ["CallIndex", "FREEZE_MIN", "KnownCalls", "ResultCache", "UNSETTLED"]
+from ..errors import InvalidParams
+
+__all__ = ["CallIndex", "FREEZE_MIN", "KnownCalls", "ResultCache", "UNSETTLED", "call_digest",
+           "legacy_digest"]
 
 #: The smallest number of settled ids in the dict level before they are frozen.
 FREEZE_MIN = 4096
@@ -50,15 +67,60 @@ FREEZE_MIN = 4096
 UNSETTLED = -1
 #: ``KnownCalls.settled_result`` of a settled call whose result is no longer in memory.
 SETTLED_ELSEWHERE: dict = {"settled": True}
+#: Arguments a retry may change without being another call: the terminal's size.
+_PRESENTATION = frozenset({"cols", "rows"})
+_sorted_json = msgspec.json.Encoder(order="sorted")
+
+
+def call_digest(name: str, arguments: object) -> int:
+    """The 64-bit digest of a call (module doc): ``arguments`` as a dict or as its logged JSON
+    text, numbers by value; 0 when they do not decode (a digest that is not known)."""
+    return _digest(name, arguments, _by_value)
+
+
+def legacy_digest(name: str, arguments: object) -> int:
+    """The digest as logged before numbers compared by value (module doc)."""
+    return _digest(name, arguments, lambda v: v)
+
+
+#: Integral floats below this magnitude are their integers (exact in a float; an int64).
+_INT_FLOAT_MAX = 2.0 ** 63
+
+
+def _by_value(value: object) -> object:
+    """``value`` with every integral float as its integer (``5.0`` -> ``5``, ``-0.0`` -> 0)."""
+    if isinstance(value, float):
+        return int(value) if value.is_integer() and abs(value) < _INT_FLOAT_MAX else value
+    if isinstance(value, dict):
+        return {k: _by_value(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_by_value(v) for v in value]
+    return value
+
+
+def _digest(name: str, arguments: object, canonical: Callable[[object], object]) -> int:
+    if isinstance(arguments, (str, bytes)):
+        try:
+            arguments = msgspec.json.decode(arguments)
+        except msgspec.DecodeError:
+            return 0
+    if not isinstance(arguments, dict):
+        return 0
+    kept = canonical({k: v for k, v in arguments.items() if k not in _PRESENTATION})
+    h = hashlib.blake2b(name.encode("utf-8", "replace") + b"\0" + _sorted_json.encode(kept),
+                        digest_size=8)
+    return int.from_bytes(h.digest(), "big") or 1
 
 
 class _Frozen:
     """Sorted ids in one bytes blob; a sequence of ``bytes`` for ``bisect`` (module doc)."""
 
-    __slots__ = ("blob", "starts", "seqs")
+    __slots__ = ("blob", "starts", "seqs", "digests")
 
-    def __init__(self, ids: list[bytes] | None = None, seqs: list[int] | None = None) -> None:
+    def __init__(self, ids: list[bytes] | None = None, seqs: list[int] | None = None,
+                 digests: list[int] | None = None) -> None:
         ids = ids or []
+        self.digests = array("Q", digests or [0] * len(ids))
         self.blob = b"\n".join(ids) + (b"\n" if ids else b"")
         self.starts = array("I")
         pos = 0
@@ -84,7 +146,7 @@ class _Frozen:
 
     def nbytes(self) -> int:
         return (sys.getsizeof(self.blob) + self.starts.itemsize * len(self.starts)
-                + self.seqs.itemsize * len(self.seqs))
+                + self.seqs.itemsize * len(self.seqs) + self.digests.itemsize * len(self.digests))
 
 
 class CallIndex:
@@ -92,6 +154,8 @@ class CallIndex:
 
     def __init__(self) -> None:
         self._recent: dict[str, int] = {}
+        #: id -> digest of the recent ids whose digest is known (module doc).
+        self._digests: dict[str, int] = {}
         self._settled_recent = 0
         self._frozen = _Frozen()
         #: id -> generation of its last change (add or settle) since the last durable
@@ -119,11 +183,30 @@ class CallIndex:
         i = self._frozen.find(key)
         return None if i < 0 else self._frozen.seqs[i]
 
-    def add(self, call_id: str) -> None:
-        """Make ``call_id`` known (no result yet); a known id keeps what it has."""
+    def add(self, call_id: str, digest: int = 0) -> None:
+        """Make ``call_id`` known (no result yet); a known id keeps what it has, and takes
+        ``digest`` when it had none."""
         if self.get(call_id) is None:
             self._recent[call_id] = UNSETTLED
             self._changed[call_id] = self._gen
+        if digest and not self.digest(call_id):
+            i = self._frozen.find(call_id.encode("ascii", "replace"))
+            if i >= 0:
+                self._frozen.digests[i] = digest
+            else:
+                self._digests[call_id] = digest
+            self._changed[call_id] = self._gen
+
+    def digest(self, call_id: str) -> int:
+        """The digest of a known call (0: not known, module doc)."""
+        if call_id in self._recent:
+            return self._digests.get(call_id, 0)
+        i = self._frozen.find(call_id.encode("ascii", "replace"))
+        return self._frozen.digests[i] if i >= 0 else 0
+
+    def digests_of(self, ids) -> dict[str, str]:
+        """``ids`` -> their known digests as 16 hex digits (a snapshot's ``digests``)."""
+        return {cid: f"{d:016x}" for cid in ids if (d := self.digest(cid))}
 
     def settle(self, call_id: str, seq: int) -> None:
         """``call_id``'s ``tool/result`` has ``seq``."""
@@ -145,15 +228,18 @@ class CallIndex:
         moved = {cid: seq for cid, seq in self._recent.items() if seq != UNSETTLED}
         for cid in moved:
             del self._recent[cid]
-        merged = sorted(self._frozen.items()
-                        + [(cid.encode("ascii", "replace"), seq) for cid, seq in moved.items()])
-        self._frozen = _Frozen([k for k, _ in merged], [s for _, s in merged])
+        merged = sorted([(k, s, d) for (k, s), d in zip(self._frozen.items(), self._frozen.digests)]
+                        + [(cid.encode("ascii", "replace"), seq, self._digests.pop(cid, 0))
+                           for cid, seq in moved.items()])
+        self._frozen = _Frozen([k for k, _, _ in merged], [s for _, s, _ in merged],
+                               [d for _, _, d in merged])
         self._settled_recent = 0
 
     def nbytes(self) -> int:
         """Bytes this index holds (the frozen arrays exactly; the dict as Python sizes it)."""
-        recent = sys.getsizeof(self._recent) + sum(
-            sys.getsizeof(k) + sys.getsizeof(v) for k, v in self._recent.items())
+        recent = sys.getsizeof(self._recent) + sys.getsizeof(self._digests) + sum(
+            sys.getsizeof(k) + sys.getsizeof(v) for k, v in self._recent.items()) + sum(
+            sys.getsizeof(v) for v in self._digests.values())
         return recent + self._frozen.nbytes()
 
     # ---------------------------------------------------------------- snapshot form
@@ -187,14 +273,19 @@ class CallIndex:
         return out
 
     @classmethod
-    def from_entries(cls, entries: dict[str, int]) -> CallIndex:
-        """An index of ``entries`` (id -> result seq or :data:`UNSETTLED`), built in one
-        sort: the settled ids frozen, the unsettled ones in the dict level; no changes."""
+    def from_entries(cls, entries: dict[str, int],
+                     digests: dict[str, int] | None = None) -> CallIndex:
+        """An index of ``entries`` (id -> result seq or :data:`UNSETTLED`) and their known
+        ``digests``, built in one sort: the settled ids frozen, the unsettled ones in the dict
+        level; no changes."""
+        digests = digests or {}
         index = cls()
-        settled = sorted((cid.encode("ascii", "replace"), seq)
+        settled = sorted((cid.encode("ascii", "replace"), seq, digests.get(cid, 0))
                          for cid, seq in entries.items() if seq != UNSETTLED)
-        index._frozen = _Frozen([k for k, _ in settled], [s for _, s in settled])
+        index._frozen = _Frozen([k for k, _, _ in settled], [s for _, s, _ in settled],
+                                [d for _, _, d in settled])
         index._recent = {cid: seq for cid, seq in entries.items() if seq == UNSETTLED}
+        index._digests = {cid: digests[cid] for cid in index._recent if digests.get(cid)}
         return index
 
     def to_json(self) -> dict:
@@ -203,7 +294,8 @@ class CallIndex:
         no per-id work for the frozen ids (it runs in the writer's turn, STORAGE.md §7)."""
         f = self._frozen
         return {"ids": f.blob.decode("ascii"), "starts": _b64(f.starts), "seqs": _b64(f.seqs),
-                "recent": dict(self._recent)}
+                "digests": _b64(f.digests), "recent": dict(self._recent),
+                "recentDigests": self.digests_of(self._recent)}
 
     @classmethod
     def from_json(cls, d: object) -> CallIndex:
@@ -220,15 +312,31 @@ class CallIndex:
         f.starts = _unb64("I", d["starts"])
         f.seqs = _unb64("q", d["seqs"])
         n = len(f.starts)
-        if len(f.seqs) != n or (n and (f.starts[0] != 0 or not f.blob.endswith(b"\n"))) or (
+        f.digests = (_unb64("Q", d["digests"]) if isinstance(d.get("digests"), str)
+                     else array("Q", [0] * n))
+        if len(f.seqs) != n or len(f.digests) != n or (n and (f.starts[0] != 0 or not f.blob.endswith(b"\n"))) or (
                 not n and f.blob):
             raise ValueError("the snapshot's call index is damaged (offsets, seqs and ids "
                              "disagree)")
         index = cls()
         index._frozen = f
         index._recent = dict(recent)
+        index._digests = parse_digests(d.get("recentDigests"))
         index._settled_recent = sum(1 for v in recent.values() if v != UNSETTLED)
         return index
+
+
+def parse_digests(d: object) -> dict[str, int]:
+    """A snapshot's ``digests`` (id -> 16 hex digits) as ints; absent: none. ValueError when
+    it is there and is not one."""
+    if d is None:
+        return {}
+    try:
+        if not isinstance(d, dict):
+            raise ValueError
+        return {str(k): int(v, 16) for k, v in d.items() if isinstance(v, str) and len(v) == 16}
+    except ValueError:
+        raise ValueError("the snapshot's call digests are not {callId: 16 hex digits}") from None
 
 
 def _b64(a: array) -> str:
@@ -304,20 +412,33 @@ class KnownCalls:
         """The seq of the call's ``tool/result`` (:data:`UNSETTLED`: none); None: unknown."""
         return self.index.get(call_id)
 
+    def check_reuse(self, call_id: str, name: str, arguments: dict) -> None:
+        """InvalidParams ``CALL_ID_REUSED`` when ``call_id`` is known as a call of another
+        tool or other arguments (module doc)."""
+        known = self.index.digest(call_id)
+        if known and known != call_digest(name, arguments) \
+                and known != legacy_digest(name, arguments):
+            raise InvalidParams(
+                f"callId {call_id!r} is already a call of this session with another command or "
+                "other arguments; its result is not this request's (use a new callId)",
+                field="callId", code="CALL_ID_REUSED")
+
     def is_settled(self, call_id: str) -> bool:
         seq = self.index.get(call_id)
         return seq is not None and seq != UNSETTLED
 
-    def propose(self, call_id: str, name: str) -> None:
+    def propose(self, call_id: str, name: str, digest: int = 0) -> None:
         """Known and waitable from now on (no result yet)."""
-        self.index.add(call_id)
+        self.index.add(call_id, digest)
         if not self.is_settled(call_id):
             self.names[call_id] = name
             self.waiters.setdefault(call_id, trio.Event())
 
     def called(self, call_id: str, name: str, ev: Any) -> None:
         """A logged ``tool/call`` (on open, or a resume's open call)."""
-        self.propose(call_id, name)
+        data = ev.get("data") if isinstance(ev, dict) else None
+        arguments = data.get("arguments") if isinstance(data, dict) else None
+        self.propose(call_id, name, call_digest(name, arguments) if arguments is not None else 0)
         if not self.is_settled(call_id):
             self.logged[call_id] = ev
 

@@ -77,7 +77,7 @@ from ..storage.writer import SessionLog
 from . import barrier, call_results, command, resumed
 from .approval import ApprovalDesk, refused
 from .call import Call, CallHost, now_ms
-from .call_index import KnownCalls
+from .call_index import KnownCalls, call_digest
 from .faults import InjectedFault, TestFault
 from .lane import Lane, lane_args
 from .output import sync_output
@@ -98,7 +98,7 @@ class CallTable:
     def __init__(self, host: CallHost, log_: SessionLog, approvals: ApprovalDesk,
                  config: Config, sandbox, session_dir: Path, *,
                  running_calls: Callable[[], int] | None = None,
-                 fault: TestFault | None = None,
+                 fault: TestFault | None = None, written: Callable[[int], None] | None = None,
                  read_result: Callable[[str, int], Awaitable[dict]] | None = None) -> None:
         self.host, self.log, self.approvals = host, log_, approvals
         #: The session's lane, built from what the table absorbed on open (``bind_lane``).
@@ -107,6 +107,7 @@ class CallTable:
         self.running: dict[str, Call] = {}
         #: Running calls over the whole daemon (the registry's count; None: this session's).
         self._running_calls = running_calls or (lambda: len(self.running))
+        self._written = written or (lambda _bytes: None)  # a settled call's output (retention)
         self.fault = fault
         #: Every known call id, bounded memory (``dshd.sessions.call_index``); a result that
         #: fell out of the cache is read back through ``read_result`` (the session's).
@@ -173,7 +174,8 @@ class CallTable:
                                    f"(max_calls = {limit})")
 
     def start(self, call_id: str, name: str, arguments: dict, approved: bool, *,
-              turn_id: str | None = None, step_id: str | None = None) -> None:
+              turn_id: str | None = None, step_id: str | None = None,
+              ask_timeout: float | None = 0.0) -> None:
         """Append ``tool/call`` and start the call's pipeline as a task of the session.
 
         The caller has checked the id is new (or only proposed) and the tool and arguments
@@ -185,13 +187,12 @@ class CallTable:
         self.admit()
         encoded = _json.encode(arguments).decode()
         data = {"callId": call_id, "name": name, "arguments": encoded}
-        if turn_id is not None:
-            data["turnId"] = turn_id
-        if step_id is not None:
-            data["stepId"] = step_id
+        data.update({k: v for k, v in (("turnId", turn_id), ("stepId", step_id)) if v is not None})
         ev = self.log.append("tool/call", data)
-        self.propose(call_id, name)
-        call = Call(call_id, name, arguments, approved, ev.seq)
+        self.known.propose(call_id, name, call_digest(name, arguments))
+        why = "timeout" if turn_id is None else "turn"  # a turn's: its chat may (re)join
+        grace = self.config.turn_ask_grace_seconds if ask_timeout is None else ask_timeout
+        call = Call(call_id, name, arguments, approved, ev.seq, ask_timeout=grace, ask_why=why)
         self.running[call_id] = call
         try:
             self._begin(call, encoded)
@@ -376,6 +377,7 @@ class CallTable:
                 slog.warning("sidecar.retire_failed", error=str(exc))
         if durable:
             self.mark_settled(call.call_id)
+            self._written(result_.details.truncation.total_bytes)
         self.known.wake(call.call_id)
         slog.info("tool.settled", exit_code=result_.exit_code, error_code=result_.error_code,
                   durable=durable, total_bytes=result_.details.truncation.total_bytes)

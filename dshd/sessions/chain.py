@@ -37,7 +37,7 @@ from ..storage.errors import LogCorrupt, LogTooNew
 from ..storage.format import TRAILER_SIZE, decode_event, encode_trailer
 from ..storage.snapshot import SNAPSHOT_TYPE
 from ..storage.reader import find_log
-from .call_index import UNSETTLED, CallIndex
+from .call_index import UNSETTLED, CallIndex, call_digest, parse_digests
 
 log = structlog.get_logger("dshd.session")
 
@@ -60,8 +60,10 @@ def parse_delta(calls: object) -> dict[str, int]:
     return delta
 
 
-def _chain_entries(view: pages.LogView, offset: int | None) -> dict[str, int]:
-    """Every entry of the chain ending at ``offset`` (module doc); ChainBroken otherwise."""
+def _chain_entries(view: pages.LogView, offset: int | None,
+                   digests: dict[str, int]) -> dict[str, int]:
+    """Every entry of the chain ending at ``offset`` (module doc), its calls' digests into
+    ``digests``; ChainBroken otherwise."""
     merged: dict[str, int] = {}
     seq_after: int | None = None
     while offset is not None:
@@ -70,7 +72,7 @@ def _chain_entries(view: pages.LogView, offset: int | None) -> dict[str, int]:
         except (LogCorrupt, LogTooNew) as exc:
             # its delta is lost; the events it covers are not: fold them back to the
             # snapshot before it, and go on from there
-            offset, seq_after = _events_before(view, offset, merged, str(exc))
+            offset, seq_after = _events_before(view, offset, merged, digests, str(exc))
             continue
         state, prev = ev.data.get("session"), ev.data.get("prev")
         if seq_after is not None and ev.seq >= seq_after:
@@ -78,15 +80,19 @@ def _chain_entries(view: pages.LogView, offset: int | None) -> dict[str, int]:
         seq_after = ev.seq
         version = state.get("v") if isinstance(state, dict) else None
         if version == INDEX_V1:
-            base = CallIndex.from_json(state.get("calls")).entries()
-            for cid, seq in base.items():
+            index = CallIndex.from_json(state.get("calls"))
+            for cid, seq in index.entries().items():
                 merged.setdefault(cid, seq)
+                if (d := index.digest(cid)) and cid not in digests:
+                    digests[cid] = d
             return merged
         if version != INDEX_V2:
             raise ChainBroken(f"the snapshot at byte {offset} holds no call index this daemon "
                               f"reads (session state version {version!r})")
         for cid, seq in parse_delta(state.get("calls")).items():
             merged.setdefault(cid, seq)  # newest first: the newest value wins
+        for cid, d in parse_digests(state["calls"].get("digests")).items():
+            digests.setdefault(cid, d)
         if prev is not None and (type(prev) is not int or prev >= offset):
             raise ChainBroken(f"the snapshot at byte {offset} names a bad previous {prev!r}")
         offset = prev
@@ -94,7 +100,7 @@ def _chain_entries(view: pages.LogView, offset: int | None) -> dict[str, int]:
 
 
 def _events_before(view: pages.LogView, offset: int, merged: dict[str, int],
-                   why: str) -> tuple[int | None, int | None]:
+                   digests: dict[str, int], why: str) -> tuple[int | None, int | None]:
     """The delta of the damaged snapshot at ``offset``, rebuilt from the events it covered:
     walk back over the trailers from ``offset`` (each frame's length and CRC-32 checked, its
     content decoded and checked whole) folding every event into ``merged`` (newest first),
@@ -118,25 +124,29 @@ def _events_before(view: pages.LogView, offset: int, merged: dict[str, int],
         if len(events) == 1 and events[0].type == SNAPSHOT_TYPE:
             return start, events[0].seq + 1 if first_seq is None else first_seq
         for ev in reversed(events):
-            _fold(merged, ev)
+            _fold(merged, digests, ev)
             first_seq = ev.seq
         pos = start
     return None, first_seq
 
 
-def _fold(entries: dict[str, int], ev) -> None:
+def _fold(entries: dict[str, int], digests: dict[str, int], ev) -> None:
     """One event into ``entries`` read newest first (a later value is already there)."""
     if ev.type == "tool/result":
         entries.setdefault(str(ev.data.get("callId")), ev.seq)
     elif ev.type == "tool/call":
-        entries.setdefault(str(ev.data.get("callId")), UNSETTLED)
+        cid = str(ev.data.get("callId"))
+        entries.setdefault(cid, UNSETTLED)
+        if d := call_digest(str(ev.data.get("name", "")), ev.data.get("arguments")):
+            digests.setdefault(cid, d)
     elif ev.type == "message/assistant":  # a model's calls are known once proposed
         for call in ev.data.get("toolCalls") or ():
             if isinstance(call, dict) and call.get("callId"):
                 entries.setdefault(str(call["callId"]), UNSETTLED)
 
 
-def _full_entries(session_dir: Path, session_id: str, through: int) -> dict[str, int]:
+def _full_entries(session_dir: Path, session_id: str, through: int,
+                  digests: dict[str, int]) -> dict[str, int]:
     """The index entries of every event through seq ``through``, read and verified."""
     events = []
     for ev in pages.iter_all(session_dir, session_id):
@@ -146,7 +156,7 @@ def _full_entries(session_dir: Path, session_id: str, through: int) -> dict[str,
             events.append(ev)
     entries: dict[str, int] = {}
     for ev in reversed(events):
-        _fold(entries, ev)
+        _fold(entries, digests, ev)
     return entries
 
 
@@ -157,6 +167,7 @@ def read_index(session_dir: Path, session_id: str, snapshot_offset: int | None,
     ``end`` (module doc). LogCorrupt/LogTooNew when the fallback read finds damage."""
     if snapshot_offset is None or snapshot_seq < 0:
         return CallIndex()
+    digests: dict[str, int] = {}
     path, compression = find_log(Path(session_dir), session_id)
     try:
         if compression != "zstd":
@@ -164,10 +175,11 @@ def read_index(session_dir: Path, session_id: str, snapshot_offset: int | None,
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             view = pages.LogView(fd, min(end, os.fstat(fd).st_size), session_id, path)
-            entries = _chain_entries(view, snapshot_offset)
+            entries = _chain_entries(view, snapshot_offset, digests)
         finally:
             os.close(fd)
     except ValueError as exc:  # ChainBroken, or a delta / v1 index that does not decode
         log.warning("session.index_full_read", session=session_id, reason=str(exc))
-        entries = _full_entries(Path(session_dir), session_id, snapshot_seq)
-    return CallIndex.from_entries(entries)
+        digests.clear()
+        entries = _full_entries(Path(session_dir), session_id, snapshot_seq, digests)
+    return CallIndex.from_entries(entries, digests)

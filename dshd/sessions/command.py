@@ -6,7 +6,7 @@ barrier, :func:`run` hands its command to the command's *owner*, a call host
 work), and watches it until the host reports an outcome. The tool's registry entry
 (``dshd.tools``) turns the call's arguments into a script (and its terminal and stdin); the
 command line is confined by the session's sandbox (``confine``; the session env and the call's
-ids are set inside the sandbox by ``env(1)``, so nothing in them reaches the wrapper; the state
+ids are set inside the sandbox by ``env(1)``, the call's own ``arguments.env`` over the session's, so nothing in them reaches the wrapper; the state
 directory -- with the call's own directory -- and the socket are hidden), runs as the session's
 owner with the documented minimal environment, and its output is read from the host's log into
 the call's ``OutputCapture`` while :func:`output.checkpoint_output` keeps its pending-output
@@ -89,7 +89,8 @@ async def run(spec: CommandSpec, session: SessionSettings, cwd: str, config: Con
     with the host's handle once it runs."""
     if is_within(cwd, config.state_path()):
         raise CallFailed("SANDBOX_UNAVAILABLE", sentence("SANDBOX_UNAVAILABLE", "state-dir", cwd=cwd))
-    inner_env = dict(session.env)
+    # The call's own env (bash's arguments.env) over the session's.
+    inner_env = {**session.env, **(spec.arguments.get("env") or {})}
     inner_env["DSH_CALL_ID"] = spec.call_id
     inner_env["DSH_SESSION_ID"] = session.id
     invocation = tools.TOOLS[spec.name].invoke(spec.arguments)
@@ -113,7 +114,7 @@ async def run(spec: CommandSpec, session: SessionSettings, cwd: str, config: Con
     tty = None
     if invocation.tty is not None:
         tty = (invocation.tty.cols, invocation.tty.rows,
-               session.env.get("TERM") or "xterm-256color")
+               inner_env.get("TERM") or "xterm-256color")
     on_start()
     with barrier.passed("tool/dispatch"):
         async with trio.open_nursery() as nursery:

@@ -6,6 +6,9 @@ has one logs ``test_fault.enabled``). ``publish-crash:TOKEN`` raises :class:`Inj
 the publisher task while a running call's command contains TOKEN; ``settle-crash:TOKEN`` in the
 task of such a call while it moves its settled result onto the lane. Both let the tests see a
 session crash and wind down honestly (``dshd.sessions.session``: supervision).
+``delete-kill:TOKEN`` SIGKILLs the daemon mid-delete of a session whose cwd contains TOKEN
+(between the tombstone rename and the removal); ``mint-id:ID`` makes ID the first id
+``mint_session_id`` tries (a forced collision with a deleted id). Both are the registry's.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ class TestFault:
     while it moves its settled result onto the lane."""
 
     __test__ = False  # not a pytest class
-    KINDS = ("publish-crash", "settle-crash")
+    KINDS = ("publish-crash", "settle-crash", "delete-kill", "mint-id")
     kind: str
     token: str
 

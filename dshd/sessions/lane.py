@@ -10,7 +10,12 @@ a call's live output, a settings value or a turn field is a plain JSON value), c
 tracker and tell the publisher what kind of change it was (``dshd.sessions.streams``): the
 running turn's text is *bulk* (published at the next paced publish, with the calls' output,
 which the publisher copies in through :meth:`Lane.tool_output`); everything else is a
-*control* change, published at once whatever the byte pause says. Where a method says
+*control* change (a rename too: the lane's ``session`` carries the name), published at
+once whatever the byte pause says. The turn's ``calls`` (the
+current step's calls, ``protocol.lane.TurnCall``) follow the calls' own entries: whenever a
+call of the step enters ``tools``, starts running or enters ``recent`` (settled), its
+``state`` in ``turn.calls`` changes with it, in the same batch, so a subscriber never needs
+to join ``turn.calls`` with ``tools`` and ``recent`` to know where a call is. Where a method says
 "published now" (a call leaving the lane, a turn beginning) it publishes before it returns,
 so that every subscriber sees that state. The lane is derived: it is rebuilt from
 the log when a session is opened (``recent`` from its ``tool/result`` events) and never read
@@ -22,7 +27,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from protocol.lane import (
-    ApprovalRequest, LaneSession, LaneView, RecentEntry, ToolEntry, TurnView, plain,
+    ApprovalRequest, LaneSession, LaneView, RecentEntry, ToolEntry, TurnCall, TurnView, plain,
 )
 from protocol.tracker import Tracker
 
@@ -75,18 +80,25 @@ class Lane:
             self.tracker.set(["session", "sandbox"], sandbox)
         self._changed()
 
+    def show_name(self, name: str | None) -> None:
+        """The session's name (None: it has none): a control change, like the settings."""
+        self.tracker.set(["session", "name"], name)
+        self._changed()
+
     # ----------------------------------------------------------------- tools
     def has_tool(self, call_id: str) -> bool:
         return call_id in self.tracker.value["tools"]
 
     def enter_tool(self, call_id: str, entry: ToolEntry) -> None:
         self.tracker.set(["tools", call_id], plain(entry))
+        self._turn_call(call_id, state=entry.state)
         self._changed()
 
     def tool_running(self, call_id: str) -> None:
         """The call's command starts: its state is ``running`` (if it was not already)."""
         if self.tracker.value["tools"][call_id]["state"] != "running":
             self.tracker.set(["tools", call_id, "state"], "running")
+            self._turn_call(call_id, state="running")
             self._changed()
 
     def drop_tool(self, call_id: str) -> None:
@@ -136,6 +148,8 @@ class Lane:
 
     def enter_recent(self, entry: RecentEntry) -> None:
         self.tracker.insert(["recent"], 0, plain(entry))
+        self._turn_call(entry.call_id, state="settled", exitCode=entry.exit_code,
+                        errorCode=entry.error_code)
         excess = len(self.tracker.value["recent"]) - RECENT_MAX
         if excess > 0:
             self.tracker.splice(["recent"], RECENT_MAX, excess, [])
@@ -165,10 +179,39 @@ class Lane:
         self._changed()
 
     def update_turn(self, key: str, value: Any) -> None:
-        """Change one key of the running turn (``state``, ``calls``); no turn: nothing."""
+        """Change one key of the running turn (``state``); no turn: nothing."""
         if isinstance(self.tracker.value.get("turn"), dict):
             self.tracker.set(["turn", key], value)
             self._changed()
+
+    def turn_calls(self, calls: list[TurnCall]) -> None:
+        """The current step's calls (``turn.calls``, in the answer's order). A call already in
+        ``tools`` takes its state (and name) from there (a resumed turn's re-adopted calls);
+        from here on the calls' own changes move their states (module doc)."""
+        if not isinstance(self.tracker.value.get("turn"), dict):
+            return
+        tools = self.tracker.value["tools"]
+        values = []
+        for call in calls:
+            value = plain(call)
+            entry = tools.get(call.call_id)
+            if entry is not None:
+                value["state"], value["name"] = entry["state"], entry["name"]
+            values.append(value)
+        self.tracker.set(["turn", "calls"], values)
+        self._changed()
+
+    def _turn_call(self, call_id: str, **fields: Any) -> None:
+        """Change the fields of ``call_id``'s entry in ``turn.calls``, if the step has it."""
+        turn = self.tracker.value.get("turn")
+        if not isinstance(turn, dict):
+            return
+        for index, call in enumerate(turn.get("calls") or ()):
+            if call.get("callId") == call_id:
+                for key, value in fields.items():
+                    if call.get(key) != value:
+                        self.tracker.set(["turn", "calls", index, key], value)
+                return
 
     def turn_text(self, text: str, *, append: bool = False) -> None:
         """Set (or grow, ``a`` ops) the running turn's assistant text."""
@@ -181,12 +224,13 @@ class Lane:
 
 class TurnLane:
     """The lane's ``turn`` value as the agent loop gets it (``dshd.agent.port.TurnLane``):
-    the four turn writers of one :class:`Lane`, and nothing else of it."""
+    the five turn writers of one :class:`Lane`, and nothing else of it."""
 
-    __slots__ = ("begin_turn", "set_turn", "update_turn", "turn_text")
+    __slots__ = ("begin_turn", "set_turn", "update_turn", "turn_calls", "turn_text")
 
     def __init__(self, lane: Lane) -> None:
         self.begin_turn = lane.begin_turn
         self.set_turn = lane.set_turn
         self.update_turn = lane.update_turn
+        self.turn_calls = lane.turn_calls
         self.turn_text = lane.turn_text

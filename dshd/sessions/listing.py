@@ -7,7 +7,10 @@ closed session of one list in one call, made in one worker thread by the registr
 ``trio.to_thread`` hop per list, not one per session: at 10,000 sessions the hops alone cost
 seconds). Each answer is cached by its log's ``(size, mtime_ns, ino)``
 (:meth:`DiskListing._key`): a repeat list only stats each log (one ``stat`` a session) and
-reads nothing when nothing changed. The cache holds one small dict per
+reads nothing when nothing changed. An info carries the session's name, ``updatedAt`` and
+``lastExit`` from the summary (its ``activity``); ``pendingApprovals`` of a closed session is
+0 (a session is closed only when none is pending, and one with unsettled calls is opened at
+daemon start). The cache holds one small dict per
 session directory that exists (entries of directories gone are dropped at each list).
 
 A damaged log is listed as damaged (``damaged``: the storage error) without breaking the
@@ -111,6 +114,10 @@ class DiskListing:
             "running": 0,
             "lastSeq": summary.lastSeq,
             "owner": settings.get("owner"),
+            "name": settings.get("name"),
+            "updatedAt": summary.activity.get("updatedAt") or summary.createdAt,
+            "pendingApprovals": 0,  # a closed session asks nothing: closing needs none pending
+            "lastExit": summary.activity.get("lastExit"),
         }
         damaged = self._damaged_of(session_id)
         if damaged is not None:

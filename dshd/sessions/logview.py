@@ -139,13 +139,17 @@ class LogView:
 
 
 
-def snapshot_state(settings: dict, delta: dict[str, int], recent: list, decided: dict) -> dict:
+def snapshot_state(settings: dict, delta: dict[str, int], recent: list, decided: dict,
+                   rules: list | None = None, digests: dict[str, str] | None = None) -> dict:
     """The session's part of a snapshot (module doc): the settings as logged that storage does
     not fold itself (the env), the call index entries changed since the last durable
-    snapshot (``CallIndex.delta``), the lane's ``recent`` (newest first, plain) and the
-    decided approvals kept in memory (at most ``DECIDED_MAX``)."""
+    snapshot (``CallIndex.delta``) with their calls' digests, the lane's ``recent`` (newest
+    first, plain), the decided approvals kept in memory (at most ``DECIDED_MAX``) and the
+    approval rules as logged (``RuleBook.snapshot``; a dict without ``rules`` -- an older
+    daemon's -- has none: no rule was logged before this daemon knew them)."""
     return {"v": SNAPSHOT_VERSION, "settings": dict(settings),
-            "calls": {"delta": delta}, "recent": list(recent), "decided": dict(decided)}
+            "calls": {"delta": delta, "digests": dict(digests or {})}, "recent": list(recent),
+            "decided": dict(decided), "rules": list(rules or [])}
 
 
 def absorb(log_: Any, calls: Any, approvals: Any,
@@ -170,9 +174,10 @@ def absorb(log_: Any, calls: Any, approvals: Any,
         env = dict(settings.get("env") or {})
         for approval_id, outcome in decided.items():
             approvals.remember(approval_id, str(outcome))
+        approvals.rules.restore(log_.snapshot.get("rules"))
     for ev in log_.tail:
         type_, data = ev.type, ev.data
-        if type_ == "approval/decided":
+        if type_ in ("approval/decided", "approval/rule", "approval/rule-revoked"):
             approvals.absorb(type_, data)
         elif type_ == "session/env":
             env = dict(data.get("env") or {})
@@ -182,6 +187,7 @@ def absorb(log_: Any, calls: Any, approvals: Any,
                 recent.insert(0, entry)
     for cid, call in log_.repair_state.open_calls.items():
         calls.known.called(cid, str(call["data"].get("name", "")), call)
+    approvals.rules.opened()
     return env, recent
 
 

@@ -14,6 +14,8 @@ frames after it; never a whole log), cached by the log's size, mtime and inode; 
 is listed as damaged without breaking the list, and a session in which a read found a
 damaged old frame (``Session.damaged``) is listed with ``damaged`` added, open or closed;
 all closed sessions of one list are read in ONE worker thread (``dshd.sessions.listing``).
+Names are unique per owner, checked against the list (``dshd.sessions.names``); a deleted
+session is forgotten (``forget_deleted``).
 Opening is serialised per session id so two concurrent requests never race
 to open the same log.
 
@@ -33,6 +35,8 @@ the path), session.create and opens fail closed with `StateDirMoved` (STORAGE_FA
 daemon logs ``storage.state_dir_moved`` once. Sessions already open write through their own fds
 and stop at their writer's lock check.
 
+Deleting (``delete``, ``dshd.sessions.deletion``) holds the session's opening lock, so no
+request reopens it meanwhile; ``run`` first finishes the deletes a crash interrupted.
 ``DSH_TEST_FAULT`` (a test hook, ``faults.TestFault``) is read here, once, when the registry
 is built at daemon start, and handed to every session; unset, it does nothing.
 """
@@ -54,15 +58,17 @@ from ..errors import SessionClosing, SessionLimit, SessionNotFound
 from ..paths import is_valid_id
 from ..storage.errors import LockHeld, StateDirMoved, StorageError
 from ..storage.format import Header
-from ..storage.pages import read_events
 from ..storage.reader import list_session_dirs
 from ..storage.writer import SessionLog
 from ..execution.capture import ShellOutputLimits
-from .calls import SETTLED_MARKER, StopPolicy
+from .calls import StopPolicy
 from .chain import read_index
 from .listing import DiskListing
+from .names import SessionNames
+from .deletion import Deletions, delete_session
+from .retention import RetentionNudge
 from .faults import TestFault
-from .resume import ResumePlan, plan_resume, tail_windows
+from .resume import ResumePlan, plan_resume, tail_windows, turn_events, unsettled_sessions
 from .session import Session
 
 log = structlog.get_logger("dshd.registry")
@@ -82,10 +88,15 @@ def _not_found(session_id: str) -> str:
     return f"session {session_id} not found; `dsh sessions` lists the sessions"
 
 
-def mint_session_id() -> str:
-    """Time-ordered, short, opaque: 8 base36 chars of ms + 4 random."""
-    rand = "".join(secrets.choice(_ALPHABET) for _ in range(4))
-    return _base36(time.time_ns() // 1_000_000) + rand
+def mint_session_id(taken=lambda _id: False, first: str | None = None) -> str:
+    """Time-ordered, short, opaque: 8 base36 chars of ms + 4 random; never one ``taken``
+    (``Deletions.taken``: a deleted id is never reused). ``first``: the first candidate
+    (``DSH_TEST_FAULT=mint-id:ID``, to force a collision)."""
+    candidate = first
+    while candidate is None or taken(candidate):
+        rand = "".join(secrets.choice(_ALPHABET) for _ in range(4))
+        candidate = _base36(time.time_ns() // 1_000_000) + rand
+    return candidate
 
 
 #: Bound on waiting for a crashed or closing session to release its log before reopening it,
@@ -93,8 +104,6 @@ def mint_session_id() -> str:
 REOPEN_WAIT_SECONDS = 30.0
 #: Crashed sessions reopened for their subscribers, at most this many times per session a minute.
 REVIVE_MAX = 3
-#: Events per disk read of an open turn's events (``turn_events``).
-TURN_PAGE_EVENTS = 10_000
 #: Closed sessions remembered as damaged (an old frame found damaged by a read), at most.
 DAMAGED_MAX = 65_536
 
@@ -127,12 +136,18 @@ class SessionRegistry:
         self._nursery: trio.Nursery | None = None
         #: session.list of the closed sessions, cached (``dshd.sessions.listing``).
         self._listing = DiskListing(self.sessions_dir, self._defaults, self._damaged.get)
+        self.names = SessionNames(self.list)
+        #: Wakes the retention task when settled output may have filled the state's headroom.
+        self.retention = RetentionNudge()
         self._fault = TestFault.parse(os.environ.get("DSH_TEST_FAULT"))
+        #: The deleted-ids ledger and the tombstones (``dshd.sessions.deletion``).
+        self.deletions = Deletions(state_dir)
         if self._fault is not None:
             log.warning("test_fault.enabled", kind=self._fault.kind,
                         hint="DSH_TEST_FAULT is a test hook; unset it outside tests")
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        await trio.to_thread.run_sync(self.deletions.sweep)  # interrupted deletes, first
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             task_status.started()
@@ -185,7 +200,7 @@ class SessionRegistry:
 
     async def _start(self, log_: SessionLog, index=None) -> Session:
         session = Session(log_, self.sessions_dir / log_.header.id, self.config, self.sandbox,
-                          running_calls=self.running_calls,
+                          running_calls=self.running_calls, written=self.retention.written,
                           fault=self._fault, plan=log_.resume_plan, index=index)
         assert self._nursery is not None
         await self._nursery.start(self._own, session)
@@ -274,11 +289,25 @@ class SessionRegistry:
         sandbox: str | None,
         env: dict[str, str] | None,
         owner: int | None = None,
+        name: str | None = None,
     ) -> Session:
+        """A new session; ``name`` is taken for ``owner`` or NAME_TAKEN (InvalidParams)."""
+        async with self.names.claim(owner, name):
+            return await self._create(cwd, title, policy, sandbox, env, owner, name)
+
+    async def rename(self, session: Session, name: str | None) -> None:
+        """Give ``session`` ``name`` (None: none), unique for its owner (NAME_TAKEN)."""
+        async with self.names.claim(session.owner, name, except_id=session.id):
+            await session.set_name(name)
+
+    async def _create(self, cwd: str, title: str | None, policy: str | None,
+                      sandbox: str | None, env: dict[str, str] | None, owner: int | None,
+                      name: str | None) -> Session:
         self._refuse_if_stopping()
         self.check_state_dir()
         await self._make_room()
-        session_id = mint_session_id()
+        first = self._fault.token if self._fault and self._fault.kind == "mint-id" else None
+        session_id = mint_session_id(self.deletions.taken, first)
         header = Header(id=session_id, createdAt=time.time_ns() // 1_000_000, cwd=cwd, title=title)
         log_ = SessionLog.create(
             self.state_dir,
@@ -297,6 +326,7 @@ class SessionRegistry:
                 env=env or {},
                 source="session.create" if (policy or sandbox) else "config",
                 owner=owner,
+                name=name,
             )
         except StorageError:
             # Never published: drop it whole, so it does not appear later half-made.
@@ -395,6 +425,24 @@ class SessionRegistry:
         plan.windows = await tail_windows(session_dir, plan.unknown, limits)
         return plan
 
+    async def delete(self, session_id: str, *, force: bool, by: int | None, why: str) -> dict:
+        """Delete the session (``dshd.sessions.deletion``): opened, so its state is known,
+        and held under its opening lock so no request reopens it meanwhile."""
+        session = await self.get(session_id)
+        async with self._opening.setdefault(session_id, trio.Lock()):
+            session = self.open.get(session_id) or session  # reopened meanwhile: that one
+            kill = bool(self._fault and self._fault.kind == "delete-kill"
+                        and self._fault.token in session.cwd)
+            return await delete_session(self, session, force=force, by=by, why=why,
+                                        kill_after_rename=kill)
+
+    def forget_deleted(self, session_id: str) -> None:
+        """Drop what the registry remembers of a deleted session (its name is free once its
+        directory is gone: ``dshd.sessions.names``)."""
+        for table in (self._last_used, self._damaged, self._revivals, self._opening):
+            table.pop(session_id, None)
+        self._listing.forget(session_id)
+
     async def resume_unsettled(self) -> int:
         """At daemon start, before it accepts: open every session that has a call dir without
         its ``settled`` marker (HOST.md §7), so its calls are re-adopted, settled or re-asked
@@ -428,43 +476,6 @@ class SessionRegistry:
         infos += found
         infos.sort(key=lambda i: (i.get("createdAt") or 0, i["sessionId"]))
         return infos
-
-
-def turn_events(session_dir: Path, session_id: str, seq: int) -> list:
-    """The events from ``seq`` on (the open turn a resume plan looks at), read from disk and
-    verified; [] when a frame there is damaged (the turn then does not resume: repair ends
-    it ``interrupted``)."""
-    out: list = []
-    after = seq - 1
-    try:
-        while page := read_events(session_dir, session_id, after, TURN_PAGE_EVENTS):
-            out += page
-            after = page[-1].seq
-    except StorageError as exc:
-        log.warning("turn.events_unreadable", session=session_id, error=str(exc))
-        return []
-    return out
-
-
-def unsettled_sessions(sessions_dir: Path) -> list[str]:
-    """Session ids with a call dir (``<id>/calls/<callId>/``) that has no ``settled`` marker,
-    sorted; no log is read (a worker thread at daemon start)."""
-    found = set()
-    try:
-        session_ids = os.listdir(sessions_dir)
-    except OSError:
-        return []
-    for session_id in session_ids:
-        calls = sessions_dir / session_id / "calls"
-        try:
-            names = os.listdir(calls)
-        except OSError:
-            continue
-        if is_valid_id(session_id) and any(
-                not os.path.islink(calls / name) and os.path.isdir(calls / name)
-                and not os.path.exists(calls / name / SETTLED_MARKER) for name in names):
-            found.add(session_id)
-    return sorted(found)
 
 
 __all__ = ["SessionRegistry", "unsettled_sessions", "SessionNotFound", "SessionLimit", "LockHeld"]

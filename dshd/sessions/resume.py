@@ -34,16 +34,28 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+import os
 from pathlib import Path
 from typing import Any
+
+import structlog
 
 from ..agent.resume import resumable_turns
 from ..execution.capture import OutputCapture, ShellOutputLimits, catch_up
 from ..execution.hostlink import (
     host_alive, host_record, log_reader, record_on_disk, scan_log, sweep_carriers,
 )
+from ..paths import is_valid_id
+from ..storage.errors import StorageError
+from ..storage.pages import read_events
+from .resumed import SETTLED_MARKER
 
-__all__ = ["ResumePlan", "plan_resume", "tail_windows"]
+__all__ = ["ResumePlan", "plan_resume", "tail_windows", "turn_events", "unsettled_sessions"]
+
+log = structlog.get_logger("dshd.registry")
+
+#: Events per disk read of an open turn's events (``turn_events``).
+TURN_PAGE_EVENTS = 10_000
 
 
 @dataclass
@@ -148,3 +160,40 @@ async def tail_windows(session_dir: Path, call_ids: Sequence[str],
             continue
         windows[cid] = capture.tool_output()
     return windows
+
+
+def turn_events(session_dir: Path, session_id: str, seq: int) -> list:
+    """The events from ``seq`` on (the open turn a resume plan looks at), read from disk and
+    verified; [] when a frame there is damaged (the turn then does not resume: repair ends
+    it ``interrupted``)."""
+    out: list = []
+    after = seq - 1
+    try:
+        while page := read_events(session_dir, session_id, after, TURN_PAGE_EVENTS):
+            out += page
+            after = page[-1].seq
+    except StorageError as exc:
+        log.warning("turn.events_unreadable", session=session_id, error=str(exc))
+        return []
+    return out
+
+
+def unsettled_sessions(sessions_dir: Path) -> list[str]:
+    """Session ids with a call dir (``<id>/calls/<callId>/``) that has no ``settled`` marker,
+    sorted; no log is read (a worker thread at daemon start)."""
+    found = set()
+    try:
+        session_ids = os.listdir(sessions_dir)
+    except OSError:
+        return []
+    for session_id in session_ids:
+        calls = sessions_dir / session_id / "calls"
+        try:
+            names = os.listdir(calls)
+        except OSError:
+            continue
+        if is_valid_id(session_id) and any(
+                not os.path.islink(calls / name) and os.path.isdir(calls / name)
+                and not os.path.exists(calls / name / SETTLED_MARKER) for name in names):
+            found.add(session_id)
+    return sorted(found)

@@ -21,9 +21,9 @@ Theory of operation:
   subscriptions and **the port**: the methods other rooms use (handlers, the service
   watchdog, the agent loop through ``dshd.agent.port.SessionPort``); nothing outside
   ``dshd/sessions`` touches a session's log, lane, publisher or private attributes.
-* Settings (approval policy, sandbox mode, env, owner) change in memory and on the lane only
-  after their event is durable; a change that cannot be made durable is taken back and changes
-  nothing (``dshd.sessions.settings``).
+* Settings (approval policy, sandbox mode, env, owner, name) change in memory and on the lane
+  only after their event is durable; a change that cannot be made durable is taken back and
+  changes nothing (``dshd.sessions.settings``, whose ``SessionSettings`` this class is).
 * **Stop.** :meth:`close` (the registry: idle, evicted, daemon stop with the caller's
   deadline and policy) ends the running turn (``interrupted``; with ``"detach"`` a turn that
   waits for its tool calls stays open instead, to resume after the start), refuses new work
@@ -80,7 +80,7 @@ from .resume import ResumePlan
 from .faults import TestFault
 from .lane import RECENT_MAX, Lane, TurnLane
 from .logview import HISTORY_TYPES, LogView, absorb, snapshot_state
-from .settings import record_durably
+from .settings import SessionSettings
 from .streams import Subscription
 
 log = structlog.get_logger("dshd.session")
@@ -93,13 +93,14 @@ SETTLE_SHARE = 0.25
 SETTLE_RESERVE_SECONDS = 2.0
 
 
-class Session:
+class Session(SessionSettings):
     """An open, writable session. Create through ``SessionRegistry``, never directly."""
 
     def __init__(
         self, log_: SessionLog, session_dir: Path, config: Config, sandbox,
         running_calls: Callable[[], int] | None = None, fault: TestFault | None = None,
         plan: ResumePlan | None = None, index: CallIndex | None = None,
+        written: Callable[[int], None] | None = None,
     ) -> None:
         self._log = log_
         #: What comes back after a daemon restart (``dshd.sessions.resume``), once it runs.
@@ -111,11 +112,13 @@ class Session:
         self.env: dict[str, str] = {}
         #: uid that created the session (None: written before owners were recorded).
         self.owner: int | None = None
+        #: The name a person gave it (``session/name``; None: none).
+        self.name: str | None = None
         self._approvals = ApprovalDesk(self, self.id)
         #: Reads of the log's old frames (``dshd.sessions.logview``); ``damaged`` lives there.
         self._view = LogView(log_, self.id)
         self._calls = CallTable(self, log_, self._approvals, config, sandbox, session_dir,
-                                running_calls=running_calls, fault=fault,
+                                running_calls=running_calls, fault=fault, written=written,
                                 read_result=self._view.result)
         #: The env as logged (folded at append: the next snapshot's; ``_record_durably``).
         self._logged_env: dict[str, str] = {}
@@ -123,9 +126,12 @@ class Session:
         self.agent: AgentSlot | None = None
         #: seq of the approval/policy event in force (on open: any seq of the log).
         self._policy_seq = -1
+        #: seq of the sandbox/mode event in force (on open: any seq of the log).
+        self._mode_seq = -1
         recent = self._absorb_log(index)
         h = log_.header
-        self._lane = Lane(LaneSession(self.id, h.title, h.cwd, self.policy, self.mode), recent,
+        self._lane = Lane(LaneSession(self.id, h.title, h.cwd, self.policy, self.mode,
+                                     self.name), recent,
                          before_flush=self._sync_outputs,
                          interval=config.publish_interval_seconds,
                          rate=config.publish_rate_bytes)
@@ -146,6 +152,7 @@ class Session:
         self.policy = settings.get("approvalPolicy") or self.policy
         self.mode = settings.get("sandbox") or self.mode
         self.owner = settings.get("owner")
+        self.name = settings.get("name")
         self.env, recent = absorb(self._log, self._calls, self._approvals, index)
         self._logged_env = dict(self.env)
         self._log.set_snapshot_state(self.snapshot_state)
@@ -155,13 +162,16 @@ class Session:
         """The session's dict for the next ``log/snapshot`` (``SessionLog``'s callback): what
         :meth:`_absorb_log` folds on the next open, as logged through ``last_seq``; the call
         index as a delta since the last durable snapshot (``CallIndex.delta``)."""
-        delta = self._calls.known.index.delta(self._log.snapshot_seq, self._log.last_seq + 1)
-        return snapshot_state({"env": self._logged_env}, delta,
-                              self._lane.tracker.value["recent"], self._approvals.decided)
+        index = self._calls.known.index
+        delta = index.delta(self._log.snapshot_seq, self._log.last_seq + 1)
+        return {**snapshot_state({"env": self._logged_env}, delta,
+                                 self._lane.tracker.value["recent"], self._approvals.decided,
+                                 self._approvals.rules.snapshot(), index.digests_of(delta)),
+                "activity": self._log.activity}
 
     def info(self) -> dict:
         """SessionInfo of PROTOCOL.md §3.1."""
-        h = self._log.header
+        h, activity = self._log.header, self._log.activity
         return {
             "sessionId": self.id,
             "title": h.title,
@@ -172,12 +182,16 @@ class Session:
             "running": self.running,
             "lastSeq": self._log.last_seq,
             "owner": self.owner,
+            "name": self.name,
+            "updatedAt": activity["updatedAt"] or h.createdAt,
+            "pendingApprovals": len(self._approvals.pending),
+            "lastExit": activity["lastExit"],
             **({"damaged": self._view.damaged} if self._view.damaged else {}),
         }
 
     # ----------------------------------------------------------------- the port
     # What rooms outside ``dshd/sessions`` may use: these methods and ``id``, ``owner``,
-    # ``policy``, ``mode``, ``config``, ``agent``, ``crash``, ``finished`` (nothing else).
+    # ``policy``, ``mode``, ``config``, ``agent``, ``crash``, ``finished``, ``approvals``.
     @property
     def last_seq(self) -> int:
         """Seq of the newest event (unflushed tail included)."""
@@ -209,9 +223,9 @@ class Session:
     def damaged(self) -> str | None:  # why an old frame is damaged (found by a read), or None
         return self._view.damaged
 
-    def record(self, type_: str, data: dict) -> int:
+    def record(self, type_: str, data: dict, ignorable: bool = False) -> int:
         """Append an event to the log (buffered; :meth:`wait_durable` makes it durable)."""
-        return self._log.append(type_, data).seq
+        return self._log.append(type_, data, ignorable=ignorable).seq
 
     async def wait_durable(self, seq: int) -> None:
         """Return once the log is durable through ``seq``; StorageError when it cannot be."""
@@ -243,15 +257,16 @@ class Session:
         left = max(0.0, deadline - trio.current_time())
         return deadline - min(SETTLE_RESERVE_SECONDS, SETTLE_SHARE * left)
 
-    def has_call(self, call_id: str) -> bool:
-        """The session knows ``call_id`` (a ``tool/call`` or a ``tool/result`` names it, or a
-        recorded model answer proposed it)."""
+    def has_call(self, call_id: str, name: str = "", arguments: dict | None = None) -> bool:
+        """The session knows ``call_id`` (a ``tool/call``, a ``tool/result`` or a model's answer
+        names it); with a request's ``arguments``: CALL_ID_REUSED when another call has it."""
+        if arguments is not None:
+            self._calls.known.check_reuse(call_id, name, arguments)
         return self._calls.has(call_id)
 
-    def start_call(self, call_id: str, name: str, arguments: dict, approved: bool, *,
-                   turn_id: str | None = None, step_id: str | None = None) -> None:
-        """Record and start a call (``calls.CallTable.start``); SessionClosing, CallLimit."""
-        self._calls.start(call_id, name, arguments, approved, turn_id=turn_id, step_id=step_id)
+    def start_call(self, call_id: str, name: str, arguments: dict, approved: bool, **how) -> None:
+        """Record, start a call (``CallTable.start``'s keywords); SessionClosing, CallLimit."""
+        self._calls.start(call_id, name, arguments, approved, **how)
 
     def propose_call(self, call_id: str, name: str) -> None:
         """A recorded model answer names ``call_id``: waitable from now on."""
@@ -279,9 +294,9 @@ class Session:
                           getattr(call, "host", None) if call is not None else None,
                           self._calls.known.settled_result(call_id))
 
-    def decide(self, approval_id: str, decision: str) -> str:
-        """Decide a pending approval (``dshd.sessions.approval``); the outcome recorded."""
-        return self._approvals.decide(approval_id, decision)
+    @property
+    def approvals(self) -> ApprovalDesk:  # decide, rules, pending requests
+        return self._approvals
 
     def rebase(self, sub: Subscription) -> None:
         """Send ``sub`` a base batch at the next publish (a dropped or resynced stream)."""
@@ -421,62 +436,6 @@ class Session:
         """No running call or turn, no subscriber, no pending approval: safe to close."""
         return (not self._calls.running and not self._lane.publisher.subscriptions
                 and not self._approvals.pending and (self.agent is None or not self.agent.busy()))
-
-    # ----------------------------------------------------------------- settings
-    async def record_settings(
-        self, *, policy: str, mode: str, env: dict, source: str, owner: int | None = None
-    ) -> None:
-        """Record a new session's owner, policy, sandbox mode and env durably, then apply and
-        show them. Raises StorageError, changing nothing (see `_record_durably`)."""
-        change: list[tuple[str, dict, bool]] = []
-        undo: list[tuple[str, dict, bool]] = []
-        if owner is not None:
-            change.append(("session/owner", {"uid": owner}, True))
-            undo.append(("session/owner", {"uid": self.owner}, True))
-        change.append(("approval/policy", {"policy": policy, "source": source}, False))
-        undo.append(("approval/policy", {"policy": self.policy, "source": "rollback"}, False))
-        change.append(("sandbox/mode", {"mode": mode, "source": source}, False))
-        undo.append(("sandbox/mode", {"mode": self.mode, "source": "rollback"}, False))
-        if env:
-            change.append(("session/env", {"env": dict(env)}, True))
-            undo.append(("session/env", {"env": dict(self.env)}, True))
-        await self._record_durably(change, undo)
-        if owner is not None:
-            self.owner = owner
-        if env:
-            self.env = dict(env)
-        self.policy = policy
-        self.mode = mode
-        self._lane.show_settings(policy=policy, sandbox=mode)
-
-    async def set_policy(self, policy: str, source: str) -> None:
-        """Change the approval policy once the change is durable; StorageError changes
-        nothing (PROTOCOL.md: -32014 and the old policy stays)."""
-        seq = await self._record_durably(
-            [("approval/policy", {"policy": policy, "source": source}, False)],
-            [("approval/policy", {"policy": self.policy, "source": "rollback"}, False)],
-        )
-        if seq < self._policy_seq:
-            return  # a later change became durable with us and already applied
-        self._policy_seq = seq
-        self.policy = policy
-        self._lane.show_settings(policy=policy)
-
-    async def _record_durably(
-        self, change: list[tuple[str, dict, bool]], undo: list[tuple[str, dict, bool]]
-    ) -> int:
-        """``dshd.sessions.settings.record_durably``; the env as logged follows the log."""
-        def fold(type_: str, data: dict) -> None:
-            if type_ == "session/env":  # the next snapshot's env (the writer folds the rest)
-                self._logged_env = dict(data.get("env") or {})
-
-        before = self._logged_env
-        try:
-            return await record_durably(self._log, change, undo, fold)
-        except StorageError as exc:
-            if getattr(exc, "retracted", False):
-                self._logged_env = before
-            raise
 
     # ----------------------------------------------------------------- subscriptions
     def subscribe(self, sub: Subscription, *, answerer: bool = False) -> None:

@@ -2,8 +2,9 @@
 
 Theory of operation: `LogMemory` is the writer's bounded picture of its log. It holds the
 events after the last *durable* snapshot (``tail``: durable or not, snapshots themselves
-excluded), the crash-repair fold (`repair.RepairState`) and the settings fold
-(`snapshot.fold_settings`) through the last event appended, and the last durable snapshot
+excluded), the crash-repair fold (`repair.RepairState`), the settings fold
+(`snapshot.fold_settings`) and the activity (`snapshot.activity_of`) through the last event
+appended, and the last durable snapshot
 (its seq, offset, owner dict, and the folds it carries: the base a retract refolds from).
 
 `take_snapshot` prepares a snapshot as the next seq: its data is complete but for its own
@@ -21,7 +22,8 @@ import structlog
 from .format import Event, encode_line, now_ms
 from .reader import LogRead
 from .repair import RepairState
-from .snapshot import EMPTY_SETTINGS, SNAPSHOT_IGNORABLE, SNAPSHOT_TYPE, fold_settings
+from .snapshot import (EMPTY_SETTINGS, SNAPSHOT_IGNORABLE, SNAPSHOT_TYPE, activity_of,
+                       base_activity, fold_settings, snapshot_settings)
 
 log = structlog.get_logger("dshd.storage")
 
@@ -68,7 +70,7 @@ class LogMemory:
                 self.snapshot_seq = self.last_snapshot_seq = snap.seq
                 self.snapshot_offset = read.snapshot_offset
                 self._base_repair = snap.data["repair"]
-                self._base_settings = dict(snap.data["settings"])
+                self._base_settings = snapshot_settings(snap.data)
             else:
                 self._refold_base_from_empty()
         elif read is not None:  # a read without folds (never from open_log): fold it now
@@ -76,6 +78,8 @@ class LogMemory:
             self.repair.see_all(self.tail)
             for ev in self.tail:
                 self.settings = fold_settings(self.settings, ev)
+        #: ``updatedAt``/``lastExit`` through the last event (`snapshot.activity_of`).
+        self.activity = activity_of(base_activity(self.snapshot), self.tail)
 
     def _refold_base_from_empty(self) -> None:
         self._base_repair, self._base_settings = RepairState().to_json(), dict(EMPTY_SETTINGS)
@@ -85,6 +89,7 @@ class LogMemory:
         self.tail.append(ev)
         self.repair.see(ev)
         self.settings = fold_settings(self.settings, ev)
+        self.activity = activity_of(self.activity, [ev])
 
     def retract(self, first: int) -> None:
         """Forget the events from seq ``first`` on and refold from the base snapshot."""
@@ -94,6 +99,7 @@ class LogMemory:
         for ev in self.tail:
             settings = fold_settings(settings, ev)
         self.settings = settings
+        self.activity = activity_of(base_activity(self.snapshot), self.tail)
 
     def due(self, last_seq: int, every: int) -> bool:
         return every > 0 and last_seq - self.last_snapshot_seq >= every
@@ -172,9 +178,15 @@ class MemoryViews:
 
     @property
     def settings(self) -> dict:
-        """``approvalPolicy``/``sandbox``/``owner`` as logged through ``last_seq`` (None:
+        """``approvalPolicy``/``sandbox``/``owner``/``name`` as logged through ``last_seq`` (None:
         never logged)."""
         return self._memory.settings
+
+    @property
+    def activity(self) -> dict:
+        """``updatedAt``/``lastExit`` through ``last_seq`` (`snapshot.activity_of` of the tail
+        over the last durable snapshot's, kept as events are appended)."""
+        return self._memory.activity
 
     @property
     def snapshot(self) -> dict | None:

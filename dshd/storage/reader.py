@@ -53,7 +53,8 @@ from .format import (
     scan_zstd_frame,
 )
 from .repair import RepairState
-from .snapshot import EMPTY_SETTINGS, SNAPSHOT_TYPE, fold_settings, snapshot_problem
+from .snapshot import (EMPTY_SETTINGS, SNAPSHOT_TYPE, fold_settings, snapshot_problem,
+                       snapshot_settings)
 from .torn import decompress_frame, torn_frame, zero_filled_cut
 
 _LOG_NAME_RE = re.compile(r"session\.v(\d+)\.jsonl(?:\.zst)?")
@@ -262,7 +263,7 @@ class _LineChecker:
             raise self.corrupt(offset, f"the snapshot at seq {event.seq} {problem}")
         if event is self.start or (self.start is not None and event.seq == self.start.seq):
             self.repair = RepairState.from_json(event.data["repair"])
-            self.settings = dict(event.data["settings"])
+            self.settings = snapshot_settings(event.data)
         elif self.check or self.start is not None:
             if event.data["verifiedThrough"] != offset + self.base:
                 raise self.corrupt(offset, f"the snapshot at seq {event.seq} says it is at byte "
@@ -271,8 +272,8 @@ class _LineChecker:
             if event.data["prev"] != want_prev:
                 raise self.corrupt(offset, f"the snapshot at seq {event.seq} names the previous "
                                    f"snapshot at {event.data['prev']}, not {want_prev}")
-            if event.data["repair"] != self.repair.to_json() or dict(
-                    event.data["settings"]) != self.settings:
+            if event.data["repair"] != self.repair.to_json() or snapshot_settings(
+                    event.data) != self.settings:
                 raise self.corrupt(offset, f"the snapshot at seq {event.seq} disagrees with the "
                                    "fold of the events before it")
         self.snapshot, self.snapshot_offset = event, offset + self.base

@@ -56,7 +56,8 @@ def pending_path(session_dir: Path, call_id: str) -> Path:
     return Path(session_dir) / PENDING_DIR / f"{call_id}{SUFFIX}"
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """fsync a directory, so an entry made or removed in it is durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(fd)
@@ -128,12 +129,12 @@ class PendingOutput:
                 else:
                     self._parent_unsynced = True
             if self._parent_unsynced:  # retried until it succeeds: the entry must be durable
-                _fsync_dir(directory.parent)
+                fsync_dir(directory.parent)
                 self._parent_unsynced = False
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
             try:
                 size = os.fstat(fd).st_size
-                _fsync_dir(directory)
+                fsync_dir(directory)
             except BaseException:
                 os.close(fd)
                 raise

@@ -3,8 +3,10 @@
 Theory of operation: ``summary.json`` is derived, never the truth. The writer rewrites it
 (temp name + rename, 0600, no fsync) after each snapshot, at close, and at most every few
 seconds while durable events are not in it; it records the header's title, cwd and
-createdAt, the settings fold (`fold_settings`, the same pure fold the session uses), the last
-seq, the log size it covers (``logBytes``, a frame boundary) and the last snapshot's offset.
+createdAt, the settings fold (`fold_settings`, the same pure fold the session uses), the
+activity (``updatedAt``, ``lastExit``: `snapshot.activity_of`), the last seq, the log size it
+covers (``logBytes``, a frame boundary) and the last snapshot's offset. A summary of an older
+format (``v`` 1: no name, no activity) is not used: it is rebuilt from the last snapshot.
 
 `read_summary` brings it up to date from the log: a summary is used only when it names this
 session and a trailer ends at ``logBytes`` inside the log (a frame boundary; the frames
@@ -27,19 +29,22 @@ from .errors import LogCorrupt, LogTooNew
 from .format import LOG_NAME_PLAIN, LOG_NAME_ZSTD, TRAILER_HEAD, TRAILER_SIZE, Header
 from .pages import LogView, forward, last_snapshot, read_header, snapshot_at
 from .reader import find_log, parse_log
-from .snapshot import EMPTY_SETTINGS, SNAPSHOT_TYPE, fold_settings
+from .snapshot import (EMPTY_ACTIVITY, EMPTY_SETTINGS, SNAPSHOT_TYPE, activity_of,
+                       base_activity, fold_settings, snapshot_settings)
 
 __all__ = ["SUMMARY_NAME", "SessionSummary", "fold_settings", "read_summary",
-           "summarising", "summary_dict", "summary_snapshot_offset", "write_summary",
-           "write_then_summarise"]
+           "summarising", "summary_dict", "summary_owner", "summary_snapshot_offset",
+           "write_summary", "write_then_summarise"]
 
 SUMMARY_NAME = "summary.json"
+SUMMARY_VERSION = 2
 _MAX_SUMMARY_BYTES = 64 * 1024
 
 
 class SessionSummary(msgspec.Struct, frozen=True):
     """A session as `session.list` shows it (STORAGE.md §7). ``settings``: ``approvalPolicy``,
-    ``sandbox``, ``owner``, with the caller's defaults where the log never set one."""
+    ``sandbox``, ``owner``, ``name``, with the caller's defaults where the log never set one;
+    ``activity``: ``updatedAt`` (ms or None: no event yet), ``lastExit``."""
 
     sessionId: str
     title: str | None
@@ -49,6 +54,7 @@ class SessionSummary(msgspec.Struct, frozen=True):
     lastSeq: int
     logBytes: int
     snapshotOffset: int | None
+    activity: dict
 
 
 class _Stored(SessionSummary, frozen=True):
@@ -61,11 +67,12 @@ _decoder = msgspec.json.Decoder(_Stored)
 
 
 def summary_dict(header: Header, settings: dict, last_seq: int, log_bytes: int,
-                 snapshot_offset: int | None) -> dict:
+                 snapshot_offset: int | None, activity: dict | None = None) -> dict:
     """The content of ``summary.json`` (STORAGE.md §7)."""
-    return {"v": 1, "sessionId": header.id, "title": header.title, "cwd": header.cwd,
-            "createdAt": header.createdAt, "settings": dict(settings), "lastSeq": last_seq,
-            "logBytes": log_bytes, "snapshotOffset": snapshot_offset}
+    return {"v": SUMMARY_VERSION, "sessionId": header.id, "title": header.title,
+            "cwd": header.cwd, "createdAt": header.createdAt, "settings": dict(settings),
+            "lastSeq": last_seq, "logBytes": log_bytes, "snapshotOffset": snapshot_offset,
+            "activity": dict(activity or EMPTY_ACTIVITY)}
 
 
 def write_summary(session_dir: Path, summary: dict) -> None:
@@ -95,7 +102,7 @@ def _load(session_dir: Path | str, session_id: str) -> _Stored | None:
         return None
     finally:
         os.close(fd)
-    if (stored.v != 1 or stored.sessionId != session_id or stored.logBytes < 0
+    if (stored.v != SUMMARY_VERSION or stored.sessionId != session_id or stored.logBytes < 0
             or stored.settings.keys() != EMPTY_SETTINGS.keys()):
         return None
     return stored
@@ -105,6 +112,12 @@ def summary_snapshot_offset(session_dir: Path, session_id: str) -> int | None:
     """The ``snapshotOffset`` of a well-formed summary (unchecked against the log), or None."""
     stored = _load(session_dir, session_id)
     return None if stored is None else stored.snapshotOffset
+
+
+def summary_owner(session_dir: Path, session_id: str) -> int | None:
+    """The ``owner`` of a well-formed summary (unchecked against the log), or None."""
+    stored = _load(session_dir, session_id)
+    return None if stored is None else stored.settings.get("owner")
 
 
 def _ends_frame(fd: int, at: int) -> bool:
@@ -155,15 +168,18 @@ def _open_log(session_dir: Path, session_id: str) -> tuple[int, Path | str, str]
 def _brought_up(fd: int, size: int, stored: _Stored, session_id: str, path: Path
                 ) -> SessionSummary:
     settings, last, snap = dict(stored.settings), stored.lastSeq, stored.snapshotOffset
+    activity = stored.activity
     if size > stored.logBytes:
         view = LogView(fd, size, session_id, path)
-        for ev in forward(view, stored.logBytes, stored.lastSeq + 1, True):
+        after = list(forward(view, stored.logBytes, stored.lastSeq + 1, True))
+        for ev in after:
             if ev.type == SNAPSHOT_TYPE and ev.ignorable:
                 snap = view.frame_pos
             settings = fold_settings(settings, ev)
             last = ev.seq
+        activity = activity_of(activity, after)
     return SessionSummary(stored.sessionId, stored.title, stored.cwd, stored.createdAt,
-                          settings, last, size, snap)
+                          settings, last, size, snap, activity)
 
 
 def _from_log(fd: int, size: int, session_id: str, path: Path, compression: str
@@ -182,17 +198,22 @@ def _from_log(fd: int, size: int, session_id: str, path: Path, compression: str
         header, settings = read.header, read.settings
         last = read.events[-1].seq if read.events else (
             read.snapshot.seq if read.snapshot is not None else -1)
+        base = base_activity(read.snapshot.data.get("session") if read.snapshot else None)
         return SessionSummary(session_id, header.title, header.cwd, header.createdAt,
-                              settings, last, read.valid_bytes, read.snapshot_offset)
+                              settings, last, read.valid_bytes, read.snapshot_offset,
+                              activity_of(base, read.events))
     offset, snap = found
     snapshot_at(view, offset)  # its trailer too
-    settings, last = dict(snap.data["settings"]), snap.seq
+    settings, last = snapshot_settings(snap.data), snap.seq
+    after = []
     for ev in forward(view, offset, snap.seq, True):
         if ev.seq > snap.seq:
             settings = fold_settings(settings, ev)
             last = ev.seq
+            after.append(ev)
     return SessionSummary(session_id, header.title, header.cwd, header.createdAt, settings,
-                          last, size, offset)
+                          last, size, offset,
+                          activity_of(base_activity(snap.data.get("session")), after))
 
 
 def summarising(write, summary):

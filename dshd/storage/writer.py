@@ -436,11 +436,11 @@ class SessionLog(ClosingMixin, MemoryViews):
 
     def _summary_of(self, settings: dict, last_seq: int, snapped: list) -> Callable[[int], dict]:
         """The summary of this write, given the file size after it (written in its thread)."""
-        header, before = self.header, self._memory.snapshot_offset
+        header, before, activity = self.header, self._memory.snapshot_offset, self.activity
 
         def summary(size: int) -> dict:
             offset = snapped[-1].offset if snapped else before
-            return summary_dict(header, settings, last_seq, size, offset)
+            return summary_dict(header, settings, last_seq, size, offset, activity)
         return summary
 
     def _summary_due(self) -> bool:
@@ -450,7 +450,7 @@ class SessionLog(ClosingMixin, MemoryViews):
         """Rewrite summary.json for what is durable (derived: a failure is only logged)."""
         self._summary_at, self._summary_seq = trio.current_time(), self.durable_seq
         summary = summary_dict(self.header, settings, self.durable_seq, self.durable_bytes,
-                               self._memory.snapshot_offset)
+                               self._memory.snapshot_offset, self.activity)
         try:
             await run_sync(write_summary, self.session_dir, summary)
         except OSError as e:

@@ -36,9 +36,10 @@ def test_chat_with_the_embedded_demo_script(chat_root, workdir):
     assert "── bash: pwd && ls -la | head -n 20" in r.stderr and "── exit 0" in r.stderr
 
 
-def test_interactive_chat_asks_before_each_call(chat_root, workdir):
-    """No prompt: lines from stdin, one turn each; the approval questions read the next line
-    (y runs the call, n rejects it and the model is told)."""
+def test_piped_lines_are_one_turn_each_and_yes_allows_the_calls(chat_root, workdir):
+    """No prompt: lines from stdin, one turn each. Piped lines are prompts, never approval
+    answers (issue 15: answers are asked on a terminal -- test_agent_chat_tty); --yes allows
+    each call."""
     script = chat_root / "script.jsonl"
     script.write_text(
         json.dumps({"text": "Writing it.", "toolCalls": [
@@ -48,13 +49,12 @@ def test_interactive_chat_asks_before_each_call(chat_root, workdir):
     daemon = DaemonProcess(chat_root, f'[model]\nprovider = "scripted"\nscript = "{script}"\n')
     daemon.start()
     try:
-        r = daemon.dsh("chat", input="first\ny\nsecond\nn\n", cwd=str(workdir))
+        r = daemon.dsh("chat", "--yes", input="first\nsecond\n", cwd=str(workdir))
         sessions = json.loads(daemon.dsh("sessions", "--json").stdout)
     finally:
         daemon.close()
     assert r.returncode == 0, r.stderr
-    assert (workdir / "f.txt").read_text() == "run\n"  # the rejected second call never ran
+    assert (workdir / "f.txt").read_text() == "run\nrun\n"  # one run each turn
     assert r.stdout.count("Writing it.") == 2 and r.stdout.count("Done.") == 2
-    assert "run it? [y/N]" in r.stderr and "── exit 0" in r.stderr
-    assert "── not run: APPROVAL_REJECTED" in r.stderr
+    assert "run it? [y/N]" not in r.stderr and r.stderr.count("── exit 0") == 2
     assert len(sessions) == 1  # both turns in one session

@@ -47,6 +47,11 @@ class FakeLane:
             self.turn[key] = value
             self.history.append((key, value))
 
+    def turn_calls(self, calls) -> None:
+        if self.turn is not None:
+            self.turn["calls"] = [c.call_id for c in calls]
+            self.history.append(("calls", self.turn["calls"]))
+
     def turn_text(self, text, *, append=False) -> None:
         if self.turn is not None:
             self.turn["text"] = self.turn["text"] + text if append else text
@@ -103,7 +108,8 @@ class FakePort:
         self.proposed.add(call_id)
         self.events.setdefault(call_id, trio.Event())
 
-    def start_call(self, call_id, name, arguments, approved, *, turn_id=None, step_id=None):
+    def start_call(self, call_id, name, arguments, approved, *, turn_id=None, step_id=None,
+                   ask_timeout=None):
         if len(self.started) >= self.limit:
             raise errors.CallLimit(f"session {self.id} already runs {self.limit} calls")
         assert call_id in self.proposed and not approved

@@ -178,3 +178,40 @@ async def test_a_turn_whose_model_request_was_in_flight_ends_interrupted(root, w
     types = [e["type"] for e in turn_events(events, turn_id)]
     assert types[:3] == ["turn/start", "message/user", "step/start"]
     assert types[-2:] == ["step/end", "turn/end"] and "tool/call" not in types
+
+
+async def test_a_resumed_turns_lane_names_its_calls_with_their_states(root, workdir):
+    """After a detaching stop and a start, the resumed turn's lane ``turn.calls`` comes from the
+    log and the re-adopted call: the call with its name, ``running``; then ``settled`` with its
+    exit code once it ends (issue 15: a client re-joining after a restart sees where it is)."""
+    gate = workdir / "gate"
+    command = f"echo ran >> marker.txt; while [ ! -f {gate} ]; do sleep 0.05; done; echo built"
+    daemon = DaemonProcess(root, scripted(
+        root, {"text": "Building.", "toolCalls": [{"name": "bash",
+                                                   "arguments": {"command": command}}]},
+        {"text": "Built."}))
+    marker = workdir / "marker.txt"
+    daemon.start()
+    try:
+        sid, turn_id = await start_turn(daemon, workdir, tool_running)
+        await wait_until(marker.exists)
+        daemon.stop()
+        daemon.start()
+        async with connect(daemon.socket) as c:
+            sub = await c.subscribe(sid)
+            with trio.fail_after(WAIT_S):
+                view = await sub.next_view()
+                while not (view["turn"] and view["turn"]["calls"]):
+                    view = await sub.next_view()
+                resumed = [dict(call) for call in view["turn"]["calls"]]
+                gate.write_text("")
+                while view["turn"] and view["turn"]["calls"][0]["state"] != "settled":
+                    view = await sub.next_view()
+                settled = dict(view["turn"]["calls"][0]) if view["turn"] else None
+            end = await wait_turn_end(c, sid, turn_id)
+    finally:
+        daemon.close()
+    assert end["data"]["reason"] == "completed"
+    (call,) = resumed
+    assert call["name"] == "bash" and call["state"] == "running"
+    assert view is not None and settled == {**call, "state": "settled", "exitCode": 0}

@@ -236,8 +236,9 @@ async def test_the_step_limit_ends_the_turn_with_an_error(dshd, fake_model, work
 
 async def test_unapproved_invalid_and_unknown_calls_get_results_the_model_reads(
         dshd, fake_model, workdir):
-    """No answerer: APPROVAL_UNAVAILABLE (model calls are never pre-approved); bad arguments
-    and unknown tools settle without a tool/call. The next request has a result for each."""
+    """No answerer and ``askTimeout: 0`` (no grace): APPROVAL_UNAVAILABLE (model calls are
+    never pre-approved); bad arguments and unknown tools settle without a tool/call. The next
+    request has a result for each."""
     fake_model.script(
         tool_reply([("bash", {"command": "touch never.txt"}), ("bash", {"cmd": "ls"}),
                     ("python", {"code": "1"}), ("bash", "{not json")]),
@@ -245,7 +246,8 @@ async def test_unapproved_invalid_and_unknown_calls_get_results_the_model_reads(
     )
     async with connect(dshd.config.socket) as c:
         sid = await _session(c, dshd, workdir)
-        turn_id = (await c.call("turn.start", {"sessionId": sid, "input": "try"}))["turnId"]
+        turn_id = (await c.call("turn.start", {"sessionId": sid, "input": "try",
+                                               "askTimeout": 0}))["turnId"]
         end = await wait_turn_end(c, sid, turn_id)
         events = await events_of(c, sid)
     assert end["data"]["reason"] == "completed"

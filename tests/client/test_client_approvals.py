@@ -282,7 +282,8 @@ async def test_approve_reject_prints_rejected_and_run_ask_exits_125(real_dshd, w
 
 async def test_run_ask_without_answerer_is_125_and_says_how(real_dshd, workdir):
     sid = await _ask_session(real_dshd, workdir)
-    proc = await dsh(real_dshd.socket, "run", "--ask", "--session", sid, "--", "make")
+    proc = await dsh(real_dshd.socket, "run", "--ask", "--ask-timeout", "0", "--session", sid,
+                     "--", "make")
     err = proc.stderr.decode()
     assert proc.returncode == 125
     assert "dsh: APPROVAL_UNAVAILABLE: " in err

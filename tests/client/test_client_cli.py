@@ -153,11 +153,16 @@ async def test_reused_call_id_says_nothing_ran_again(real_dshd, workdir):
                       "echo old output")
     assert "already exists" not in first.stderr.decode()
     proc = await dsh(real_dshd.socket, "run", "--session", sid, "--call-id", "k1", "--",
-                     "echo new")
+                     "echo old output")
     assert proc.returncode == 0, proc.stderr
     assert (f"dsh: call k1 already exists in session {sid}: showing its result; nothing was run "
             "again (use a new --call-id to run again)") in proc.stderr.decode().splitlines()
     assert proc.stdout.decode() == "old output\n"
+    # Another command under the same id is refused (issue 15), never the old result.
+    proc = await dsh(real_dshd.socket, "run", "--session", sid, "--call-id", "k1", "--",
+                     "echo new")
+    assert (proc.returncode, proc.stdout) == (2, b""), proc.stderr
+    assert "another command" in proc.stderr.decode()
     assert len(await _tool_calls(real_dshd, sid)) == 1
 
 
@@ -246,14 +251,15 @@ async def test_closed_stdout_detaches_with_141(real_dshd, workdir, tmp_path):
     assert first.startswith(b"y\n")
     assert proc.returncode == 141
     text = err.read_text()
-    assert "detached; the command keeps running" in text and "Traceback" not in text
+    assert "stdout was closed; detached, the command keeps running" in text
+    assert f"dsh cancel {sid} k4" in text and "Traceback" not in text
     async with connect(real_dshd.socket) as c:
         assert await c.cancel(sid, "k4") is True  # it was still running
 
 
 # ---------------------------------------------------------------------- strict options of run
 @pytest.mark.parametrize("args, wrong", [
-    (["run", "--json", "--", "echo", "hi"], "--json"),
+    (["run", "--jsn", "--", "echo", "hi"], "--jsn"),
     (["run", "--timout", "5", "--", "true"], "--timout"),
     (["run", "-x", "ls"], "-x"),
 ])
@@ -381,7 +387,7 @@ async def test_run_that_could_not_be_logged_exits_125(fake):
     with trio.fail_after(10):
         proc = await dsh(fake.path, "run", "--", "true")
     assert proc.returncode == 125
-    assert proc.stderr.decode().splitlines()[-1] == (
+    assert proc.stderr.decode().splitlines()[-1].startswith(
         "dsh: STORAGE_FAILURE: the session log could not be made durable (ENOSPC)")
 
 
@@ -440,12 +446,14 @@ async def test_sessions_cuts_long_titles_and_damage_reasons(fake):
     proc = await dsh(fake.path, "sessions")
     lines = proc.stdout.decode().splitlines()
     assert len(lines) == 3
-    assert lines[0].split("\t") == ["id", "title", "cwd", "created", "running", "lastSeq"]
+    assert lines[0].split() == ["NAME", "ID", "STATUS", "CWD", "UPDATED", "EXIT", "TITLE"]
     assert all(len(line) < 200 for line in lines)
-    first, second = (line.split("\t") for line in lines[1:])
-    assert len(first) == len(second) == 6
-    assert first[1].startswith("make xxx") and first[1].endswith("…")
-    assert second[1].startswith("DAMAGED (checksum mismatch at byte 123456")
-    assert "…)" in second[1] and second[1].endswith("a\\tb\\nc")
+    at = lines[0].index("TITLE")  # aligned: every row's title starts under the header's
+    first, second = (line for line in lines[1:] if "s1" in line), (
+        line for line in lines[1:] if "s2" in line)
+    first, second = next(first), next(second)
+    assert first[at:].startswith("make xxx") and first.endswith("…")
+    assert second[at:].startswith("(checksum mismatch at byte 123456") and " damaged " in second
+    assert "…)" in second and second.endswith("a\\tb\\nc")
     proc = await dsh(fake.path, "--json", "sessions")
     assert json.loads(proc.stdout) == rows  # complete

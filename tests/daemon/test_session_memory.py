@@ -15,7 +15,7 @@ import trio
 
 from dshd.storage.reader import read_log
 
-from .conftest import LIVENESS, running_daemon
+from .conftest import LIVENESS, WireError, running_daemon
 
 SMALL = {"results_cache": 16, "snapshot_every_events": 20}
 CALLS = 40
@@ -108,10 +108,15 @@ async def test_a_long_session_answers_events_waits_and_history_from_disk(
         assert info["lastSeq"] == last.seq and "damaged" not in info
         assert (await reader.wait(sid, ids[1], timeout=0))["content"] == "call 1\n"
         assert (await reader.wait(sid, ids[-1], timeout=0))["content"] == f"call {CALLS - 1}\n"
-        # the id is known (the snapshot's call index): nothing runs again
+        # the id is known (the snapshot's call index): nothing runs again; its digest too:
+        # the same call is `existing`, another command under its id CALL_ID_REUSED
         dup = await reader.call("tool.run", {"sessionId": sid, "name": "bash", "callId": ids[2],
-                                            "arguments": {"command": "echo again"}})
+                                            "arguments": {"command": "echo call 2"}})
         assert dup == {"callId": ids[2], "existing": True}
+        other = await reader.error("tool.run", {"sessionId": sid, "name": "bash",
+                                                "callId": ids[2],
+                                                "arguments": {"command": "echo again"}})
+        assert other.code == -32602 and other.data["code"] == "CALL_ID_REUSED", other
         lane2 = await reader.subscribe(sid)
         recent = [r["callId"] for r in lane2.value["recent"]]
         assert recent == list(reversed(ids))[:len(recent)] and len(recent) == 20
@@ -157,6 +162,19 @@ def _flip_an_old_frame(log_path, before: int) -> int:
     raise AssertionError("no old frame to damage")
 
 
+async def _damage_after_intact(reader, sid: str):
+    """The error of ``session.events`` at a damaged frame, after the intact page before it
+    (or at once when the damage comes first)."""
+    try:
+        page = await reader.call("session.events", {"sessionId": sid, "afterSeq": -1})
+    except WireError as first:  # the first frame after the header is the damaged one
+        return first
+    if page["events"]:
+        assert page["lastSeq"] == page["events"][-1]["seq"] + 1
+    after = page["events"][-1]["seq"] if page["events"] else -1
+    return await reader.error("session.events", {"sessionId": sid, "afterSeq": after})
+
+
 @pytest.mark.parametrize("daemon_overrides", [SMALL])
 async def test_a_damaged_old_frame_marks_the_session_damaged_and_nothing_else(
         daemon, daemon_clock, nursery, tmp_path):
@@ -176,9 +194,10 @@ async def test_a_damaged_old_frame_marks_the_session_damaged_and_nothing_else(
         # The open verifies from the last snapshot on: the session opens and new work is safe.
         info = await reader.call("session.get", {"sessionId": sid})
         assert "damaged" not in info
-        # A read of the old frames finds the damage: -32014 LOG_DAMAGED, and it is remembered.
-        bad = await reader.error("session.events", {"sessionId": sid, "afterSeq": -1})
-        assert bad.code == -32014 and bad.data == {"code": "LOG_DAMAGED"}, bad
+        # A read of the old frames finds the damage: the intact events before it, then
+        # -32014 LOG_DAMAGED, and it is remembered.
+        bad = await _damage_after_intact(reader, sid)
+        assert bad.code == -32014 and bad.data["code"] == "LOG_DAMAGED", bad
         old = await reader.error("tool.wait", {"sessionId": sid, "callId": ids[0],
                                                "timeout": 0})
         assert old.code == -32014 and old.data == {"code": "LOG_DAMAGED"}
@@ -261,13 +280,17 @@ async def test_a_damaged_old_snapshot_loses_no_call_id_and_marks_the_session_dam
 
     async with running_daemon(tmp_path, daemon.config, daemon_clock) as again:
         reader = await again.connect(nursery=nursery)
-        for cid in ids:  # every id is known: nothing runs again
+        for i, cid in enumerate(ids):  # every id and its digest are known: nothing runs again
             dup = await reader.call("tool.run", {"sessionId": sid, "name": "bash",
                                                 "callId": cid,
-                                                "arguments": {"command": "echo again"}})
+                                                "arguments": {"command": f"echo call {i}"}})
             assert dup == {"callId": cid, "existing": True}, cid
-        bad = await reader.error("session.events", {"sessionId": sid, "afterSeq": -1})
-        assert bad.code == -32014 and bad.data == {"code": "LOG_DAMAGED"}, bad
+            reused = await reader.error("tool.run", {"sessionId": sid, "name": "bash",
+                                                     "callId": cid,
+                                                     "arguments": {"command": "echo again"}})
+            assert reused.data["code"] == "CALL_ID_REUSED", (cid, reused)
+        bad = await _damage_after_intact(reader, sid)
+        assert bad.code == -32014 and bad.data["code"] == "LOG_DAMAGED", bad
         listed = {s["sessionId"]: s for s in
                   (await reader.call("session.list", {}))["sessions"]}
         assert "is damaged at byte" in listed[sid]["damaged"]

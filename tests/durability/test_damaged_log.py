@@ -3,8 +3,9 @@
 Where the open reads it -- a log without snapshots, as a crash leaves a short session -- that
 session is listed damaged and refuses to open, naming the byte offset. Before the last
 snapshot (a clean stop ends the log with one) the frame never decides whether new writes are
-safe: the session opens and works, and the first read that passes the frame answers -32014
-``LOG_DAMAGED`` naming the offset and marks the session damaged (its full SessionInfo plus
+safe: the session opens and works, and the first read that passes the frame answers the
+intact events before it, then -32014 ``LOG_DAMAGED`` naming the offset, and marks the session
+damaged (its full SessionInfo plus
 ``damaged``, PROTOCOL.md §3.1). Either way every other session keeps working and the
 damaged bytes are never rewritten."""
 
@@ -50,6 +51,19 @@ def _expect_damage(err: pytest.ExceptionInfo, start: int, sid: str) -> None:
     assert f"byte {start}" in err.value.message and sid in err.value.message
 
 
+async def _intact_then_damage(c, sid: str, start: int) -> list:
+    """``session.events`` of a damaged log: its intact events first (``lastSeq`` one past the
+    last of them), then the page at the damage is -32014 LOG_DAMAGED naming the offset."""
+    page = await c.call("session.events", {"sessionId": sid})
+    events = page["events"]
+    assert events and page["lastSeq"] == events[-1]["seq"] + 1
+    with pytest.raises(RpcError) as err:
+        await c.call("session.events", {"sessionId": sid, "afterSeq": events[-1]["seq"]})
+    _expect_damage(err, start, sid)
+    assert err.value.data["code"] == "LOG_DAMAGED" and err.value.data["offset"] == start
+    return events
+
+
 async def _others_work(c, workdir, bad: str, good: str, good_before: list[dict]) -> None:
     assert await all_events(c, good) == good_before
     cid = await c.run_tool(good, "echo still fine", approved=True)
@@ -76,9 +90,9 @@ async def test_flipped_byte_marks_session_damaged_others_work(daemon, workdir):
         assert set(infos) == {bad, good}
         assert f"byte {start}" in infos[bad]["damaged"]
         assert "damaged" not in infos[good]
+        await _intact_then_damage(c, bad, start)
         for method, params in [
             ("session.get", {"sessionId": bad}),
-            ("session.events", {"sessionId": bad}),
             ("tool.run", {"sessionId": bad, "name": "bash", "arguments": {"command": "true"},
                           "approved": True}),
         ]:
@@ -105,12 +119,9 @@ async def test_flipped_byte_before_the_last_snapshot_is_found_by_the_read(daemon
         # The open checks the log from the last snapshot on: new writes are safe.
         cid = await c.run_tool(bad, "echo after", approved=True)
         assert (await c.wait(bad, cid))["content"] == "after\n"
-        # A read that passes the damaged frame refuses, naming it, and every later one too.
+        # A read that passes the damaged frame stops there, naming it, and every later one too.
         for _ in range(2):
-            with pytest.raises(RpcError) as err:
-                await c.call("session.events", {"sessionId": bad})
-            _expect_damage(err, start, bad)
-            assert err.value.data == {"code": "LOG_DAMAGED"}
+            await _intact_then_damage(c, bad, start)
         infos = {i["sessionId"]: i for i in await c.list_sessions()}
         assert f"byte {start}" in infos[bad]["damaged"]
         assert infos[bad]["title"] == "to be damaged" and infos[bad]["lastSeq"] >= 0

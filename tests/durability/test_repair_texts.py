@@ -4,13 +4,16 @@ tool call a model announced but that never got its ``tool/call`` settles TOOL_NO
 
 from __future__ import annotations
 
+import json
 import signal
 
+import pytest
 import trio
 
 from client.api import connect
 from crash.campaign import kill_marked
 from dshd.storage import SessionLog
+from protocol.rpc import RpcError
 
 from .helpers import (NOT_STARTED_TEXT, OUTCOME_UNKNOWN_TEXT, all_events, assert_as_on_disk,
                       assert_paired)
@@ -57,10 +60,16 @@ async def test_kill9_mid_call_settles_outcome_unknown(daemon, workdir, token):
         events = await all_events(c, sid)
         assert_paired(events, daemon.state_dir / "sessions" / sid)
         assert events[-1]["type"] == "tool/result" and events[-1]["data"] == result
-        # Never re-run: the same callId names the existing call.
+        # Never re-run: the same callId names the existing call (another command under it is
+        # CALL_ID_REUSED, and runs nothing either).
+        sent = next(e for e in events if e["type"] == "tool/call")["data"]["arguments"]
         again = await c.call("tool.run", {"sessionId": sid, "name": "bash", "callId": cid,
-                                          "arguments": {"command": "echo no"}, "approved": True})
-        assert again["callId"] == cid
+                                          "arguments": json.loads(sent), "approved": True})
+        assert again["callId"] == cid and again["existing"] is True
+        with pytest.raises(RpcError) as err:
+            await c.call("tool.run", {"sessionId": sid, "name": "bash", "callId": cid,
+                                      "arguments": {"command": "echo no"}, "approved": True})
+        assert err.value.data["code"] == "CALL_ID_REUSED"
         assert await all_events(c, sid) == events
     daemon.kill9()
     daemon.start()

@@ -112,7 +112,7 @@ def _listed(daemon) -> list[dict]:
 
 
 def test_run_refuses_unknown_options_and_creates_nothing(daemon, workdir):
-    for args in (["--json", "--", "echo", "hi"], ["--timout", "5", "--", "true"]):
+    for args in (["--jsn", "--", "echo", "hi"], ["--timout", "5", "--", "true"]):
         r = daemon.dsh("run", *args, cwd=str(workdir))
         assert r.returncode == 2, (args, r.stderr)
         assert "No such option" in r.stderr and r.stdout == ""

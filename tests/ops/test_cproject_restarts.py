@@ -8,6 +8,9 @@ start, SIGTERM + start -- each when make has printed a further pair of compile l
 binary does not exist yet (so each lands mid-build). The same `dsh run` rides through every
 restart (it reconnects) and exits with make's 0; every line make printed arrives exactly once;
 the two binaries are byte for byte the same (cmp), and `tool.wait` from a new client agrees.
+The disturbed build's link waits for a file the test creates after the third restart (the
+fixture's HOLD), so on a loaded machine, where a restart takes seconds, the compiles cannot
+outrun the restarts: every restart lands before the binary exists.
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ def test_make_j2_survives_three_restarts_and_builds_the_same_binary(daemon, tmp_
     assert undisturbed.returncode == 0, (out, err)
 
     project = copy_tree(FIXTURE, tmp_path / "build")
-    build = _build(daemon, project)
+    build = _build(daemon, project, "HOLD=release")
     lines = Lines(build)
     restarts = ["SIGTERM", "SIGKILL", "SIGTERM"]
     for n, how in enumerate(restarts, start=1):
@@ -69,6 +72,7 @@ def test_make_j2_survives_three_restarts_and_builds_the_same_binary(daemon, tmp_
         else:
             assert daemon.stop() == 0, daemon.log_tail()
         daemon.start()
+    (project / "release").touch()  # the link may run now
     rest = lines.rest()
     build.wait(LIVENESS)
     stderr = build.stderr.read().decode(errors="replace")

@@ -81,6 +81,9 @@ def test_params_defaults_and_snake_case_names():
         (b'{"sessionId":"s","approvalId":"a","decision":"maybe"}', m.ApprovalDecideParams, "decision"),
         (b'{"subscriptionId":"q","seq":-1,"ops":[]}', m.StreamParams, "seq"),
         (b'{"sessionId":', m.SessionGetParams, "malformed"),
+        (b'{"olderThan":-1}', m.SessionPruneParams, "olderThan"),
+        (b'{"olderThan":"7d"}', m.SessionPruneParams, "olderThan"),
+        (b'{"sessionId":"s","force":"yes"}', m.SessionDeleteParams, "force"),
     ],
 )
 def test_bad_params_name_the_field(raw, type_, field):
@@ -96,7 +99,9 @@ def test_method_params_cover_the_protocol():
         "session.setApprovalPolicy", "tool.run", "tool.wait", "tool.cancel", "subscribe",
         "unsubscribe", "approval.decide", "turn.start", "turn.cancel", "turn.steer", "daemon.status",
         "tool.read", "tool.follow", "tool.unfollow", "tool.write", "tool.closeStdin",
-        "tool.resize", "tool.signal",
+        "tool.resize", "tool.signal", "session.find", "session.rename",
+        "session.delete", "session.prune",  # issue 15, room cleanup
+        "approval.rules", "approval.revokeRule", "approval.list", "session.setSandbox",
     }
     assert methods == set(m.METHODS)
     for params, _result in m.METHODS.values():

@@ -89,7 +89,8 @@ def test_a_session_round_trips_through_the_shared_structs(peer):
                                 "arguments": {"command": "echo hi", "timeout": 30}})
     assert run == methods.ToolRunResult(call_id="c1")
     assert p.result("tool.run", {"sessionId": sid, "name": "bash", "callId": "c1",
-                                 "arguments": {"command": "x"}}).existing is True
+                                 "arguments": {"timeout": 30, "command": "echo hi"}}
+                    ).existing is True  # the same call (key order is not another call)
     result = p.result("tool.wait", {"sessionId": sid, "callId": "c1", "timeout": 30})
     assert result["isError"] is False and result["exitCode"] == 0, result
     info = p.result("session.get", {"sessionId": sid})

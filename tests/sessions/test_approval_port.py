@@ -32,6 +32,7 @@ class FakeCall:
 class FakePort:
     def __init__(self, policy: str = "ask", fail_on: str | None = None) -> None:
         self.policy = policy
+        self.mode = "workspace-write"  # the session's sandbox mode (approval rules)
         self.fail_on = fail_on
         self.events: list[tuple[str, dict]] = []
         self.shown: dict[str, object] = {}

@@ -82,7 +82,7 @@ async def test_an_answerer_that_leaves_within_the_grace_does_not_end_the_wait(au
 
 async def test_after_the_grace_the_usual_rules_hold(autojump_clock):
     """An answerer attached at the end of the grace: the request waits on; when the last one
-    leaves after the grace, it is unavailable (the ``left`` row)."""
+    leaves after the grace, a new grace runs from then (the one rule), then unavailable."""
     port = FakePort()
     desk = ApprovalDesk(port, "s-1")
     result: list = []
@@ -92,8 +92,10 @@ async def test_after_the_grace_the_usual_rules_hold(autojump_clock):
         desk.answerer_joined("sub-1")
         await trio.sleep(GRACE * 3)
         assert not result and AID in port.shown
+        left = trio.current_time()
         desk.answerer_left("sub-1")
     assert result == ["APPROVAL_UNAVAILABLE"]
+    assert trio.current_time() - left == pytest.approx(GRACE)
     assert port.decided() == [("unavailable", "policy")]
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import random
 from types import SimpleNamespace
 
+from dshd.sessions.rules import RuleBook
+
 import pytest
 import zstandard
 
@@ -26,7 +28,7 @@ def _owner(log: SessionLog, index: CallIndex) -> SimpleNamespace:
     """What ``Session.snapshot_state`` reads, with a real index."""
     return SimpleNamespace(_log=log, _calls=SimpleNamespace(known=SimpleNamespace(index=index)),
                            _lane=SimpleNamespace(tracker=SimpleNamespace(value={"recent": []})),
-                           _approvals=SimpleNamespace(decided={}), _logged_env={})
+                           _approvals=SimpleNamespace(decided={}, rules=RuleBook()), _logged_env={})
 
 
 def _attach(log: SessionLog, index: CallIndex) -> None:

@@ -103,7 +103,7 @@ async def test_snapshots_are_written_every_n_events_and_at_close_each_in_its_own
         assert snap.data["session"] == {
             "calls": sum(1 for e in before if e.type == "tool/call")}
         assert snap.data["settings"] == {"approvalPolicy": "never", "sandbox": None,
-                                         "owner": 1000}
+                                         "owner": 1000, "name": None}
     assert check_offline(state_dir, "s1").state == "needs-repair"  # open calls, no damage
 
 
@@ -120,7 +120,7 @@ async def test_open_starts_at_the_last_snapshot_and_keeps_only_the_tail(state_di
         assert log.last_seq == events[-1].seq
         whole = RepairState().see_all(e for e in events if e.type != "log/snapshot")
         assert log.repair_state == whole
-        assert log.settings == {"approvalPolicy": "never", "sandbox": None, "owner": 1000}
+        assert log.settings == {"approvalPolicy": "never", "sandbox": None, "owner": 1000, "name": None}
     finally:
         await log.aclose()
 
@@ -262,7 +262,7 @@ async def test_summary_is_written_and_brought_up_to_date_from_the_log(state_dir)
     assert stored["logBytes"] == log.path.stat().st_size and stored["lastSeq"] == log.last_seq
     summary = read_summary(session_dir, "s1", DEFAULTS)
     assert summary.settings == {"approvalPolicy": "never", "sandbox": "workspace-write",
-                                "owner": 1000}
+                                "owner": 1000, "name": None}
     assert (summary.title, summary.lastSeq) == ("a title", log.last_seq)
     stale = (session_dir / SUMMARY_NAME).read_bytes()
     more = await SessionLog.open_for_write(state_dir, "s1")
