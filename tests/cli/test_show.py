@@ -86,7 +86,12 @@ def test_log_follow_prints_new_events_until_ctrl_c(daemon, workdir):
         assert follower.poll() is None  # still following
     finally:
         follower.send_signal(signal.SIGINT)
-        _, err = follower.communicate(timeout=30)
+        try:
+            _, err = follower.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            follower.kill()
+            _, err = follower.communicate()
+            raise AssertionError(f"dsh log -f did not end on Ctrl-C: {err!r}") from None
     assert follower.returncode == EXIT_INTERRUPTED, err
 
 
