@@ -151,12 +151,15 @@ def _echo_round(n: int) -> float:
     server = subprocess.Popen([sys.executable, "-m", "bench.requests", "--echo-server", path])
     try:
         deadline = time.monotonic() + 20
-        while not os.path.exists(path):
-            if time.monotonic() > deadline or server.poll() is not None:
-                raise RuntimeError("the echo server did not start")
-            time.sleep(0.02)
         with socket.socket(socket.AF_UNIX) as c:
-            c.connect(path)
+            while True:  # the path exists from bind(), connects work from listen()
+                try:
+                    c.connect(path)
+                    break
+                except (FileNotFoundError, ConnectionRefusedError):
+                    if time.monotonic() > deadline or server.poll() is not None:
+                        raise RuntimeError("the echo server did not start") from None
+                    time.sleep(0.02)
             f = c.makefile("rb")
             line = b'{"jsonrpc":"2.0","id":1,"method":"daemon.status","params":{}}\n'
             c.sendall(line)

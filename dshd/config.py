@@ -191,7 +191,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     #: Idle sessions not updated for this long are deleted by the daemon, days (float):
     #: 0 = keep forever; 0 .. 36500.
     retain_sessions_days: Annotated[float, msgspec.Meta(ge=0, le=36_500)] = 30.0
-    #: Past this size of the state directory (the sum of its files' sizes), settled calls'
+    #: Past this size of the state directory (its apparent size, as du -sb counts), settled calls'
     #: raw output is removed oldest first (their logged results stay), bytes: 0 = no bound;
     #: else 1 .. 1 PiB.
     max_state_bytes: Annotated[int, msgspec.Meta(ge=0, le=1 << 50)] = 4 * 1024 * 1024 * 1024

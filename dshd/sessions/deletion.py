@@ -80,10 +80,16 @@ def busy_count(session) -> int:
 
 
 def tree_bytes(path: Path) -> int:
-    """Sum of the sizes of the regular files under ``path`` (0 when it is gone)."""
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for name in files:
+    """The apparent size of the tree at ``path`` as ``du -sb`` counts it: the sizes of its
+    files, links and directories, ``path`` included (0 when it is gone). A person checks a
+    bound with ``du``; a sum of the files alone read 10-20% lower on a state of many small
+    sessions (every directory is a block)."""
+    try:
+        total = os.lstat(path).st_size
+    except OSError:
+        return 0
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
             try:
                 st = os.lstat(os.path.join(root, name))
             except OSError:

@@ -9,8 +9,8 @@ Theory of operation (OPS.md "Retention", STORAGE.md §1):
   is subscribed to (``attached``: someone watches it), a damaged one (``damaged``: fsck it,
   then ``dsh rm`` it), and one whose delete failed (the failure's sentence). At most ``limit`` are deleted a request (``more`` says when it stopped
   there). ``dryRun`` deletes nothing and answers what would go.
-* :func:`trim_outputs` is the second half: while the state directory (the sum of its files'
-  sizes) is over ``max_state_bytes`` it removes settled calls' raw output (``output.raw``
+* :func:`trim_outputs` is the second half: while the state directory (its apparent size as
+  ``du -sb`` counts it, files and directories: ``deletion.tree_bytes``) is over ``max_state_bytes`` it removes settled calls' raw output (``output.raw``
   and its segments; a call is settled when its ``settled`` marker exists) oldest first, by
   the marker's mtime, at most :data:`REMOVE_PER_PASS` calls a pass. Before the first byte
   goes, the call dir gets ``output.removed`` (``{"at": ms, "bytes": n}``, written atomically

@@ -133,6 +133,9 @@ def test_attach_after_the_calls_settled_replays_them_from_the_log(root, workdir)
         until(lambda: "looking" in out.read_text(), "the first call")
         gate1.write_text("")
         until(lambda: "Step two." in out.read_text(), "the second step")
+        # Its call runs (the chat allowed it) before the chat dies: killed earlier, the call
+        # would wait for an answerer (turn_ask_grace_seconds) that the re-join below is not.
+        until(lambda: out.read_text().count("looking") == 2, "the second call running")
         proc.kill()
         proc.wait(WAIT_S)
         r = daemon.dsh("steer", "--json", sid, "also say hi")

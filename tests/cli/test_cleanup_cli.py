@@ -266,7 +266,10 @@ def test_retention_removes_old_output_past_max_state_bytes(workdir):
 
 
 def state_bytes(state_dir: Path) -> int:
-    return sum(p.stat().st_size for p in state_dir.rglob("*") if p.is_file())
+    """The state's size as a person checks it: ``du -sb`` (files and directories)."""
+    out = subprocess.run(["du", "-sb", str(state_dir)], capture_output=True, text=True,
+                         check=True).stdout
+    return int(out.split()[0])
 
 
 def test_retention_removes_the_oldest_output_first_and_only_what_it_must(workdir):
