@@ -15,7 +15,8 @@ third of the day, ``dsh sessions`` after it, and a summary.
 Steps are written against the interfaces of ISSUE15's plan; a step whose command or option
 this build does not have (asked of ``dsh COMMAND --help`` once) is SKIPPED with the missing
 piece named, never run half. Exit status: 0 when every step passed and the state stayed under
-its bound (sampled every round and at the end, ``du``'s apparent size); 1 when a step failed
+its bound (sampled every round and at the end, ``du``'s apparent size, once retention had its
+chance: ``Day.settled_state_bytes``); 1 when a step failed
 or the bound was exceeded; skipped steps also fail the day unless ``--allow-missing`` (a
 smoke run on a build where other rooms have not landed). Nothing here asserts on time.
 """
@@ -46,6 +47,9 @@ from dshd.testing import DshdProcess  # noqa: E402
 DSH = [sys.executable, "-m", "client.cli"]
 SESSION_LINE = re.compile(r"session (\S+) call (\S+)")
 RULE_ID = re.compile(r"\br-[0-9a-f]{12}\b")
+#: Seconds a sample of the state over its bound waits for a retention pass (three of its 5 s
+#: spacing, STORAGE.md §8) before the day calls the bound exceeded.
+RETENTION_SETTLE_S = 15.0
 #: A file the chat's tool call waits for (at most 60 s): the day creates it once the first
 #: client is dead and the re-joined one answers, so the turn cannot end before the re-join.
 CHAT_GATE = "chat-rejoined"
@@ -85,6 +89,7 @@ class Day:
         self.tally: dict[str, Tally] = {}
         self.helps: dict[str, str | None] = {}
         self.peak = 0
+        self.instant_peak = 0
         self.notes: list[str] = []
 
     # -- the daemon ---------------------------------------------------------------------
@@ -163,6 +168,20 @@ class Day:
         r = subprocess.run(["du", "-sb", str(self.daemon.state_dir)], capture_output=True,
                            text=True, check=True)
         size = int(r.stdout.split()[0])
+        self.instant_peak = max(self.instant_peak, size)
+        return size
+
+    def settled_state_bytes(self) -> int:
+        """The state once retention had its chance: dshd enforces ``max_state_bytes`` by
+        passes that settled output wakes (at most one every 5 s, STORAGE.md §8), not at every
+        write, so a sample taken just after a big call settled may be over; it is sampled
+        again until under, for at most ``RETENTION_SETTLE_S``. The highest settled value is
+        ``peak``; the highest instant one is printed beside it."""
+        deadline = time.monotonic() + RETENTION_SETTLE_S
+        size = self.state_bytes()
+        while size > self.bound and time.monotonic() < deadline:
+            time.sleep(0.5)
+            size = self.state_bytes()
         self.peak = max(self.peak, size)
         return size
 
@@ -329,9 +348,10 @@ def remove_one(day: Day, dirs: list[Path], n: int) -> str:
 
 def list_sessions(day: Day, dirs: list[Path], n: int) -> str:
     out = day.dsh("sessions", cwd=dirs[0]).stdout
-    size = day.state_bytes()
+    size = day.settled_state_bytes()
     if size > day.bound:
-        raise StepFailed(f"the state is {size} bytes, over its bound of {day.bound}")
+        raise StepFailed(f"the state is {size} bytes, over its bound of {day.bound} "
+                         f"{RETENTION_SETTLE_S:g} s after the round")
     return f"{len(out.splitlines())} lines; state {size / 2**20:.1f} MiB"
 
 
@@ -347,7 +367,7 @@ def finish(day: Day, dirs: list[Path], older_than: str) -> bool:
     """``dsh sessions``, ``du -sh`` around ``dsh prune``, the bound: True when within it."""
     listed = day.dsh("sessions", cwd=dirs[0], want=None).stdout.splitlines()
     print(f"\n== dsh sessions before dsh prune: {len(listed)} lines (printed after it)")
-    before, before_b = day.du_h(), day.state_bytes()
+    before, before_b = day.du_h(), day.settled_state_bytes()
     print(f"\n== du -sh state dir before dsh prune: {before}  ({before_b} bytes)")
 
     def prune() -> str:
@@ -363,8 +383,9 @@ def finish(day: Day, dirs: list[Path], older_than: str) -> bool:
     print("\n== dsh sessions (after prune)")
     print(day.dsh("sessions", cwd=dirs[0], want=None).stdout, end="")
     within = day.peak <= day.bound
-    print(f"\nstate bound {day.bound} bytes; peak seen {day.peak}: "
-          f"{'within' if within else 'EXCEEDED'}")
+    print(f"\nstate bound {day.bound} bytes; peak seen {day.peak} once retention had its "
+          f"chance (at most {RETENTION_SETTLE_S:g} s): {'within' if within else 'EXCEEDED'}; "
+          f"highest instant sample {day.instant_peak}")
     return within
 
 
