@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import DaemonProcess, running_daemon, wait_until_gone
+from tests.e2e.conftest import DaemonProcess, running_daemon, until, wait_until_gone
 
 LIVENESS = 30.0  # a generous bound on "it happens", never a speed target
 
@@ -40,16 +40,6 @@ def log_lines(d, event: str) -> list[dict]:
         if rec.get("event") == event:
             found.append(rec)
     return found
-
-
-def until(predicate, what: str, bound: float = LIVENESS):
-    deadline = time.monotonic() + bound
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"not within {bound} s: {what}")
 
 
 def background_run(d, workdir, *args: str) -> subprocess.Popen:

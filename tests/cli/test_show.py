@@ -9,11 +9,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 from client.exits import EXIT_INTERRUPTED, EXIT_TIMEOUT
 
 from durability.helpers import frames, log_path
+from tests.e2e.conftest import until
 from .names_support import daemon, listed, run_in, workdir  # noqa: F401 - fixtures
 
 
@@ -21,16 +21,6 @@ def _popen(d, *args: str, cwd) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "client.cli", *args], env=d.env,
                             cwd=str(cwd), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             stdin=subprocess.DEVNULL, text=True)
-
-
-def _wait_for(pred, what: str, bound: float = 30.0):
-    deadline = time.monotonic() + bound
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise AssertionError(f"not within {bound} s: {what}")
 
 
 def test_sessions_is_an_aligned_table_with_status_and_last_exit(daemon, workdir):
@@ -46,7 +36,7 @@ def test_sessions_is_an_aligned_table_with_status_and_last_exit(daemon, workdir)
     long = _popen(daemon, "run", "--session", bad, "--call-id", "slow", "--", "sleep", "60",
                   cwd=workdir)
     try:
-        _wait_for(lambda: any(s["running"] for s in listed(daemon)), "the call runs")
+        until(lambda: any(s["running"] for s in listed(daemon)), "the call runs")
         table = daemon.dsh("sessions")
         assert table.returncode == 0, table.stderr
         lines = table.stdout.splitlines()
@@ -80,7 +70,7 @@ def test_log_follow_prints_new_events_until_ctrl_c(daemon, workdir):
             seen.append(json.loads(follower.stdout.readline()))
             return seen[-1]["type"] == "tool/result" and seen[-1]["data"]["callId"] == "later"
 
-        _wait_for(later_result, "the new call's result is printed")
+        until(later_result, "the new call's result is printed")
         seqs = [e["seq"] for e in seen]
         assert seqs == list(range(len(seqs)))  # every event once, in order
         assert follower.poll() is None  # still following
@@ -132,7 +122,7 @@ def test_wait_timeout_exits_124_and_says_the_call_still_runs(daemon, workdir):
     long = _popen(daemon, "run", "--session", sid, "--call-id", "slow", "--", "sleep", "60",
                   cwd=workdir)
     try:
-        _wait_for(lambda: any(s["running"] for s in listed(daemon)), "the call runs")
+        until(lambda: any(s["running"] for s in listed(daemon)), "the call runs")
         r = daemon.dsh("wait", sid, "slow", "--timeout", "0.5")
         assert r.returncode == EXIT_TIMEOUT, r.stderr
         assert "still running" in r.stderr and "keeps running" in r.stderr

@@ -128,3 +128,15 @@ def throwaway_user(name: str, *, system: bool = False, keep: bool = False,
     finally:
         if created:
             subprocess.run(["userdel", name], check=False, capture_output=True)
+
+
+def until(predicate, what: str, bound: float = 30.0):
+    """Poll ``predicate`` until it is truthy (its value) -- a generous liveness bound on "it
+    happens", never a speed target."""
+    deadline = time.monotonic() + bound
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"not within {bound} s: {what}")
