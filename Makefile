@@ -38,7 +38,7 @@ SERVICE_ENV   = PYTHON=$(PYTHON) PREFIX=$(PREFIX) UNITDIR=$(UNITDIR) DOCDIR=$(DO
 STOP_WAIT    ?= 20
 
 .PHONY: install install-test run start stop status test bench crash-test clean \
-        install-system uninstall-system install-user uninstall-user day
+        install-system uninstall-system install-user uninstall-user day vendor-web
 
 $(BIN)/python:
 	@$(PYTHON) -m venv $(VENV) || { echo "python3 -m venv failed: install it with 'apt-get install -y python3-venv'"; exit 1; }
@@ -131,6 +131,11 @@ clean: stop
 	  echo "make clean: $$n tool call(s) still run in their call hosts under $$DSH_STATE_DIR; end them with 'make clean CANCEL=1' (or $(BIN)/python -m dshd hosts --cancel), or wait until they finish"; exit 1; fi; \
 	if [ "$$n" -gt 0 ]; then $(BIN)/python -m dshd hosts --state-dir "$$DSH_STATE_DIR" --cancel || exit 1; fi
 	rm -rf $(RUNDIR) build *.egg-info
+
+# The web page's vendored xterm.js (client/web/static/vendor/xterm/): npm pack of the pinned
+# versions in tools/vendor-web.sh; only to move the pins (the result is committed).
+vendor-web:
+	tools/vendor-web.sh
 
 install-system:
 	@$(SERVICE_ENV) systemd/install.sh install-system
