@@ -1,0 +1,104 @@
+// app.js: the page's entry point (issue 16): one RpcConnection to the bridge's /ws, the
+// connection banner, the sessions list and the selected session's view.
+//
+// Theory of operation: RpcConnection (rpc.js) sends initialize (approvals: true) on every
+// (re)connect and reconnects forever with backoff. While it is open the status reads
+// "connected" and the sessions list polls; when the WebSocket closes (the bridge went away,
+// or dshd did: close 4000/4001 with a reason) the banner shows "reconnecting…" and the
+// reason, the list stops polling, and nothing is reloaded: on the next open the list polls
+// again, the session's LaneView subscribes again (fresh base batch) and every OutputFollower
+// follows again from its next byte offset. The selected session is kept in the URL's hash
+// (#session=ID), so a reload shows the same one; without one the newest session is shown.
+// window.dshMirror() returns the selected session's lane mirror (tests compare it).
+
+import * as rpc from "./rpc.js";
+import { SessionList } from "./sessions.js";
+import { SessionView } from "./session.js";
+import { el } from "./dom.js";
+
+const MAX_NOTES = 5;
+
+function wsUrl() {
+  const scheme = location.protocol === "https:" ? "wss:" : "ws:";
+  return `${scheme}//${location.host}/ws`;
+}
+
+function selectedFromHash() {
+  const m = /session=([A-Za-z0-9_-]{1,64})/.exec(location.hash);
+  return m ? m[1] : null;
+}
+
+class App {
+  constructor() {
+    this.status = document.querySelector("[data-testid=conn-status]");
+    this.banner = document.getElementById("banner");
+    this.notes = document.getElementById("notes");
+    this.main = document.getElementById("session");
+    this.view = null;
+    this.conn = new rpc.RpcConnection(wsUrl(), {
+      WebSocket: window.WebSocket,
+      onOpen: () => this.opened(),
+      onClose: (reason) => this.closed(reason),
+    });
+    this.list = new SessionList(document.querySelector("[data-testid=session-list]"), {
+      request: (method, params) => this.conn.request(method, params),
+      onSelect: (id) => this.select(id),
+    });
+    window.dshMirror = () => this.view?.mirror() ?? null;
+    window.addEventListener("hashchange", () => {
+      const id = selectedFromHash();
+      if (id && id !== this.view?.sessionId) this.select(id);
+    });
+    this.setStatus("connecting", "connecting…");
+    const first = selectedFromHash();
+    if (first) this.select(first);
+    this.waitForFirstList();
+  }
+
+  setStatus(state, text) {
+    this.status.textContent = text;
+    this.status.dataset.state = state;
+    document.body.dataset.conn = state;
+    this.banner.hidden = state === "open";
+    this.banner.textContent = state === "open" ? "" : text;
+  }
+
+  opened() {
+    this.setStatus("open", "connected");
+    this.list.start();
+  }
+
+  closed(reason) {
+    this.list.stop();
+    const why = typeof reason === "string" ? reason : reason?.reason || reason?.message || "";
+    this.setStatus("closed", why ? `reconnecting… (${why})` : "reconnecting…");
+  }
+
+  /** Without a session in the hash, show the newest one as soon as the list has one. */
+  waitForFirstList() {
+    const tick = () => {
+      if (this.view) return;
+      const newest = this.list.newest();
+      if (newest) this.select(newest);
+      else setTimeout(tick, 250);
+    };
+    tick();
+  }
+
+  select(id) {
+    if (this.view?.sessionId === id) return;
+    this.view?.close();
+    this.list.mark(id);
+    if (location.hash !== `#session=${id}`) history.replaceState(null, "", `#session=${id}`);
+    this.view = new SessionView(this.main, { conn: this.conn, sessionId: id, rpc,
+      onError: (text) => this.note(text) });
+  }
+
+  note(text) {
+    this.notes.prepend(el("div", { class: "note", testid: "note",
+      on: { click: (ev) => ev.currentTarget.remove() } }, text));
+    while (this.notes.childElementCount > MAX_NOTES) this.notes.lastElementChild.remove();
+  }
+}
+
+window.dshApp = new App();

@@ -1,0 +1,103 @@
+// sessions.js: the sessions list (PROTOCOL.md §3.1 session.list), newest first.
+//
+// Theory of operation: there is no subscription of the list, so SessionList polls
+// `session.list` every `intervalMs` (1 s) while the connection is open, one request at a time
+// (a slow answer delays the next poll instead of piling requests up), and re-renders the rows
+// keyed by session id: name (or id), cwd, running calls, pending approvals. A click selects a
+// session (onSelect). Damaged sessions are listed with their reason and cannot be selected.
+
+import { el, reconcile, age } from "./dom.js";
+
+const MAX_ROWS = 500;
+
+export class SessionList {
+  constructor(container, { request, onSelect, intervalMs = 1000 }) {
+    this.container = container;
+    this.request = request;
+    this.onSelect = onSelect;
+    this.intervalMs = intervalMs;
+    this.rows = new Map();
+    this.sessions = [];
+    this.selected = null;
+    this.timer = null;
+    this.running = false;
+  }
+
+  start() {
+    if (this.running) return;
+    this.running = true;
+    this.poll();
+  }
+
+  stop() {
+    this.running = false;
+    clearTimeout(this.timer);
+    this.timer = null;
+  }
+
+  async poll() {
+    if (!this.running) return;
+    try {
+      const result = await this.request("session.list", {});
+      this.update(result.sessions ?? []);
+    } catch (err) {
+      // A dropped connection stops the polling (start() again on open); any other error is
+      // shown in place of the list and the poll goes on.
+      if (err?.code !== -32099) this.container.dataset.error = err?.message ?? String(err);
+    }
+    if (this.running) this.timer = setTimeout(() => this.poll(), this.intervalMs);
+  }
+
+  update(sessions) {
+    delete this.container.dataset.error;
+    this.sessions = sessions
+      .slice()
+      .sort((a, b) => (b.createdAt ?? 0) - (a.createdAt ?? 0) || (a.sessionId < b.sessionId ? 1 : -1))
+      .slice(0, MAX_ROWS);
+    const byId = new Map(this.sessions.map((s) => [s.sessionId, s]));
+    reconcile(this.container, this.rows, this.sessions.map((s) => s.sessionId),
+      (id) => this.makeRow(id), (id, row) => this.fillRow(row, byId.get(id)));
+  }
+
+  makeRow(id) {
+    return el("li", {
+      testid: "session-row", class: "session-row", data: { sessionId: id }, tabindex: "0",
+      on: {
+        click: () => this.select(id),
+        keydown: (ev) => { if (ev.key === "Enter") this.select(id); },
+      },
+    });
+  }
+
+  fillRow(row, s) {
+    const busy = [];
+    if (s.running) busy.push(el("span", { class: "badge running", title: "running calls" }, `${s.running} running`));
+    if (s.pendingApprovals) busy.push(el("span", { class: "badge asking", title: "pending approvals" }, `${s.pendingApprovals} asking`));
+    row.classList.toggle("selected", s.sessionId === this.selected);
+    row.classList.toggle("damaged", Boolean(s.damaged));
+    row.replaceChildren(
+      el("div", { class: "row-head" },
+        el("span", { class: "session-name" }, s.name ?? s.title ?? s.sessionId),
+        s.updatedAt ? el("span", { class: "age" }, age(s.updatedAt)) : null),
+      el("div", { class: "session-cwd", title: s.cwd ?? "" }, s.damaged ? `damaged: ${s.damaged}` : `\u200e${s.cwd ?? ""}\u200e`),
+      busy.length ? el("div", { class: "badges" }, busy) : null,
+    );
+  }
+
+  select(id) {
+    const info = this.sessions.find((s) => s.sessionId === id);
+    if (info?.damaged) return;
+    this.mark(id);
+    this.onSelect(id, info);
+  }
+
+  /** Show `id` as the selected row (no onSelect). */
+  mark(id) {
+    this.selected = id;
+    for (const [key, row] of this.rows) row.classList.toggle("selected", key === id);
+  }
+
+  newest() {
+    return this.sessions.find((s) => !s.damaged)?.sessionId ?? null;
+  }
+}

@@ -1,0 +1,114 @@
+// terminal.js: a PTY call (bash with tty: true) in xterm.js.
+//
+// Theory of operation: TerminalPanel.open(callId) makes one xterm Terminal (the vendored UMD
+// build: window.Terminal, window.FitAddon) in the host element (data-testid "terminal") and
+// its own OutputFollower from offset 0, so the terminal gets the call's complete scrollback
+// (tool.follow from 0 delivers every retained byte, then the live ones; after a reconnect it
+// resumes from the next offset). Keys go to the call's terminal with tool.write (base64),
+// one write at a time in order (each answer is the back-pressure); the terminal is fitted to
+// its host and every size change is a tool.resize. At the call's eof the terminal says so
+// and stops sending keys. close() ends the follower and disposes of the terminal.
+
+import { el } from "./dom.js";
+import { stopFollower } from "./calls.js";
+
+export class TerminalPanel {
+  constructor(host, { conn, sessionId, OutputFollower, b64encode, onError }) {
+    this.host = host;
+    this.conn = conn;
+    this.sessionId = sessionId;
+    this.OutputFollower = OutputFollower;
+    this.b64encode = b64encode;
+    this.onError = onError;
+    this.callId = null;
+    this.term = null;
+    this.fit = null;
+    this.follower = null;
+    this.writes = Promise.resolve();
+    this.ended = false;
+    this.onWindowResize = () => this.refit();
+  }
+
+  get available() {
+    return typeof window.Terminal === "function";
+  }
+
+  open(callId) {
+    if (this.callId === callId) return;
+    this.close();
+    if (!this.available) {
+      this.onError("xterm.js did not load (static/vendor/xterm): the terminal cannot open");
+      return;
+    }
+    this.callId = callId;
+    this.ended = false;
+    this.host.hidden = false;
+    this.host.dataset.callId = callId;
+    const title = el("div", { class: "terminal-title" },
+      el("span", {}, `terminal · ${callId}`),
+      el("button", { class: "small", on: { click: () => this.close() } }, "close"));
+    const screen = el("div", { class: "terminal-screen" });
+    this.host.replaceChildren(title, screen);
+    this.term = new window.Terminal({ convertEol: false, scrollback: 10000, fontSize: 13,
+      fontFamily: "ui-monospace, Menlo, Consolas, monospace", cursorBlink: true });
+    this.fit = new window.FitAddon.FitAddon();
+    this.term.loadAddon(this.fit);
+    this.term.open(screen);
+    this.term.onData((data) => this.send(data));
+    this.term.onResize(({ cols, rows }) => this.resize(cols, rows));
+    window.addEventListener("resize", this.onWindowResize);
+    this.refit();
+    this.resize(this.term.cols, this.term.rows);
+    this.follower = new this.OutputFollower(this.conn, this.sessionId, callId, {
+      onData: (bytes) => this.term?.write(bytes),
+      onEof: (exitCode) => {
+        this.ended = true;
+        this.host.dataset.ended = "true";
+        this.term?.write(`\r\n\x1b[2m[the call ended${exitCode === undefined || exitCode === null ? "" : `: exit ${exitCode}`}]\x1b[0m\r\n`);
+      },
+      onError: (err) => this.onError(`terminal ${callId}: ${err?.message ?? err}`),
+    });
+    this.follower.start?.();
+    this.term.focus();
+  }
+
+  refit() {
+    try {
+      this.fit?.fit();
+    } catch {
+      // not laid out yet
+    }
+  }
+
+  send(data) {
+    if (this.ended || !this.callId) return;
+    const callId = this.callId;
+    const payload = this.b64encode(data);
+    this.writes = this.writes.then(() => this.conn.request("tool.write",
+      { sessionId: this.sessionId, callId, data: payload })).catch((err) => {
+      if (err?.data?.code !== "CALL_SETTLED") this.onError(`tool.write: ${err.message}`);
+    });
+  }
+
+  resize(cols, rows) {
+    if (this.ended || !this.callId) return;
+    this.conn.request("tool.resize", { sessionId: this.sessionId, callId: this.callId, cols, rows })
+      .catch((err) => {
+        if (err?.data?.code !== "CALL_SETTLED") this.onError(`tool.resize: ${err.message}`);
+      });
+  }
+
+  close() {
+    stopFollower(this.follower);
+    this.follower = null;
+    window.removeEventListener("resize", this.onWindowResize);
+    this.term?.dispose();
+    this.term = null;
+    this.fit = null;
+    this.callId = null;
+    this.host.hidden = true;
+    delete this.host.dataset.callId;
+    delete this.host.dataset.ended;
+    this.host.replaceChildren();
+  }
+}
