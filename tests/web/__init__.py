@@ -1,0 +1,1 @@
+"""Tests of the web bridge, the page and the JavaScript client (issue 16)."""

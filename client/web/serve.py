@@ -1,0 +1,112 @@
+"""``dsh web``'s server: hypercorn on trio serving the bridge app (docs/WEB.md).
+
+Theory of operation: :func:`serve` checks the listen address (a host beyond loopback needs
+``allow_remote``; :class:`RemoteRefused` carries the SSH-tunnel sentence), loads or makes the
+token (``client.web.auth.load_token``), binds the listening socket itself (port 0 picks a free
+one, so the real port is known before the app is built: the cookie's name and the Host rule use
+it) and hands the socket to hypercorn as ``fd://N``. hypercorn runs on the caller's trio loop
+(``hypercorn.trio.serve``) with its access log off (the token travels in a query string) and
+``websocket_max_message_size`` 16 MiB; it stops gracefully when its shutdown trigger returns,
+which happens at the first SIGTERM or SIGINT (the receiver is opened before listening, so no
+signal is lost between the two). ``task_status.started`` gets the tokened URL once the socket
+listens; the CLI prints it. Only this function knows the token; logs never see it.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket as _socket
+from functools import partial
+from pathlib import Path
+
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve as hypercorn_serve
+
+from client.paths import socket_path
+from client.web.auth import AuthRules, default_token_file, host_port, is_loopback, load_token
+from client.web.bridge import MAX_MESSAGE_BYTES, build_app
+
+__all__ = ["DEFAULT_LISTEN", "ListenError", "RemoteRefused", "parse_listen", "serve"]
+
+DEFAULT_LISTEN = "127.0.0.1:8470"
+_GRACE_S = 2.0  # open WebSockets get this long to end at shutdown
+
+
+class ListenError(ValueError):
+    """``--listen`` is not ``HOST:PORT``."""
+
+
+class RemoteRefused(Exception):
+    """A host beyond loopback without ``--allow-remote``; the message says how to tunnel."""
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` for IPv6) -> (host, port); port 0 = pick a free one."""
+    host, sep, port_text = listen.rpartition(":")
+    host = host.strip()
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ListenError(f"--listen {listen!r}: expected HOST:PORT, e.g. {DEFAULT_LISTEN}")
+    return host, int(port_text)
+
+
+def tunnel_sentence(host: str, port: int) -> str:
+    port = port or 8470
+    return (f"dsh web: refusing to listen on {host} (beyond loopback): anyone who reaches it could "
+            f"try the token. Tunnel over SSH instead: run `dsh web --listen 127.0.0.1:{port}` on "
+            f"the host, then `ssh -L {port}:127.0.0.1:{port} HOST` on your machine and open the "
+            "URL dsh web printed; or pass --allow-remote.")
+
+
+def _bind(host: str, port: int) -> _socket.socket:
+    infos = _socket.getaddrinfo(host, port, type=_socket.SOCK_STREAM, flags=_socket.AI_PASSIVE)
+    family, kind, proto, _, addr = infos[0]
+    sock = _socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _config(fd: int) -> Config:
+    config = Config()
+    config.bind = [f"fd://{fd}"]
+    config.accesslog = None
+    config.errorlog = logging.getLogger("hypercorn.error")
+    config.websocket_max_message_size = MAX_MESSAGE_BYTES
+    config.graceful_timeout = _GRACE_S
+    config.include_server_header = False
+    return config
+
+
+async def _first_signal(signals: trio.abc.ReceiveChannel) -> None:
+    async for signum in signals:
+        logging.getLogger("dsh.web").info("stopping (%s)", signal.Signals(signum).name)
+        return
+
+
+async def serve(listen: str, *, socket: Path | None, token_file: Path | None, new_token: bool,
+                allow_remote: bool, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Serve the bridge until SIGTERM/SIGINT (module doc); ``started`` gets the URL."""
+    host, port = parse_listen(listen)
+    if not is_loopback(host) and not allow_remote:
+        raise RemoteRefused(tunnel_sentence(host, port))
+    token = load_token(token_file or default_token_file(), new=new_token)
+    sock = _bind(host, port)
+    port = sock.getsockname()[1]
+    rules = AuthRules(token=token, port=port, listen_host=host)
+    app = build_app(rules, socket_path(socket))
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    url = f"http://{host_port(shown, port)}/?token={token}"
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(partial(hypercorn_serve, app, _config(sock.detach()),
+                                        shutdown_trigger=partial(_first_signal, signals)))
+            logging.getLogger("dsh.web").info("listening on %s", host_port(host, port))
+            task_status.started(url)
