@@ -141,3 +141,28 @@ def test_the_token_is_in_no_log_line(bridge, web_daemon):
     for name, text in logs.items():
         leaked = [line for line in text.splitlines() if bridge.token in line]
         assert not leaked, (name, leaked)
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_signal_stops_the_bridge_cleanly_with_a_websocket_open(bridge, sig):
+    import signal as _signal
+
+    cookie = sign_in(bridge)
+    closed: list[int] = []
+
+    async def hold_one_open() -> None:
+        async with ws_rpc(bridge, cookie) as rpc:
+            await rpc.initialize()
+            bridge.proc.send_signal(getattr(_signal, sig))
+            from trio_websocket import ConnectionClosed
+            try:
+                with trio.fail_after(LIVENESS_S):
+                    while True:
+                        await rpc.ws.get_message()
+            except ConnectionClosed as exc:
+                closed.append(exc.reason.code)
+    trio.run(hold_one_open)
+    assert bridge.proc.wait(LIVENESS_S) == 0
+    assert closed, "the WebSocket was not closed"
+    assert "Traceback" not in bridge.log, bridge.log
+    assert f"stopping ({sig})" in bridge.log

@@ -119,3 +119,42 @@ async def test_the_browser_closing_ends_its_dshd_connection(bridge, web_daemon):
             while (status := await rpc.result("daemon.status"))["connections"] != 1:
                 await trio.sleep(0.05)
         assert status["connections"] == 1
+
+
+def _kib(pid: int, field: str) -> int:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field}")
+
+
+async def test_a_browser_that_does_not_read_holds_the_bridge_to_a_bounded_buffer(bridge, tmp_path):
+    """Back-pressure: 128 MiB of output followed by a WebSocket that stops reading; the
+    bridge's peak memory grows by far less than the output (it stops reading dshd), and
+    every byte arrives, in order, once the browser reads again."""
+    total = 128 * 1024 * 1024
+    cookie = await cookie_of(bridge)
+    async with ws_rpc(bridge, cookie) as rpc:
+        await rpc.initialize()
+        sid = (await rpc.result("session.create", {"cwd": str(tmp_path)}))["sessionId"]
+        run = await rpc.result("tool.run", {
+            "sessionId": sid, "name": "bash", "approved": True,
+            "arguments": {"command": f"head -c {total} /dev/zero | tr '\\0' a"}})
+        done = await rpc.result("tool.wait", {"sessionId": sid, "callId": run["callId"]})
+        assert done.get("exitCode", 0) == 0, done
+        before = _kib(bridge.proc.pid, "VmRSS")
+        fid = (await rpc.result("tool.follow", {"sessionId": sid,
+                                                "callId": run["callId"]}))["followId"]
+        await trio.sleep(3)  # the browser reads nothing for a while
+        held = _kib(bridge.proc.pid, "VmHWM") - before
+        got, eof = 0, False
+        while not eof:
+            p = (await rpc.notification(lambda m: m.get("method") == "output"
+                                        and m["params"]["followId"] == fid))["params"]
+            if p.get("eof"):
+                eof = True
+            elif "data" in p:
+                assert p["offset"] == got
+                got += len(base64.b64decode(p["data"]))
+        assert got == total
+        assert held < 48 * 1024, f"the bridge grew by {held} KiB while the browser did not read"
