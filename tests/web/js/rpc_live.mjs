@@ -1,0 +1,180 @@
+// rpc.js against a real dshd through a real `dsh web` (driven by tests/web/test_js_rpc.py;
+// not a node:test file). Run: node --experimental-websocket rpc_live.mjs
+// Env: DSH_WEB_BASE (http://127.0.0.1:PORT), DSH_WEB_TOKEN, DSH_WEB_CWD (the session's cwd).
+//
+// It prints one JSON object per line: {"step": ...} as it goes, {"ok": true, ...figures} at
+// the end, or {"ok": false, "error"} (exit 1). The step "ready-for-kill" asks the test to
+// SIGKILL the bridge and start it again on the same port; "resumed" says the script has seen
+// the drop, the reconnect, a fresh base batch and follow bytes after the reconnect, so the test
+// may let the still-running call finish (it creates DSH_WEB_CWD/STOP).
+import assert from "node:assert/strict";
+
+import { RpcConnection, LaneView, OutputFollower, readAll, RpcError, CONNECTION_LOST } from "../../../client/web/static/rpc.js";
+
+const BASE = process.env.DSH_WEB_BASE;
+const TOKEN = process.env.DSH_WEB_TOKEN;
+const CWD = process.env.DSH_WEB_CWD;
+const WAIT_MS = 30000; // liveness bound for each step (generous: 2 busy cores)
+
+const say = (obj) => process.stdout.write(JSON.stringify(obj) + "\n");
+
+async function until(predicate, what, ms = WAIT_MS) {
+  const deadline = Date.now() + ms;
+  for (;;) {
+    const value = predicate();
+    if (value) return value;
+    if (Date.now() > deadline) throw new Error(`not within ${ms} ms: ${what}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+/** The token → cookie exchange a browser does when it opens the printed URL. */
+async function cookieFor(base, token) {
+  const res = await fetch(`${base}/?token=${encodeURIComponent(token)}`, { redirect: "manual" });
+  assert.equal(res.status, 303, "GET /?token= answers 303 with the cookie");
+  const [setCookie] = res.headers.getSetCookie();
+  assert.match(setCookie, /HttpOnly/i);
+  return setCookie.split(";")[0];
+}
+
+function concat(chunks) {
+  const out = new Uint8Array(chunks.reduce((n, c) => n + c.length, 0));
+  let at = 0;
+  for (const c of chunks) {
+    out.set(c, at);
+    at += c.length;
+  }
+  return out;
+}
+
+/** A follower that records every chunk and checks each starts where the last ended. */
+function follow(conn, sessionId, callId) {
+  const rec = { chunks: [], eof: null, gaps: [], errors: [], contiguous: true, end: 0 };
+  rec.follower = new OutputFollower(conn, sessionId, callId, {
+    onData: (bytes, offset) => {
+      if (offset !== rec.end) rec.contiguous = false;
+      rec.end = offset + bytes.length;
+      rec.chunks.push(bytes.slice());
+    },
+    onEof: (code) => (rec.eof = { code }),
+    onGap: (gap) => rec.gaps.push(gap),
+    onError: (err) => rec.errors.push(String(err)),
+  }).start();
+  return rec;
+}
+
+async function main() {
+  const cookie = await cookieFor(BASE, TOKEN);
+  const origin = BASE;
+  class BridgeWebSocket extends WebSocket {
+    constructor(url) {
+      super(url, { headers: { Origin: origin, Cookie: cookie } }); // undici's init.headers
+    }
+  }
+  const events = { opens: 0, closes: [] };
+  const conn = new RpcConnection(BASE.replace(/^http/, "ws") + "/ws", {
+    WebSocket: BridgeWebSocket,
+    onOpen: () => (events.opens += 1),
+    onClose: (info) => { events.closes.push(info); if (process.env.DSH_WEB_DEBUG) console.error("close", JSON.stringify(info), conn.state); },
+  });
+  await until(() => conn.state === "open", "the first initialize");
+  assert.equal(conn.server.protocolVersion, 1);
+  assert.equal(conn.server.capabilities.approvals, true);
+  say({ step: "initialized", state: conn.state });
+
+  // An error answer is an RpcError with the daemon's code.
+  const refused = await conn.request("session.get", { sessionId: "nosuchsession" }).catch((e) => e);
+  assert.ok(refused instanceof RpcError && refused.code === -32004, `session.get unknown: ${refused}`);
+
+  const { sessionId } = await conn.request("session.create", { cwd: CWD, name: "jsclient" });
+  const bases = []; // for each applied base batch: the seq and the connection's open count
+  const view = LaneView.subscribe(conn, sessionId, (v) => {
+    if (v.mirror.lastOps.length && v.mirror.lastOps[0][0] === "r") bases.push({ seq: v.mirror.seq, opens: conn.opens });
+  });
+  await until(() => view.live, "the lane's base batch");
+  assert.equal(view.value.session.sessionId, sessionId);
+
+  // Phase 1: a short call goes from tools to recent; its followed bytes equal tool.read's.
+  const script1 = "for i in 1 2 3 4 5; do printf 'line %s \\342\\234\\223\\n' $i; sleep 0.1; done; printf 'no newline'";
+  let sawRunning = false;
+  const offChange = conn.on("notification", () => {
+    const t = view.value && view.value.tools;
+    if (t && Object.values(t).some((c) => c.state === "running")) sawRunning = true;
+  });
+  const run1 = await conn.request("tool.run", {
+    sessionId, name: "bash", arguments: { command: script1 }, approved: true,
+  });
+  const rec1 = follow(conn, sessionId, run1.callId);
+  await until(() => rec1.eof, "eof of the first call");
+  await until(() => view.value.recent.some((r) => r.callId === run1.callId), "the first call in recent");
+  offChange();
+  assert.ok(sawRunning, "the call was seen in the lane's tools while it ran");
+  assert.ok(!(run1.callId in view.value.tools), "a settled call left tools");
+  const all1 = await readAll(conn, sessionId, run1.callId);
+  const got1 = concat(rec1.chunks);
+  assert.ok(all1.eof && !all1.more);
+  assert.deepStrictEqual(got1, all1.data, "followed bytes equal tool.read's");
+  assert.equal(new TextDecoder().decode(got1), "line 1 ✓\nline 2 ✓\nline 3 ✓\nline 4 ✓\nline 5 ✓\nno newline");
+  assert.equal(rec1.eof.code, 0);
+  const result1 = await conn.request("tool.wait", { sessionId, callId: run1.callId });
+  assert.equal(result1.exitCode ?? result1.details.exitCode, 0);
+  say({ step: "phase1", bytes: got1.length, callId: run1.callId });
+
+  // Phase 2: a call that runs until the test creates STOP; the bridge dies mid-follow.
+  const script2 = "i=0; while [ ! -e STOP ]; do i=$((i+1)); printf 'tick %06d\\n' $i; sleep 0.02; done; printf 'stopped after %d\\n' $i";
+  const run2 = await conn.request("tool.run", {
+    sessionId, name: "bash", arguments: { command: script2 }, approved: true,
+  });
+  const rec2 = follow(conn, sessionId, run2.callId);
+  await until(() => rec2.end > 200, "output of the second call");
+  await until(() => view.value.tools[run2.callId] && view.value.tools[run2.callId].state === "running", "the second call running in the lane");
+  const lostWait = conn.request("tool.wait", { sessionId, callId: run2.callId }).then(
+    () => null,
+    (err) => err,
+  );
+  const opensBefore = conn.opens;
+  const basesBefore = bases.length;
+  const bytesBeforeKill = rec2.end;
+  say({ step: "ready-for-kill", offset: bytesBeforeKill });
+
+  await until(() => events.closes.length >= 1, "the drop (close event)");
+  const dropped = await lostWait;
+  assert.ok(dropped instanceof RpcError && dropped.code === CONNECTION_LOST, `pending tool.wait rejected: ${dropped}`);
+  const offsetAtDrop = rec2.follower.offset;
+  await until(() => conn.opens > opensBefore && conn.state === "open", "the reconnect");
+  await until(() => bases.length > basesBefore && view.live, "a fresh base batch after the reconnect");
+  assert.equal(bases[bases.length - 1].seq, 0, "the new subscription starts at seq 0 with a base batch");
+  assert.ok(run2.callId in view.value.tools, "the running call is in the rebuilt lane");
+  await until(() => rec2.follower.follows >= 2 && rec2.end > offsetAtDrop + 100, "follow bytes after the reconnect");
+  say({ step: "resumed", offsetAtDrop, end: rec2.end });
+
+  await until(() => rec2.eof, "eof of the second call", 60000);
+  await until(() => view.value.recent.some((r) => r.callId === run2.callId), "the second call in recent");
+  const all2 = await readAll(conn, sessionId, run2.callId, { limit: 65536 });
+  const got2 = concat(rec2.chunks);
+  assert.ok(rec2.contiguous, "every chunk started where the last ended");
+  assert.deepStrictEqual(rec2.gaps, []);
+  assert.equal(got2.length, all2.data.length, "no byte lost or doubled (length)");
+  assert.deepStrictEqual(got2, all2.data, "no byte lost or doubled (content)");
+  const text2 = new TextDecoder().decode(got2);
+  const ticks = text2.match(/^tick \d{6}$/gm);
+  const last = Number(/stopped after (\d+)/.exec(text2)[1]);
+  assert.equal(ticks.length, last, "every tick once, in order");
+  ticks.forEach((t, i) => assert.equal(t, `tick ${String(i + 1).padStart(6, "0")}`));
+
+  say({
+    ok: true, opens: conn.opens, closes: events.closes, subscriptions: view.subscriptions,
+    follows: rec2.follower.follows, bytes: got2.length, offsetAtDrop, ticks: last,
+    readAllPages: Math.ceil(all2.data.length / 65536),
+  });
+  view.close();
+  conn.close();
+}
+
+main().then(
+  () => process.exit(0),
+  (err) => {
+    say({ ok: false, error: String(err && err.stack ? err.stack : err) });
+    process.exit(1);
+  },
+);
