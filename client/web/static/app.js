@@ -68,9 +68,10 @@ class App {
     this.list.start();
   }
 
-  closed(reason) {
+  /** The WebSocket closed ({code, reason}: 4000/4001 name dshd, 1006 a bridge gone). */
+  closed(info) {
     this.list.stop();
-    const why = typeof reason === "string" ? reason : reason?.reason || reason?.message || "";
+    const why = info?.reason || (info?.code ? `closed ${info.code}` : "");
     this.setStatus("closed", why ? `reconnecting… (${why})` : "reconnecting…");
   }
 

@@ -76,7 +76,7 @@ export class CallsView {
         },
         onError: (err) => { pre.dataset.error = err?.message ?? String(err); },
       });
-      out.follower.start?.();
+      out.follower.start();
     } catch (err) {
       pre.dataset.error = err?.message ?? String(err);
     }
@@ -153,11 +153,5 @@ export class CallsView {
 }
 
 export function stopFollower(follower) {
-  if (!follower) return;
-  const stop = follower.close ?? follower.stop ?? follower.unfollow;
-  try {
-    stop?.call(follower);
-  } catch {
-    // already ended
-  }
+  follower?.stop();
 }

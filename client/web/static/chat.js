@@ -29,7 +29,7 @@ export class ChatPanel {
     this.afterSeq = null;
     this.reading = null;
     this.again = false;
-    this.turnKey = null;
+    this.turnKey = undefined; // the first update reads the log
     this.log = el("div", { class: "chat-log", testid: "chat-log" });
     this.input = el("textarea", { testid: "chat-input", rows: "2", placeholder: "Ask the model…",
       on: { keydown: (ev) => { if (ev.key === "Enter" && !ev.shiftKey) { ev.preventDefault(); this.sendOrSteer(); } } } });
@@ -134,7 +134,11 @@ export class ChatPanel {
       const entry = el("div", { class: `chat-entry user${d.steer ? " steer" : ""}`, testid: "chat-user" },
         d.steer ? `(steer) ${d.text}` : d.text);
       this.entries.set(key, entry);
-      this.append(entry);
+      // The lane may have shown this turn's first step before the log was read: keep the
+      // person's words above the answer.
+      const answer = d.turnId && !d.steer ? [...this.log.children].find((n) => n.dataset.key?.startsWith(`${d.turnId}/`)) : null;
+      if (answer) this.log.insertBefore(entry, answer);
+      else this.append(entry);
     } else if (event.type === "message/assistant") {
       const entry = this.assistant(d.turnId && d.stepId ? `${d.turnId}/${d.stepId}` : `a${event.seq}`);
       entry.dataset.logged = "true";

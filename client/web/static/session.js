@@ -31,9 +31,9 @@ export class SessionView {
       { ...common, onTerminal: (id) => this.terminal.open(id) });
     this.terminal = new TerminalPanel(this.terminalBox, { ...common, b64encode: rpc.b64encode });
     this.chat = new ChatPanel(this.chatBox, { conn, sessionId, onError });
-    this.lane = new rpc.LaneView();
-    const started = this.lane.subscribe(conn, sessionId, (value) => this.render(value));
-    Promise.resolve(started).catch((err) => onError(`subscribe ${sessionId}: ${err.message}`));
+    this.lane = rpc.LaneView.subscribe(conn, sessionId, (view) => this.render(view.value), {
+      onError: (err) => onError(`subscribe ${sessionId}: ${err.message}`),
+    });
   }
 
   build() {
@@ -132,12 +132,7 @@ export class SessionView {
   }
 
   close() {
-    const stop = this.lane.close ?? this.lane.unsubscribe ?? this.lane.stop;
-    try {
-      stop?.call(this.lane);
-    } catch {
-      // the connection is gone already
-    }
+    this.lane.close();
     this.calls.close();
     this.terminal.close();
   }

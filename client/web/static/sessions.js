@@ -6,7 +6,7 @@
 // keyed by session id: name (or id), cwd, running calls, pending approvals. A click selects a
 // session (onSelect). Damaged sessions are listed with their reason and cannot be selected.
 
-import { el, reconcile, age } from "./dom.js";
+import { el, reconcile, setChildren, age } from "./dom.js";
 
 const MAX_ROWS = 500;
 
@@ -20,23 +20,22 @@ export class SessionList {
     this.sessions = [];
     this.selected = null;
     this.timer = null;
-    this.running = false;
+    this.generation = 0; // one poll loop at a time: a stop() ends the loop of its generation
   }
 
   start() {
-    if (this.running) return;
-    this.running = true;
-    this.poll();
+    this.stop();
+    this.poll(this.generation);
   }
 
   stop() {
-    this.running = false;
+    this.generation += 1;
     clearTimeout(this.timer);
     this.timer = null;
   }
 
-  async poll() {
-    if (!this.running) return;
+  async poll(generation) {
+    if (generation !== this.generation) return;
     try {
       const result = await this.request("session.list", {});
       this.update(result.sessions ?? []);
@@ -45,7 +44,7 @@ export class SessionList {
       // shown in place of the list and the poll goes on.
       if (err?.code !== -32099) this.container.dataset.error = err?.message ?? String(err);
     }
-    if (this.running) this.timer = setTimeout(() => this.poll(), this.intervalMs);
+    if (generation === this.generation) this.timer = setTimeout(() => this.poll(generation), this.intervalMs);
   }
 
   update(sessions) {
@@ -75,13 +74,13 @@ export class SessionList {
     if (s.pendingApprovals) busy.push(el("span", { class: "badge asking", title: "pending approvals" }, `${s.pendingApprovals} asking`));
     row.classList.toggle("selected", s.sessionId === this.selected);
     row.classList.toggle("damaged", Boolean(s.damaged));
-    row.replaceChildren(
+    setChildren(row, [
       el("div", { class: "row-head" },
         el("span", { class: "session-name" }, s.name ?? s.title ?? s.sessionId),
         s.updatedAt ? el("span", { class: "age" }, age(s.updatedAt)) : null),
       el("div", { class: "session-cwd", title: s.cwd ?? "" }, s.damaged ? `damaged: ${s.damaged}` : `\u200e${s.cwd ?? ""}\u200e`),
       busy.length ? el("div", { class: "badges" }, busy) : null,
-    );
+    ]);
   }
 
   select(id) {

@@ -68,7 +68,7 @@ export class TerminalPanel {
       },
       onError: (err) => this.onError(`terminal ${callId}: ${err?.message ?? err}`),
     });
-    this.follower.start?.();
+    this.follower.start();
     this.term.focus();
   }
 
