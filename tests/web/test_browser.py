@@ -290,7 +290,25 @@ def test_06_the_page_recovers_from_a_bridge_kill_by_itself(world, driver):
     world["shots"].take(driver, "bridge-recovered")
 
 
-def test_07_two_browsers_and_the_cli_stay_equal(world, driver):
+def test_07_the_page_says_dshd_is_away_and_recovers(world, driver):
+    """dshd stops (the bridge closes the WebSocket, then refuses with 4001 "dshd is not
+    running") and starts again: the banner names it, and the page resumes by itself."""
+    daemon = world["daemon"]
+    daemon.stop()
+    until(lambda: "dshd" in status(driver), WAIT_S, what="the banner naming dshd")
+    assert q(driver, "#banner")[0].is_displayed()
+    world["shots"].take(driver, "dshd-down")
+    daemon.start()
+    until(lambda: status(driver) == "connected", WAIT_S, what="reconnected to dshd")
+    proc = dsh(world, "run", "--name", SESSION, "--", "echo", "dshd is back")
+    assert proc.wait(WAIT_S) == 0, proc.stderr.read()
+    until(lambda: any("dshd is back" in text_of(n)
+                      for n in q(driver, "[data-testid=recent-result] [data-testid=call-output]")),
+          WAIT_S, what="a new run's output after dshd's restart")
+    assert driver.execute_script("return window.__noReload") == "still-here"
+
+
+def test_08_two_browsers_and_the_cli_stay_equal(world, driver):
     sid = session_id(world)
     second = chrome((420, 860))  # a phone's width
     try:
