@@ -130,28 +130,35 @@ def test_01_the_tokened_url_opens_the_page(world, driver):
 
 
 def test_02_a_cli_run_appears_with_live_output(world, driver):
-    """The command prints, then waits for a file the test makes: the page must show the
-    printed line while the call still runs."""
+    """The command prints a line stamped with the time, then waits for a file the test
+    makes: the page must show the line while the call still runs (the delay from the print
+    to the page is printed: the issue's "within 1 s"; the bound asserted is LIVE_S)."""
     proc = dsh(world, "run", "--name", SESSION, "--", "sh", "-c",
-               "printf 'first \\033[32mgreen\\033[0m line\\n'; "
-               "while [ ! -e release ]; do sleep 0.05; done; echo second line")
+               "printf 'first \\033[32mgreen\\033[0m line at %s\\n' \"$(date +%s.%N)\"; "
+               "while [ ! -e release ]; do sleep 0.05; done; echo \"second line at $(date +%s.%N)\"")
     try:
         sid = until(lambda: _find(world), WAIT_S, what="the CLI's session")
         select_session(driver, sid)
-        printed = until(lambda: _first_line_printed(world, sid), WAIT_S, what="first line logged")
-        call_id = printed[0]
-        until(lambda: "first green line" in (output_of(driver, call_id) or ""), LIVE_S,
-              what="the first line in the page")
-        shown = time.monotonic()
-        print(f"\nlive output shown {shown - printed[1]:.3f} s after dshd had it", flush=True)
-        call = q(driver, f"[data-testid=call][data-call-id='{call_id}']")[0]
+        call = until(lambda: [c for c in q(driver, "[data-testid=call]")
+                              if "first green line" in text_of(c)], LIVE_S,
+                     what="the first line in the page")[0]
+        shown = time.time()
+        call_id = call.get_attribute("data-call-id")
+        assert _call_ids(world, sid) == [call_id]
+        printed = float(re.search(r"line at (\d+\.\d+)", output_of(driver, call_id)).group(1))
+        print(f"\nfirst line (a new session: list poll, subscribe, follow) shown "
+              f"{shown - printed:.3f} s after the command printed it", flush=True)
         assert call.get_attribute("data-state") == "running" and proc.poll() is None
         assert q(driver, f"[data-call-id='{call_id}'] .ansi-fg-2")  # the colour, as a span
         world["shots"].take(driver, "cli-run-live")
         (world["work"] / "release").touch()
+        until(lambda: "second line" in (output_of(driver, call_id) or ""), LIVE_S)
+        shown = time.time()
+        printed = float(re.search(r"second line at (\d+\.\d+)", output_of(driver, call_id)).group(1))
+        print(f"second line (the session shown) {shown - printed:.3f} s after it was printed "
+              "(page polled every 0.05 s)", flush=True)
         assert proc.wait(WAIT_S) == 0, proc.stderr.read()
         until(lambda: settled(driver, call_id), WAIT_S, what="the settled result")
-        until(lambda: "second line" in (output_of(driver, call_id) or ""), WAIT_S)
         assert text_of(settled(driver, call_id)[0].find_element(
             "css selector", ".call-exit")) == "exit 0"
     finally:
@@ -165,21 +172,6 @@ def _find(world):
         return session_id(world)
     except Exception:  # noqa: BLE001 - not made yet
         return None
-
-
-def _first_line_printed(world, sid):
-    """(callId, monotonic time) once dshd's raw output of the running call has the line."""
-    view = dshd_call(world["daemon"].socket, "session.get", {"sessionId": sid})
-    if not view.get("running"):
-        return None
-    events = dshd_call(world["daemon"].socket, "session.events", {"sessionId": sid})["events"]
-    calls = [e for e in events if e.get("type") == "tool/call"]
-    if not calls:
-        return None
-    call_id = calls[-1]["data"]["callId"] if "data" in calls[-1] else calls[-1]["callId"]
-    read = dshd_call(world["daemon"].socket, "tool.read",
-                     {"sessionId": sid, "callId": call_id, "offset": 0})
-    return (call_id, time.monotonic()) if read["endOffset"] > 0 else None
 
 
 def test_03_a_command_typed_in_the_page_matches_tool_wait(world, driver):
