@@ -158,3 +158,12 @@ async def test_a_browser_that_does_not_read_holds_the_bridge_to_a_bounded_buffer
                 got += len(base64.b64decode(p["data"]))
         assert got == total
         assert held < 48 * 1024, f"the bridge grew by {held} KiB while the browser did not read"
+
+
+async def test_a_binary_message_closes_1003_text_only(bridge):
+    cookie = await cookie_of(bridge)
+    async with ws_rpc(bridge, cookie) as rpc:
+        await rpc.initialize()
+        await rpc.ws.send_message(b'{"jsonrpc": "2.0", "id": 1, "method": "session.list"}')
+        code, reason = await _closed_code(rpc)
+        assert (code, reason) == (1003, "text messages only")
