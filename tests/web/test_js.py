@@ -1,9 +1,10 @@
 """The JavaScript client's own tests: ``node --test tests/web/js/`` run from pytest.
 
 Theory of operation: ``tests/web/js/*.test.mjs`` are ``node:test`` files (lane.js through every
-conformance vector, the mirror's rules). This module runs them with the system ``node`` and
-the TAP reporter, parses the summary (``# tests N``, ``# pass N``, ``# fail N``), and fails
-on any failing or cancelled test, on a non-zero exit, and on a run of zero tests (a glob that
+conformance vector, the mirror's rules, rpc.js without a daemon). This module runs them with the
+system ``node`` (``--experimental-websocket``: rpc.test.mjs opens real WebSockets) and the TAP
+reporter, parses the summary (``# tests N``, ``# pass N``, ``# fail N``), and fails on any
+failing or cancelled test, on a non-zero exit, and on a run of zero tests (a directory that
 matched nothing must not pass). The vector counts the lane test prints as a diagnostic are
 checked against conformance/ops-v1.json here too. Skipped only when ``node`` is not installed,
 with that reason; node is Debian's ``nodejs`` (>= 20).
@@ -37,7 +38,7 @@ def _summary(tap: str) -> dict[str, int]:
 @pytest.fixture(scope="module")
 def node_run() -> tuple[subprocess.CompletedProcess, dict[str, int]]:
     proc = subprocess.run(
-        [NODE, "--test", "--test-reporter=tap", str(JS_TESTS)],
+        [NODE, "--experimental-websocket", "--test", "--test-reporter=tap", str(JS_TESTS)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
     return proc, _summary(proc.stdout)
