@@ -81,3 +81,95 @@ test("no WebSocket is a clear TypeError", () => {
     globalThis.WebSocket = saved;
   }
 });
+
+// --- the views' ordering rules, with a connection whose timing the test scripts ----------
+// (The real thing, dshd through dsh web, is test_js_rpc.py; this pins the orderings a real
+// socket only sometimes produces: a notification dispatched before its request's answer.)
+
+import { LaneView, OutputFollower } from "../../../client/web/static/rpc.js";
+
+class ScriptedConn {
+  constructor() {
+    this.state = "open";
+    this.sent = []; // [{method, params, resolve, reject}]
+    this.listeners = { open: new Set(), close: new Set(), notification: new Set() };
+  }
+  on(type, fn) {
+    this.listeners[type].add(fn);
+    return () => this.listeners[type].delete(fn);
+  }
+  request(method, params) {
+    return new Promise((resolve, reject) => this.sent.push({ method, params, resolve, reject }));
+  }
+  emit(type, ...args) {
+    for (const fn of this.listeners[type]) fn(...args);
+  }
+  last(method) {
+    return this.sent.filter((s) => s.method === method).at(-1);
+  }
+}
+
+const tick = () => new Promise((r) => setTimeout(r, 0));
+const b64 = (s) => Buffer.from(s).toString("base64");
+
+test("OutputFollower: output before the follow answer is kept; overlap cut; resume from the offset", async () => {
+  const conn = new ScriptedConn();
+  const got = [];
+  const gaps = [];
+  const f = new OutputFollower(conn, "S", "c-1", {
+    onData: (bytes, at) => got.push([at, Buffer.from(bytes).toString()]),
+    onGap: (g) => gaps.push(g),
+  });
+  assert.deepStrictEqual(conn.last("tool.follow").params, { sessionId: "S", callId: "c-1", offset: 0 });
+  conn.emit("notification", "output", { followId: "f1", offset: 0, data: b64("hello ") });
+  conn.emit("notification", "output", { followId: "other", offset: 0, data: b64("NOT OURS") });
+  conn.last("tool.follow").resolve({ followId: "f1" });
+  await tick();
+  conn.emit("notification", "output", { followId: "f1", offset: 3, data: b64("lo world") }); // overlaps
+  conn.emit("notification", "output", { followId: "f1", gap: { from: 14, to: 20 } });
+  conn.emit("notification", "output", { followId: "f1", offset: 22, data: b64("!") }); // past: a gap
+  assert.deepStrictEqual(got, [[0, "hello "], [6, "world"], [22, "!"]]);
+  assert.deepStrictEqual(gaps, [{ from: 14, to: 20 }, { from: 20, to: 22 }]);
+  conn.state = "closed";
+  conn.emit("close", { code: 1006 });
+  conn.emit("notification", "output", { followId: "f1", offset: 23, data: b64("stale") });
+  conn.state = "open";
+  conn.emit("open", {});
+  assert.deepStrictEqual(conn.last("tool.follow").params, { sessionId: "S", callId: "c-1", offset: 23 });
+  conn.last("tool.follow").resolve({ followId: "f2" });
+  await tick();
+  conn.emit("notification", "output", { followId: "f2", offset: 23, data: b64("more") });
+  conn.emit("notification", "output", { followId: "f2", offset: 27, eof: true, exitCode: 3 });
+  assert.deepStrictEqual(got.at(-1), [23, "more"]);
+  assert.equal(f.done, true);
+  assert.equal(f.exitCode, 3);
+  assert.equal(f.follows, 2);
+  conn.emit("open", {});
+  assert.equal(conn.sent.filter((s) => s.method === "tool.follow").length, 2, "no follow after eof");
+});
+
+test("LaneView: base batch before the subscribe answer; a seq gap resubscribes; every open too", async () => {
+  const conn = new ScriptedConn();
+  const changes = [];
+  const view = LaneView.subscribe(conn, "S", (v) => changes.push(structuredClone(v.value)));
+  conn.emit("notification", "stream", { subscriptionId: "sub-1", seq: 0, ops: [["r", { n: "" }]] });
+  conn.last("subscribe").resolve({ subscriptionId: "sub-1" });
+  await tick();
+  conn.emit("notification", "stream", { subscriptionId: "sub-1", seq: 1, ops: [["a", ["n"], "x"]] });
+  assert.deepStrictEqual(changes, [{ n: "" }, { n: "x" }]);
+  assert.equal(view.live, true);
+  conn.emit("notification", "stream", { subscriptionId: "sub-1", seq: 3, ops: [["a", ["n"], "y"]] }); // gap
+  assert.equal(view.broken, 1);
+  assert.deepStrictEqual(conn.last("unsubscribe").params, { subscriptionId: "sub-1" });
+  assert.equal(conn.sent.filter((s) => s.method === "subscribe").length, 2);
+  conn.last("subscribe").resolve({ subscriptionId: "sub-2" });
+  await tick();
+  conn.emit("notification", "stream", { subscriptionId: "sub-2", seq: 0, ops: [["r", { n: "fresh" }]] });
+  assert.deepStrictEqual(view.value, { n: "fresh" });
+  conn.emit("close", { code: 1006 });
+  assert.equal(view.live, false);
+  assert.deepStrictEqual(view.value, { n: "fresh" }, "the last value stays shown while reconnecting");
+  conn.emit("open", {});
+  assert.equal(conn.sent.filter((s) => s.method === "subscribe").length, 3);
+  view.close();
+});

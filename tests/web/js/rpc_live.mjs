@@ -59,7 +59,7 @@ function follow(conn, sessionId, callId) {
     onEof: (code) => (rec.eof = { code }),
     onGap: (gap) => rec.gaps.push(gap),
     onError: (err) => rec.errors.push(String(err)),
-  }).start();
+  });
   return rec;
 }
 
