@@ -22,7 +22,8 @@ dshd->ws: the socket is read into a ``protocol.framing.LineBuffer`` bounded at
 a slow browser slows the reading of dshd (back-pressure; the buffer never holds more than one
 line and one chunk). Either side ending ends the other: dshd unreachable at connect -> close
 ``4001`` ("dshd is not running"); dshd closed -> ``4000`` ("dshd closed the connection"); a line
-from dshd over the bound -> ``1009``; the browser closing -> the dshd connection is closed.
+from dshd over the bound -> ``1009``; the browser closing -> the dshd connection is closed; the bridge stopping (SIGTERM/SIGINT) ->
+``1001`` ("dsh web is stopping").
 A message from the browser over the bound is refused by the server (hypercorn's
 ``websocket_max_message_size``: close ``1009``). A binary message -> close ``1003``.
 """
@@ -57,6 +58,7 @@ MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 CLOSE_DSHD_UNREACHABLE = 4001
 #: dshd closed its connection (stopped, restarted, or ended this client).
 CLOSE_DSHD_CLOSED = 4000
+CLOSE_GOING_AWAY = 1001
 CLOSE_TOO_BIG = 1009
 CLOSE_UNSUPPORTED = 1003
 STATIC_DIR = Path(__file__).resolve().parent / "static"
@@ -139,8 +141,10 @@ def _no_cache(send: Send) -> Send:
     return sender
 
 
-def build_app(rules: AuthRules, dshd_socket: Path, static_dir: Path = STATIC_DIR) -> Guard:
-    """The whole bridge app for one listening port and one dshd socket."""
+def build_app(rules: AuthRules, dshd_socket: Path, stopping: trio.Event,
+              static_dir: Path = STATIC_DIR) -> Guard:
+    """The whole bridge app for one listening port and one dshd socket; when ``stopping`` is
+    set every open relay closes ``1001``."""
 
     async def index(request: Any) -> Response:
         page = static_dir / "index.html"
@@ -149,7 +153,7 @@ def build_app(rules: AuthRules, dshd_socket: Path, static_dir: Path = STATIC_DIR
         return FileResponse(page, media_type="text/html")
 
     async def ws(websocket: WebSocket) -> None:
-        await relay(websocket, dshd_socket)
+        await relay(websocket, dshd_socket, stopping)
 
     app = Starlette(routes=[
         Route("/", index, methods=["GET", "HEAD"]),
@@ -159,7 +163,7 @@ def build_app(rules: AuthRules, dshd_socket: Path, static_dir: Path = STATIC_DIR
     return Guard(app, rules)
 
 
-async def relay(websocket: WebSocket, dshd_socket: Path) -> None:
+async def relay(websocket: WebSocket, dshd_socket: Path, stopping: trio.Event) -> None:
     """One WebSocket <-> one dshd connection, raw lines both ways (module doc)."""
     await websocket.accept()
     try:
@@ -174,6 +178,14 @@ async def relay(websocket: WebSocket, dshd_socket: Path) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_to_dshd, websocket, stream, nursery.cancel_scope)
             nursery.start_soon(_from_dshd, websocket, stream, nursery.cancel_scope)
+            nursery.start_soon(_at_stop, websocket, stopping, nursery.cancel_scope)
+
+
+async def _at_stop(websocket: WebSocket, stopping: trio.Event, scope: trio.CancelScope) -> None:
+    """The bridge is stopping: close ``1001`` (going away) rather than drop the connection."""
+    await stopping.wait()
+    await _close(websocket, CLOSE_GOING_AWAY, "dsh web is stopping")
+    scope.cancel()
 
 
 async def _to_dshd(websocket: WebSocket, stream: trio.SocketStream,

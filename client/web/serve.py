@@ -8,7 +8,7 @@ it) and hands the socket to hypercorn as ``fd://N``. hypercorn runs on the calle
 (``hypercorn.trio.serve``) with its access log off (the token travels in a query string) and
 ``websocket_max_message_size`` 16 MiB; it stops gracefully when its shutdown trigger returns,
 which happens at the first SIGTERM or SIGINT (the receiver is opened before listening, so no
-signal is lost between the two). ``task_status.started`` gets the tokened URL once the socket
+signal is lost between the two); open WebSockets are closed ``1001`` first. ``task_status.started`` gets the tokened URL once the socket
 listens; the CLI prints it. Only this function knows the token; logs never see it.
 """
 
@@ -85,9 +85,11 @@ def _config(fd: int) -> Config:
     return config
 
 
-async def _first_signal(signals: trio.abc.ReceiveChannel) -> None:
+async def _first_signal(signals: trio.abc.ReceiveChannel, stopping: trio.Event) -> None:
+    """hypercorn's shutdown trigger: the first SIGTERM/SIGINT; open relays close first."""
     async for signum in signals:
         logging.getLogger("dsh.web").info("stopping (%s)", signal.Signals(signum).name)
+        stopping.set()
         return
 
 
@@ -101,12 +103,13 @@ async def serve(listen: str, *, socket: Path | None, token_file: Path | None, ne
     sock = _bind(host, port)
     port = sock.getsockname()[1]
     rules = AuthRules(token=token, port=port, listen_host=host)
-    app = build_app(rules, socket_path(socket))
+    stopping = trio.Event()
+    app = build_app(rules, socket_path(socket), stopping)
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     url = f"http://{host_port(shown, port)}/?token={token}"
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             await nursery.start(partial(hypercorn_serve, app, _config(sock.detach()),
-                                        shutdown_trigger=partial(_first_signal, signals)))
+                                        shutdown_trigger=partial(_first_signal, signals, stopping)))
             logging.getLogger("dsh.web").info("listening on %s", host_port(host, port))
             task_status.started(url)
