@@ -166,3 +166,11 @@ def test_a_signal_stops_the_bridge_cleanly_with_a_websocket_open(bridge, sig):
     assert closed == [1001], closed  # going away, not dropped
     assert "Traceback" not in bridge.log, bridge.log
     assert f"stopping ({sig})" in bridge.log
+
+
+def test_a_port_in_use_is_exit_2_and_the_first_bridge_keeps_serving(bridge):
+    r = dsh_web("--listen", f"127.0.0.1:{bridge.port}", "--socket", str(bridge.socket),
+                "--token-file", str(bridge.token_file))
+    assert r.returncode == 2 and "in use" in r.stderr, (r.returncode, r.stderr)
+    assert r.stdout == ""
+    assert sign_in(bridge)

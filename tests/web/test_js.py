@@ -1,9 +1,10 @@
 """The JavaScript client's own tests: ``node --test tests/web/js/`` run from pytest.
 
 Theory of operation: ``tests/web/js/*.test.mjs`` are ``node:test`` files (lane.js through every
-conformance vector, the mirror's rules). This module runs them with the system ``node`` and
-the TAP reporter, parses the summary (``# tests N``, ``# pass N``, ``# fail N``), and fails
-on any failing or cancelled test, on a non-zero exit, and on a run of zero tests (a glob that
+conformance vector, the mirror's rules, rpc.js without a daemon). This module runs them with the
+system ``node`` (``--experimental-websocket``: rpc.test.mjs opens real WebSockets) and the TAP
+reporter, parses the summary (``# tests N``, ``# pass N``, ``# fail N``), and fails on any
+failing or cancelled test, on a non-zero exit, and on a run of zero tests (a directory that
 matched nothing must not pass). The vector counts the lane test prints as a diagnostic are
 checked against conformance/ops-v1.json here too. Skipped only when ``node`` is not installed,
 with that reason; node is Debian's ``nodejs`` (>= 20).
@@ -24,7 +25,9 @@ JS_TESTS = ROOT / "tests" / "web" / "js"
 VECTORS = ROOT / "conformance" / "ops-v1.json"
 NODE = shutil.which("node")
 
-pytestmark = pytest.mark.skipif(
+STATIC = ROOT / "client" / "web" / "static"
+MAX_MODULE_LINES = 500  # tests/test_structure.py's bound, for the JavaScript modules too
+needs_node = pytest.mark.skipif(
     NODE is None, reason="node is not installed (apt install nodejs, >= 20): the JS client tests need it"
 )
 
@@ -37,12 +40,13 @@ def _summary(tap: str) -> dict[str, int]:
 @pytest.fixture(scope="module")
 def node_run() -> tuple[subprocess.CompletedProcess, dict[str, int]]:
     proc = subprocess.run(
-        [NODE, "--test", "--test-reporter=tap", str(JS_TESTS)],
+        [NODE, "--experimental-websocket", "--test", "--test-reporter=tap", str(JS_TESTS)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
     return proc, _summary(proc.stdout)
 
 
+@needs_node
 def test_node_tests_pass(node_run) -> None:
     proc, summary = node_run
     failing = re.findall(r"^\s*not ok \d+ - (.*)$", proc.stdout, re.M)
@@ -55,6 +59,7 @@ def test_node_tests_pass(node_run) -> None:
     assert proc.returncode == 0, report
 
 
+@needs_node
 def test_every_vector_ran(node_run) -> None:
     proc, _ = node_run
     vectors = json.loads(VECTORS.read_text(encoding="utf-8"))
@@ -64,3 +69,12 @@ def test_every_vector_ran(node_run) -> None:
         f" bad_wire {len(vectors['bad_wire'])} (skipped recorder-only: {recorder})"
     )
     assert expected in proc.stdout, f"expected {expected!r} in node's output:\n{proc.stdout[-3000:]}"
+
+
+def test_js_modules_stay_under_500_lines() -> None:
+    """Our own JavaScript (vendored code excepted) keeps the project's module bound."""
+    modules = [p for p in STATIC.rglob("*.js") if "vendor" not in p.relative_to(STATIC).parts]
+    assert len(modules) >= 5, modules  # lane, codec, connection, views, rpc at least
+    over = {str(p.relative_to(ROOT)): n for p in modules
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}
+    assert not over, f"split these modules (over {MAX_MODULE_LINES} lines): {over}"

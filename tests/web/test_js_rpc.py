@@ -93,6 +93,7 @@ def test_rpc_js_mirrors_follows_and_rides_through_a_bridge_restart(web_daemon, b
         assert resumed["end"] > resumed["offsetAtDrop"]
         (work / "STOP").touch()
         final = node.next("ok")
+        print(f"rpc_live figures: {final}")
         assert node.proc.wait(30) == 0, node.report()
     finally:
         node.close()

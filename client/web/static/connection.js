@@ -44,7 +44,7 @@ const OPEN = 1; // WebSocket.OPEN, without relying on the constructor's statics
 export class RpcConnection {
   /**
    * @param {string} url ws:// or wss:// URL of the bridge's /ws
-   * @param {object} options {WebSocket, onOpen(initResult), onClose({code, reason}),
+   * @param {object} options {WebSocket, onOpen(initResult), onClose({code, reason, retryInMs}),
    *   onNotification(method, params), client: {name, version}, backoffFirstMs, backoffMaxMs}
    */
   constructor(url, options = {}) {
@@ -250,10 +250,11 @@ export class RpcConnection {
     this._dropPending("connection lost");
     if (this._closed) return;
     this.state = "closed";
-    this._emit("close", info);
     const delay = this._delay;
     this._delay = Math.min(this._delay * 2, this.backoffMaxMs);
     this._timer = setTimeout(() => this._connect(), delay);
+    info.retryInMs = delay;
+    this._emit("close", info);
   }
 
   _dropPending(message) {

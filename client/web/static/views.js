@@ -46,9 +46,12 @@ class Live {
     this._earlyOverflow = false;
     this._timer = null;
     this._off = [];
+    this._started = false;
   }
 
   _listen(notificationMethod) {
+    if (this._started || this.stopped) return;
+    this._started = true;
     this._off.push(
       this.conn.on("open", () => this._restart()),
       this.conn.on("close", () => this._dropped()),
@@ -87,12 +90,15 @@ class Live {
 }
 
 export class LaneView extends Live {
-  /** Make a LaneView of `sessionId` on `conn` and start it. */
+  /** Make a LaneView of `sessionId` on `conn` (started: it subscribes when `conn` opens). */
   static subscribe(conn, sessionId, onChange, options = {}) {
-    return new LaneView(conn, sessionId, onChange, options).start();
+    return new LaneView(conn, sessionId, onChange, options);
   }
 
-  /** options: {onError(RpcError) for a refused subscribe, onBroken(MirrorBroken)} */
+  /**
+   * options: {onError(RpcError) for a refused subscribe (retried at the next open),
+   *   onBroken(MirrorBroken), start: false to call start() later}
+   */
   constructor(conn, sessionId, onChange, options = {}) {
     super(conn);
     this.sessionId = sessionId;
@@ -106,6 +112,7 @@ export class LaneView extends Live {
     this.error = null; // the last refused subscribe
     this._fresh = true; // the next batch must start a fresh mirror
     this._breaks = 0; // consecutive breaks without a good batch between them
+    if (options.start !== false) this.start();
   }
 
   /** The lane value (mutated in place by each batch; null before the first base batch). */
@@ -118,6 +125,7 @@ export class LaneView extends Live {
     return this.subscriptionId !== null && !this._fresh && this.mirror.ready;
   }
 
+  /** Start following the connection (idempotent; the constructor does it by default). */
   start() {
     this._listen("stream");
     return this;
@@ -210,7 +218,8 @@ export class OutputFollower extends Live {
   /**
    * Follow the raw output of `callId` in `sessionId` from `options.offset` (default 0).
    * options: {onData(Uint8Array, offset), onEof(exitCode|null), onGap({from, to}),
-   *   onError(err) (a refused follow ends it; a daemon read error is retried), offset}
+   *   onError(err) (a refused follow ends it; a daemon read error is retried), offset,
+   *   start: false to call start() later}
    */
   constructor(conn, sessionId, callId, options = {}) {
     super(conn);
@@ -228,8 +237,10 @@ export class OutputFollower extends Live {
     this.exitCode = null;
     this.error = null;
     this._retries = 0;
+    if (options.start !== false) this.start();
   }
 
+  /** Start following (idempotent; the constructor does it by default). */
   start() {
     this._listen("output");
     return this;

@@ -2,6 +2,17 @@
 // not a node:test file). Run: node --experimental-websocket rpc_live.mjs
 // Env: DSH_WEB_BASE (http://127.0.0.1:PORT), DSH_WEB_TOKEN, DSH_WEB_CWD (the session's cwd).
 //
+// What it asserts: the token → cookie exchange (303, HttpOnly); initialize (protocol 1,
+// approvals); an error answer is an RpcError with dshd's code; a LaneView gets its base
+// batch; phase 1: a pre-approved tool.run shows `running` in the lane's tools, then leaves
+// them for recent; its followed bytes (UTF-8 included, no trailing newline) equal readAll's
+// and its exit code is 0; phase 2: a call that runs until STOP exists is followed; the bridge
+// is SIGKILLed and restarted by the test; the pending tool.wait rejects with -32099; the
+// connection reconnects by itself, the view resubscribes (a base batch at seq 0 holding the
+// running call), the follower follows again and gets bytes past the drop; at eof every
+// chunk started where the last ended, no gap, and the bytes equal readAll's (paged by 256),
+// every tick exactly once and in order.
+//
 // It prints one JSON object per line: {"step": ...} as it goes, {"ok": true, ...figures} at
 // the end, or {"ok": false, "error"} (exit 1). The step "ready-for-kill" asks the test to
 // SIGKILL the bridge and start it again on the same port; "resumed" says the script has seen
@@ -59,23 +70,22 @@ function follow(conn, sessionId, callId) {
     onEof: (code) => (rec.eof = { code }),
     onGap: (gap) => rec.gaps.push(gap),
     onError: (err) => rec.errors.push(String(err)),
-  }).start();
+  });
   return rec;
 }
 
-async function main() {
+/** Cookie, connection, initialize, session, lane: the context of both phases. */
+async function connect() {
   const cookie = await cookieFor(BASE, TOKEN);
-  const origin = BASE;
   class BridgeWebSocket extends WebSocket {
     constructor(url) {
-      super(url, { headers: { Origin: origin, Cookie: cookie } }); // undici's init.headers
+      super(url, { headers: { Origin: BASE, Cookie: cookie } }); // undici's init.headers
     }
   }
-  const events = { opens: 0, closes: [] };
+  const closes = [];
   const conn = new RpcConnection(BASE.replace(/^http/, "ws") + "/ws", {
     WebSocket: BridgeWebSocket,
-    onOpen: () => (events.opens += 1),
-    onClose: (info) => { events.closes.push(info); if (process.env.DSH_WEB_DEBUG) console.error("close", JSON.stringify(info), conn.state); },
+    onClose: (info) => closes.push(info),
   });
   await until(() => conn.state === "open", "the first initialize");
   assert.equal(conn.server.protocolVersion, 1);
@@ -87,88 +97,92 @@ async function main() {
   assert.ok(refused instanceof RpcError && refused.code === -32004, `session.get unknown: ${refused}`);
 
   const { sessionId } = await conn.request("session.create", { cwd: CWD, name: "jsclient" });
-  const bases = []; // for each applied base batch: the seq and the connection's open count
+  const bases = []; // for each applied base batch: its seq and the connection's open count
   const view = LaneView.subscribe(conn, sessionId, (v) => {
     if (v.mirror.lastOps.length && v.mirror.lastOps[0][0] === "r") bases.push({ seq: v.mirror.seq, opens: conn.opens });
   });
   await until(() => view.live, "the lane's base batch");
   assert.equal(view.value.session.sessionId, sessionId);
+  return { conn, closes, sessionId, view, bases };
+}
 
-  // Phase 1: a short call goes from tools to recent; its followed bytes equal tool.read's.
-  const script1 = "for i in 1 2 3 4 5; do printf 'line %s \\342\\234\\223\\n' $i; sleep 0.1; done; printf 'no newline'";
+/** A short call goes from tools to recent; its followed bytes equal tool.read's. */
+async function phase1({ conn, sessionId, view }) {
+  const script = "for i in 1 2 3 4 5; do printf 'line %s \\342\\234\\223\\n' $i; sleep 0.1; done; printf 'no newline'";
   let sawRunning = false;
   const offChange = conn.on("notification", () => {
-    const t = view.value && view.value.tools;
+    const t = view.value && view.value.tools; // the view's own listener ran first
     if (t && Object.values(t).some((c) => c.state === "running")) sawRunning = true;
   });
-  const run1 = await conn.request("tool.run", {
-    sessionId, name: "bash", arguments: { command: script1 }, approved: true,
+  const run = await conn.request("tool.run", {
+    sessionId, name: "bash", arguments: { command: script }, approved: true,
   });
-  const rec1 = follow(conn, sessionId, run1.callId);
-  await until(() => rec1.eof, "eof of the first call");
-  await until(() => view.value.recent.some((r) => r.callId === run1.callId), "the first call in recent");
+  const rec = follow(conn, sessionId, run.callId);
+  await until(() => rec.eof, "eof of the first call");
+  await until(() => view.value.recent.some((r) => r.callId === run.callId), "the first call in recent");
   offChange();
   assert.ok(sawRunning, "the call was seen in the lane's tools while it ran");
-  assert.ok(!(run1.callId in view.value.tools), "a settled call left tools");
-  const all1 = await readAll(conn, sessionId, run1.callId);
-  const got1 = concat(rec1.chunks);
-  assert.ok(all1.eof && !all1.more);
-  assert.deepStrictEqual(got1, all1.data, "followed bytes equal tool.read's");
-  assert.equal(new TextDecoder().decode(got1), "line 1 ✓\nline 2 ✓\nline 3 ✓\nline 4 ✓\nline 5 ✓\nno newline");
-  assert.equal(rec1.eof.code, 0);
-  const result1 = await conn.request("tool.wait", { sessionId, callId: run1.callId });
-  assert.equal(result1.exitCode ?? result1.details.exitCode, 0);
-  say({ step: "phase1", bytes: got1.length, callId: run1.callId });
+  assert.ok(!(run.callId in view.value.tools), "a settled call left tools");
+  const all = await readAll(conn, sessionId, run.callId);
+  const got = concat(rec.chunks);
+  assert.ok(all.eof && !all.more);
+  assert.deepStrictEqual(got, all.data, "followed bytes equal tool.read's");
+  assert.equal(new TextDecoder().decode(got), "line 1 ✓\nline 2 ✓\nline 3 ✓\nline 4 ✓\nline 5 ✓\nno newline");
+  assert.equal(rec.eof.code, 0);
+  const result = await conn.request("tool.wait", { sessionId, callId: run.callId });
+  assert.equal(result.exitCode ?? result.details.exitCode, 0);
+  say({ step: "phase1", bytes: got.length, callId: run.callId });
+}
 
-  // Phase 2: a call that runs until the test creates STOP; the bridge dies mid-follow.
-  const script2 = "i=0; while [ ! -e STOP ]; do i=$((i+1)); printf 'tick %06d\\n' $i; sleep 0.02; done; printf 'stopped after %d\\n' $i";
-  const run2 = await conn.request("tool.run", {
-    sessionId, name: "bash", arguments: { command: script2 }, approved: true,
+/** A call that runs until the test creates STOP; the bridge dies and comes back mid-follow. */
+async function phase2({ conn, closes, sessionId, view, bases }) {
+  const script = "i=0; while [ ! -e STOP ]; do i=$((i+1)); printf 'tick %06d\\n' $i; sleep 0.02; done; printf 'stopped after %d\\n' $i";
+  const run = await conn.request("tool.run", {
+    sessionId, name: "bash", arguments: { command: script }, approved: true,
   });
-  const rec2 = follow(conn, sessionId, run2.callId);
-  await until(() => rec2.end > 200, "output of the second call");
-  await until(() => view.value.tools[run2.callId] && view.value.tools[run2.callId].state === "running", "the second call running in the lane");
-  const lostWait = conn.request("tool.wait", { sessionId, callId: run2.callId }).then(
-    () => null,
-    (err) => err,
-  );
+  const rec = follow(conn, sessionId, run.callId);
+  await until(() => rec.end > 200, "output of the second call");
+  await until(() => view.value.tools[run.callId] && view.value.tools[run.callId].state === "running", "the second call running in the lane");
+  const lostWait = conn.request("tool.wait", { sessionId, callId: run.callId }).then(() => null, (err) => err);
   const opensBefore = conn.opens;
   const basesBefore = bases.length;
-  const bytesBeforeKill = rec2.end;
-  say({ step: "ready-for-kill", offset: bytesBeforeKill });
+  say({ step: "ready-for-kill", offset: rec.end });
 
-  await until(() => events.closes.length >= 1, "the drop (close event)");
+  await until(() => closes.length >= 1, "the drop (close event)");
   const dropped = await lostWait;
   assert.ok(dropped instanceof RpcError && dropped.code === CONNECTION_LOST, `pending tool.wait rejected: ${dropped}`);
-  const offsetAtDrop = rec2.follower.offset;
+  const offsetAtDrop = rec.follower.offset;
   await until(() => conn.opens > opensBefore && conn.state === "open", "the reconnect");
   await until(() => bases.length > basesBefore && view.live, "a fresh base batch after the reconnect");
   assert.equal(bases[bases.length - 1].seq, 0, "the new subscription starts at seq 0 with a base batch");
-  assert.ok(run2.callId in view.value.tools, "the running call is in the rebuilt lane");
-  await until(() => rec2.follower.follows >= 2 && rec2.end > offsetAtDrop + 100, "follow bytes after the reconnect");
-  say({ step: "resumed", offsetAtDrop, end: rec2.end });
+  assert.ok(run.callId in view.value.tools, "the running call is in the rebuilt lane");
+  await until(() => rec.follower.follows >= 2 && rec.end > offsetAtDrop + 100, "follow bytes after the reconnect");
+  say({ step: "resumed", offsetAtDrop, end: rec.end });
 
-  await until(() => rec2.eof, "eof of the second call", 60000);
-  await until(() => view.value.recent.some((r) => r.callId === run2.callId), "the second call in recent");
-  const all2 = await readAll(conn, sessionId, run2.callId, { limit: 65536 });
-  const got2 = concat(rec2.chunks);
-  assert.ok(rec2.contiguous, "every chunk started where the last ended");
-  assert.deepStrictEqual(rec2.gaps, []);
-  assert.equal(got2.length, all2.data.length, "no byte lost or doubled (length)");
-  assert.deepStrictEqual(got2, all2.data, "no byte lost or doubled (content)");
-  const text2 = new TextDecoder().decode(got2);
-  const ticks = text2.match(/^tick \d{6}$/gm);
-  const last = Number(/stopped after (\d+)/.exec(text2)[1]);
+  await until(() => rec.eof, "eof of the second call", 60000);
+  await until(() => view.value.recent.some((r) => r.callId === run.callId), "the second call in recent");
+  const all = await readAll(conn, sessionId, run.callId, { limit: 256 }); // many pages
+  assert.ok(all.eof && !all.more && all.offset === 0 && all.endOffset === all.data.length);
+  const got = concat(rec.chunks);
+  assert.ok(rec.contiguous, "every chunk started where the last ended");
+  assert.deepStrictEqual(rec.gaps, []);
+  assert.equal(got.length, all.data.length, "no byte lost or doubled (length)");
+  assert.deepStrictEqual(got, all.data, "no byte lost or doubled (content)");
+  const text = new TextDecoder().decode(got);
+  const ticks = text.match(/^tick \d{6}$/gm);
+  const last = Number(/stopped after (\d+)/.exec(text)[1]);
   assert.equal(ticks.length, last, "every tick once, in order");
   ticks.forEach((t, i) => assert.equal(t, `tick ${String(i + 1).padStart(6, "0")}`));
+  return { follows: rec.follower.follows, bytes: got.length, offsetAtDrop, ticks: last, readAllPages: Math.ceil(all.data.length / 256) };
+}
 
-  say({
-    ok: true, opens: conn.opens, closes: events.closes, subscriptions: view.subscriptions,
-    follows: rec2.follower.follows, bytes: got2.length, offsetAtDrop, ticks: last,
-    readAllPages: Math.ceil(all2.data.length / 65536),
-  });
-  view.close();
-  conn.close();
+async function main() {
+  const ctx = await connect();
+  await phase1(ctx);
+  const figures = await phase2(ctx);
+  say({ ok: true, opens: ctx.conn.opens, closes: ctx.closes, subscriptions: ctx.view.subscriptions, ...figures });
+  ctx.view.close();
+  ctx.conn.close();
 }
 
 main().then(
