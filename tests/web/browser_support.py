@@ -70,7 +70,10 @@ class Shots:
         self.paths: list[Path] = []
         print(f"\nbrowser screenshots: {self.dir}", flush=True)
 
-    def take(self, driver, name: str) -> Path:
+    def take(self, driver, name: str, show=None) -> Path:
+        """Save the window (scrolled so that the element ``show`` is in view, when given)."""
+        if show is not None:
+            driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", show)
         self.n += 1
         path = self.dir / f"{self.n:02d}-{name}.png"
         driver.save_screenshot(str(path))

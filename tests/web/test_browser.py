@@ -112,6 +112,7 @@ def settled(driver, call_id: str):
 def select_session(driver, sid: str) -> None:
     row = until(lambda: q(driver, f"[data-testid=session-row][data-session-id='{sid}']"),
                 WAIT_S, what=f"session row {sid}")[0]
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", row)
     row.click()
     until(lambda: driver.execute_script("return window.dshMirror()"), WAIT_S,
           what="the session's mirror")
@@ -275,11 +276,11 @@ def test_06_the_page_recovers_from_a_bridge_kill_by_itself(world, driver):
     until(lambda: status(driver) == "connected", WAIT_S, what="reconnected")
     proc = dsh(world, "run", "--name", SESSION, "--", "echo", "after the restart")
     assert proc.wait(WAIT_S) == 0, proc.stderr.read()
-    until(lambda: any("after the restart" in text_of(n)
-                      for n in q(driver, "[data-testid=recent-result] [data-testid=call-output]")),
-          WAIT_S, what="a new run's output after the restart")
+    shown = until(lambda: [n for n in q(driver, "[data-testid=recent-result]")
+                           if "after the restart" in text_of(n)],
+                  WAIT_S, what="a new run's output after the restart")
     assert driver.execute_script("return window.__noReload") == "still-here"
-    world["shots"].take(driver, "bridge-recovered")
+    world["shots"].take(driver, "bridge-recovered", show=shown[0])
 
 
 def test_07_the_page_says_dshd_is_away_and_recovers(world, driver):

@@ -5,18 +5,23 @@
 // its command, state, a cancel button and its output; each entry of `recent` one element
 // (data-testid "recent-result") with the exit code or error code and the same output. The
 // output does not come from the lane's cleaned window but from the raw channel: one
-// OutputFollower (rpc.js) per call, from offset 0, which resumes from the next byte offset
-// after a reconnect (no byte lost, none twice), rendered by an AnsiView (colours as styled
-// spans, data-testid "call-output"). When a call settles its output element moves from the
-// running call to its recent result, so what was seen stays. A call known only from `recent`
-// (settled before the page looked) is followed from 0 too: a settled call's follow delivers
-// its retained bytes, then eof. Outputs of calls that left both lists are dropped and their
-// followers stopped: at most tools + 20 recent followers, each view bounded (ansi.js).
+// OutputFollower (rpc.js) per call, from TAIL_BYTES before the call's end when the page first
+// sees it (a `tool.read` of no bytes says where the end is; 0 for any usual call), which
+// resumes from the next byte offset after a reconnect (no byte lost, none twice), rendered
+// by an AnsiView (colours as styled spans, data-testid "call-output"). When a call settles
+// its output element moves from the running call to its recent result, so what was seen
+// stays. A call known only from `recent` (settled before the page looked) is followed the
+// same way: a settled call's follow delivers its retained bytes, then eof. Outputs of calls
+// that left both lists are dropped and their followers stopped: at most tools + 20 recent
+// followers, each view bounded (ansi.js).
 
 import { el, reconcile, commandOf, age } from "./dom.js";
 import { AnsiView } from "./ansi.js";
 
 const OUTPUT_CHARS = 262144;
+/** A call's output is followed from at most this many bytes before its end (the view keeps
+ * OUTPUT_CHARS characters anyway): a call that printed a gigabyte does not stream it all. */
+const TAIL_BYTES = 262144;
 
 export class CallsView {
   constructor({ running, recent }, { conn, sessionId, OutputFollower, onTerminal, onError }) {
@@ -52,6 +57,7 @@ export class CallsView {
     const keep = new Set([...running.map(([id]) => id), ...recentIds]);
     for (const [id, out] of this.outputs) {
       if (!keep.has(id)) {
+        out.closed = true;
         stopFollower(out.follower);
         this.outputs.delete(id);
         this.commands.delete(id);
@@ -67,8 +73,11 @@ export class CallsView {
     const out = { pre, view: new AnsiView(pre, { maxChars: OUTPUT_CHARS }), follower: null,
       tty: Boolean(call?.args?.tty), eof: false, exitCode: null };
     this.outputs.set(id, out);
-    try {
+    tailStart(this.conn, this.sessionId, id, TAIL_BYTES).then((start) => {
+      if (out.closed) return;
+      if (start > 0) out.view.write(new TextEncoder().encode(`[… the first ${start} bytes are not shown: dsh attach shows them]\n`));
       out.follower = new this.OutputFollower(this.conn, this.sessionId, id, {
+        offset: start,
         onData: (bytes) => out.view.write(bytes),
         onEof: (exitCode) => {
           out.eof = true;
@@ -77,9 +86,7 @@ export class CallsView {
         onError: (err) => { pre.dataset.error = err?.message ?? String(err); },
       });
       out.follower.start();
-    } catch (err) {
-      pre.dataset.error = err?.message ?? String(err);
-    }
+    });
     return out;
   }
 
@@ -143,12 +150,34 @@ export class CallsView {
   }
 
   close() {
-    for (const out of this.outputs.values()) stopFollower(out.follower);
+    for (const out of this.outputs.values()) {
+      out.closed = true;
+      stopFollower(out.follower);
+    }
     this.outputs.clear();
     this.runningBox.replaceChildren();
     this.recentBox.replaceChildren();
     this.callRows.clear();
     this.recentRows.clear();
+  }
+}
+
+/** Where to follow a call's output from to get its last `maxBytes` bytes: a `tool.read` of no
+ * bytes answers its retained range [firstOffset, endOffset). On any failure: 0 (the follower
+ * then reports what it meets). */
+export async function tailStart(conn, sessionId, callId, maxBytes) {
+  try {
+    const r = await conn.request("tool.read", { sessionId, callId, offset: 0, limit: 0 });
+    return Math.max(r.firstOffset ?? 0, (r.endOffset ?? 0) - maxBytes);
+  } catch (err) {
+    const first = err?.data?.firstOffset;
+    if (typeof first !== "number") return 0;
+    try {
+      const r = await conn.request("tool.read", { sessionId, callId, offset: first, limit: 0 });
+      return Math.max(r.firstOffset ?? first, (r.endOffset ?? first) - maxBytes);
+    } catch {
+      return first;
+    }
   }
 }
 

@@ -29,7 +29,8 @@ export class SessionView {
     const common = { conn, sessionId, OutputFollower: rpc.OutputFollower, onError };
     this.calls = new CallsView({ running: this.runningBox, recent: this.recentBox },
       { ...common, onTerminal: (id) => this.terminal.open(id) });
-    this.terminal = new TerminalPanel(this.terminalBox, { ...common, b64encode: rpc.b64encode });
+    this.terminal = new TerminalPanel(this.terminalBox, { ...common, readAll: rpc.readAll,
+      b64encode: rpc.b64encode });
     this.chat = new ChatPanel(this.chatBox, { conn, sessionId, onError });
     this.lane = rpc.LaneView.subscribe(conn, sessionId, (view) => this.render(view.value), {
       onError: (err) => onError(`subscribe ${sessionId}: ${err.message}`),

@@ -2,18 +2,23 @@
 //
 // Theory of operation: TerminalPanel.open(callId) makes one xterm Terminal (the vendored UMD
 // build: window.Terminal, window.FitAddon) in the host element (data-testid "terminal") and
-// its own OutputFollower from offset 0, so the terminal gets the call's complete scrollback
-// (tool.follow from 0 delivers every retained byte, then the live ones; after a reconnect it
-// resumes from the next offset). Keys go to the call's terminal with tool.write (base64),
+// fills its scrollback by tool.read (readAll) of the call's output so far -- its last 16 MiB,
+// all of it for any usual call; xterm keeps the last 10,000 lines -- then an OutputFollower
+// from the offset after it: the live bytes, resumed from the next offset after a reconnect
+// (none lost, none twice). Keys go to the call's terminal with tool.write (base64),
 // one write at a time in order (each answer is the back-pressure); the terminal is fitted to
 // its host and every size change is a tool.resize. At the call's eof the terminal says so
 // and stops sending keys. close() ends the follower and disposes of the terminal.
 
 import { el } from "./dom.js";
-import { stopFollower } from "./calls.js";
+import { stopFollower, tailStart } from "./calls.js";
+
+/** The scrollback a terminal starts with: the call's last 16 MiB (xterm keeps 10,000 lines). */
+const TERM_TAIL = 16 * 1024 * 1024;
 
 export class TerminalPanel {
-  constructor(host, { conn, sessionId, OutputFollower, b64encode, onError }) {
+  constructor(host, { conn, sessionId, OutputFollower, readAll, b64encode, onError }) {
+    this.readAll = readAll;
     this.host = host;
     this.conn = conn;
     this.sessionId = sessionId;
@@ -59,17 +64,39 @@ export class TerminalPanel {
     window.addEventListener("resize", this.onWindowResize);
     this.refit();
     this.resize(this.term.cols, this.term.rows);
+    this.backfill(callId).then((offset) => {
+      if (this.callId === callId) this.follow(callId, offset);
+    });
+    this.term.focus();
+  }
+
+  /** The scrollback so far by tool.read (its last TERM_TAIL bytes); the offset after it. */
+  async backfill(callId) {
+    try {
+      const start = await tailStart(this.conn, this.sessionId, callId, TERM_TAIL);
+      const r = await this.readAll(this.conn, this.sessionId, callId, { offset: start, maxBytes: TERM_TAIL });
+      if (this.callId !== callId) return 0;
+      if (r.offset > 0) this.term.write(`\x1b[2m[… the first ${r.offset} bytes are not shown]\x1b[0m\r\n`);
+      this.term.write(r.data);
+      return r.offset + r.data.length;
+    } catch {
+      return 0; // follow it all instead
+    }
+  }
+
+  follow(callId, offset) {
     this.follower = new this.OutputFollower(this.conn, this.sessionId, callId, {
+      offset,
       onData: (bytes) => this.term?.write(bytes),
       onEof: (exitCode) => {
         this.ended = true;
         this.host.dataset.ended = "true";
+        this.refit(); // the panel of an ended call is shorter (style.css)
         this.term?.write(`\r\n\x1b[2m[the call ended${exitCode === undefined || exitCode === null ? "" : `: exit ${exitCode}`}]\x1b[0m\r\n`);
       },
       onError: (err) => this.onError(`terminal ${callId}: ${err?.message ?? err}`),
     });
     this.follower.start();
-    this.term.focus();
   }
 
   refit() {
