@@ -194,6 +194,24 @@ def test_03_a_command_typed_in_the_page_matches_tool_wait(world, driver):
     world["shots"].take(driver, "page-command")
 
 
+def test_03b_the_cancel_button_cancels_a_running_call(world, driver):
+    sid = session_id(world)
+    before = set(_call_ids(world, sid))
+    box = q(driver, "[data-testid=command-input]")[0]
+    box.send_keys("echo sleeping; sleep 600")
+    q(driver, "[data-testid=command-submit]")[0].click()
+    (call_id,) = until(lambda: (set(_call_ids(world, sid)) - before) or None, WAIT_S)
+    until(lambda: "sleeping" in (output_of(driver, call_id) or ""), LIVE_S, what="its output")
+    call = q(driver, f"[data-testid=call][data-call-id='{call_id}']")[0]
+    call.find_element("css selector", "[data-testid=cancel-call]").click()
+    result = dshd_call(world["daemon"].socket, "tool.wait", {"sessionId": sid, "callId": call_id,
+                                                              "timeout": WAIT_S})
+    assert result["errorCode"] == "TOOL_CANCELLED", result
+    entry = until(lambda: settled(driver, call_id), WAIT_S, what="the cancelled result")[0]
+    assert entry.get_attribute("data-error-code") == "TOOL_CANCELLED"
+    assert "sleeping" in output_of(driver, call_id)
+
+
 def strip_sgr(text: str) -> str:
     return re.sub(r"\x1b\[[0-9;]*m", "", text)
 
@@ -238,6 +256,29 @@ def test_04_a_model_call_is_allowed_by_a_click_and_runs_once(world, driver):
     assert (world["work"] / "model.txt").read_text() == "model-ran\n"  # ran exactly once
     until(lambda: "ran-by-the-model" in (output_of(driver, model_calls[0]) or ""), WAIT_S)
     world["shots"].take(driver, "approval-allowed")
+
+
+def test_04b_chat_steer_and_cancel(world, driver):
+    """A second turn (the script starts over: the model asks for the same command): steer it
+    while its call waits for approval, then cancel the turn from the page: the call never
+    runs and the approval goes away."""
+    chat = q(driver, "[data-testid=chat-input]")[0]
+    chat.send_keys("once more")
+    q(driver, "[data-testid=chat-send]")[0].click()
+    approval = until(lambda: q(driver, "[data-testid=approval]"), WAIT_S, what="the approval")[0]
+    call_id = approval.get_attribute("data-call-id")
+    chat.send_keys("and then stop")
+    q(driver, "[data-testid=chat-steer]")[0].click()
+    until(lambda: chat.get_attribute("value") == "", WAIT_S, what="the steer accepted")
+    q(driver, "[data-testid=chat-cancel]")[0].click()
+    until(lambda: not q(driver, "[data-testid=approval]"), WAIT_S, what="the approval withdrawn")
+    entry = until(lambda: settled(driver, call_id), WAIT_S, what="the cancelled call settled")[0]
+    assert entry.get_attribute("data-error-code") == "APPROVAL_CANCELLED"
+    until(lambda: q(driver, "[data-testid=chat-send]")[0].is_enabled(), WAIT_S, what="turn over")
+    assert (world["work"] / "model.txt").read_text() == "model-ran\n"  # not run again
+    users = [text_of(n) for n in q(driver, "[data-testid=chat-user]")]
+    assert users[-2:] == ["once more", "(steer) and then stop"], users
+    world["shots"].take(driver, "chat-cancelled", show=q(driver, "[data-testid=chat]")[0])
 
 
 def test_05_a_pty_program_receives_typed_keys(world, driver):

@@ -86,7 +86,8 @@ export class ChatPanel {
       const done = this.results.get(c.callId);
       const state = done ? "settled" : c.state ?? "proposed";
       const exit = done ?? c;
-      return el("li", { class: `chat-call ${state}`, testid: "chat-call", data: { callId: c.callId, state } },
+      const failed = state === "settled" && (exit.errorCode || (exit.exitCode ?? 0) !== 0);
+      return el("li", { class: `chat-call ${state}${failed ? " failed" : ""}`, testid: "chat-call", data: { callId: c.callId, state } },
         el("code", {}, c.command ?? `${c.name ?? "tool"} ${c.callId}`),
         el("span", { class: "call-state" }, state === "settled"
           ? (exit.errorCode ?? (exit.exitCode === null || exit.exitCode === undefined ? "settled" : `exit ${exit.exitCode}`))
@@ -156,7 +157,7 @@ export class ChatPanel {
         if (entry.calls?.some((c) => c.callId === d.callId)) this.renderCalls(entry, entry.calls);
       }
     } else if (event.type === "turn/end" && d.reason && d.reason !== "completed") {
-      const entry = el("div", { class: "chat-entry note" }, `turn ${d.reason}${d.message ? `: ${d.message}` : ""}`);
+      const entry = el("div", { class: "chat-entry chat-note", testid: "chat-note" }, `turn ${d.reason}${d.message ? `: ${d.message}` : ""}`);
       this.entries.set(`e${event.seq}`, entry);
       this.append(entry);
     }
