@@ -295,6 +295,7 @@ def test_05_a_pty_program_receives_typed_keys(world, driver):
     keys = q(driver, "[data-testid=terminal] .xterm-helper-textarea")[0]
     keys.send_keys("hello web\n")
     until(lambda: "got:hello web" in _screen(driver), WAIT_S, what="the echo in the terminal")
+    driver.execute_script("window.scrollTo(0, 0)")
     world["shots"].take(driver, "pty-terminal")
     keys.send_keys("bye\n")
     result = dshd_call(world["daemon"].socket, "tool.wait", {"sessionId": sid, "callId": call_id})
