@@ -18,12 +18,11 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import running_daemon
+from tests.e2e.conftest import running_daemon, until  # noqa: F401 - until: for web tests
 
 URL_RE = re.compile(r"(http://\S+/\?token=\S+)")
 START_TIMEOUT_S = 30.0
@@ -135,14 +134,3 @@ def bridge(web_daemon):
         b.close()
         shutil.rmtree(root, ignore_errors=True)
 
-
-def until(predicate, timeout: float = 10.0, interval: float = 0.05):
-    """Poll ``predicate`` until it is truthy (its value) or fail after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not true within {timeout} s: {predicate}")
-        time.sleep(interval)

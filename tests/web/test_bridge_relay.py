@@ -6,6 +6,7 @@ running (4001) or goes away (4000), the bridge staying up for the next connectio
 from __future__ import annotations
 
 import base64
+import json
 import pytest
 import trio
 from trio_websocket import ConnectionClosed
@@ -158,3 +159,35 @@ async def test_a_browser_that_does_not_read_holds_the_bridge_to_a_bounded_buffer
                 got += len(base64.b64decode(p["data"]))
         assert got == total
         assert held < 48 * 1024, f"the bridge grew by {held} KiB while the browser did not read"
+
+
+async def test_a_binary_message_closes_1003_text_only(bridge):
+    cookie = await cookie_of(bridge)
+    async with ws_rpc(bridge, cookie) as rpc:
+        await rpc.initialize()
+        await rpc.ws.send_message(b'{"jsonrpc": "2.0", "id": 1, "method": "session.list"}')
+        code, reason = await _closed_code(rpc)
+        assert (code, reason) == (1003, "text messages only")
+
+
+async def test_a_dshd_line_over_16_mib_closes_1009_and_others_go_on(bridge, tmp_path):
+    """dshd answers a batch as one array line: four 4 MiB ``tool.read``s (base64: ~22 MiB)
+    make a line over the bridge's bound, which is never relayed in part."""
+    cookie = await cookie_of(bridge)
+    async with ws_rpc(bridge, cookie) as rpc, ws_rpc(bridge, cookie) as other:
+        await rpc.initialize()
+        await other.initialize()
+        sid = (await rpc.result("session.create", {"cwd": str(tmp_path)}))["sessionId"]
+        run = await rpc.result("tool.run", {
+            "sessionId": sid, "name": "bash", "approved": True,
+            "arguments": {"command": "head -c 16777216 /dev/zero | tr '\\0' a"}})
+        await rpc.result("tool.wait", {"sessionId": sid, "callId": run["callId"]})
+        chunk = 4 * 1024 * 1024
+        await rpc.send_raw(json.dumps([
+            {"jsonrpc": "2.0", "id": 100 + i, "method": "tool.read",
+             "params": {"sessionId": sid, "callId": run["callId"], "offset": i * chunk,
+                        "limit": chunk}} for i in range(4)]))
+        code, _ = await _closed_code(rpc)
+        assert code == 1009
+        assert "result" in await other.call("session.list")
+    assert "over 16 MiB" in bridge.log
