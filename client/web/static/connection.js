@@ -26,6 +26,8 @@ export const MAX_QUEUED = 1024;
 /** A handshake not answered by then is given up; a close event waited for after an error. */
 export const CONNECT_TIMEOUT_MS = 10000;
 export const CLOSE_GRACE_MS = 2000;
+/** The bridge's bound on one WebSocket message, either way (docs/WEB.md). */
+export const MAX_MESSAGE_BYTES = 16 * 1024 * 1024;
 /** The code a request gets when its connection dropped before it was answered. */
 export const CONNECTION_LOST = -32099;
 
@@ -204,9 +206,21 @@ export class RpcConnection {
       return;
     }
     const id = this._nextId++;
+    let text;
+    try {
+      text = JSON.stringify({ jsonrpc: "2.0", id, method, params });
+    } catch (err) {
+      reject(new TypeError(`the params of ${method} are not JSON: ${err.message}`));
+      return;
+    }
+    if (text.length * 3 > MAX_MESSAGE_BYTES && utf8Length(text) > MAX_MESSAGE_BYTES) {
+      // The bridge would close the whole connection (1009); refuse this request alone.
+      reject(new RpcError(-32600, `${method}: the request is over ${MAX_MESSAGE_BYTES} bytes (the bridge's bound)`));
+      return;
+    }
     this._pending.set(id, { resolve, reject, method });
     try {
-      ws.send(JSON.stringify({ jsonrpc: "2.0", id, method, params }));
+      ws.send(text);
     } catch (err) {
       this._pending.delete(id);
       reject(new RpcError(CONNECTION_LOST, `connection lost: ${err.message}`));
@@ -275,6 +289,10 @@ export class RpcConnection {
       }
     }
   }
+}
+
+function utf8Length(text) {
+  return new TextEncoder().encode(text).length;
 }
 
 function detach(ws) {

@@ -173,3 +173,35 @@ test("LaneView: base batch before the subscribe answer; a seq gap resubscribes; 
   assert.equal(conn.sent.filter((s) => s.method === "subscribe").length, 3);
   view.close();
 });
+
+test("a request over the bridge's 16 MiB bound, or not JSON, is refused alone", async () => {
+  // Only what the connection checks before writing: a socket that is open and records sends.
+  class Recorder {
+    constructor() {
+      this.readyState = 1;
+      this.sent = [];
+      Recorder.last = this;
+    }
+    send(text) {
+      this.sent.push(text);
+    }
+    close() {}
+  }
+  const conn = new RpcConnection("ws://unused/ws", { WebSocket: Recorder });
+  const ws = Recorder.last;
+  ws.onopen();
+  const init = JSON.parse(ws.sent[0]);
+  assert.equal(init.method, "initialize");
+  assert.deepStrictEqual(init.params, { protocolVersion: 1, client: { name: "dsh-web" }, capabilities: { approvals: true } });
+  ws.onmessage({ data: JSON.stringify({ jsonrpc: "2.0", id: init.id, result: { protocolVersion: 1 } }) });
+  await until(() => conn.state === "open", "open");
+  const big = "é".repeat(8 * 1024 * 1024 + 1); // 16 MiB + 2 bytes of UTF-8, 8 Mi UTF-16 units
+  await assert.rejects(conn.request("tool.write", { data: big }), (e) => e instanceof RpcError && e.code === -32600);
+  await assert.rejects(conn.request("tool.run", { n: 1n }), TypeError);
+  assert.equal(ws.sent.length, 1, "neither was written");
+  const ok = conn.request("session.list");
+  const req = JSON.parse(ws.sent[1]);
+  ws.onmessage({ data: JSON.stringify([{ jsonrpc: "2.0", id: req.id, result: { sessions: [] } }]) }); // a batch answer
+  assert.deepStrictEqual(await ok, { sessions: [] });
+  conn.close();
+});

@@ -1,13 +1,15 @@
 // rpc.js against a real dshd through a real `dsh web` (driven by tests/web/test_js_rpc.py;
 // not a node:test file). Run: node --experimental-websocket rpc_live.mjs
-// Env: DSH_WEB_BASE (http://127.0.0.1:PORT), DSH_WEB_TOKEN, DSH_WEB_CWD (the session's cwd).
+// Env: DSH_WEB_BASE (http://127.0.0.1:PORT), DSH_WEB_TOKEN, DSH_WEB_CWD (the session's cwd),
+// DSH_WEB_MODE ("bridge" or "daemon": which one the test restarts at "ready-for-kill").
 //
 // What it asserts: the token → cookie exchange (303, HttpOnly); initialize (protocol 1,
 // approvals); an error answer is an RpcError with dshd's code; a LaneView gets its base
 // batch; phase 1: a pre-approved tool.run shows `running` in the lane's tools, then leaves
 // them for recent; its followed bytes (UTF-8 included, no trailing newline) equal readAll's
 // and its exit code is 0; phase 2: a call that runs until STOP exists is followed; the bridge
-// is SIGKILLed and restarted by the test; the pending tool.wait rejects with -32099; the
+// (or dshd) is restarted by the test; the pending tool.wait rejects (-32099; or, for a dshd
+// stopping gracefully, its own -32014 answer); the
 // connection reconnects by itself, the view resubscribes (a base batch at seq 0 holding the
 // running call), the follower follows again and gets bytes past the drop; at eof every
 // chunk started where the last ended, no gap, and the bytes equal readAll's (paged by 256),
@@ -25,6 +27,7 @@ import { RpcConnection, LaneView, OutputFollower, readAll, RpcError, CONNECTION_
 const BASE = process.env.DSH_WEB_BASE;
 const TOKEN = process.env.DSH_WEB_TOKEN;
 const CWD = process.env.DSH_WEB_CWD;
+const MODE = process.env.DSH_WEB_MODE ?? "bridge"; // what the test restarts: "bridge" | "daemon"
 const WAIT_MS = 30000; // liveness bound for each step (generous: 2 busy cores)
 
 const say = (obj) => process.stdout.write(JSON.stringify(obj) + "\n");
@@ -150,7 +153,10 @@ async function phase2({ conn, closes, sessionId, view, bases }) {
 
   await until(() => closes.length >= 1, "the drop (close event)");
   const dropped = await lostWait;
-  assert.ok(dropped instanceof RpcError && dropped.code === CONNECTION_LOST, `pending tool.wait rejected: ${dropped}`);
+  // The bridge vanishing drops the answer: -32099. A graceful dshd stop answers its waits
+  // first (-32014 "ask again", PROTOCOL.md §1 Service), then closes.
+  const expected = MODE === "daemon" ? [CONNECTION_LOST, -32014] : [CONNECTION_LOST];
+  assert.ok(dropped instanceof RpcError && expected.includes(dropped.code), `pending tool.wait rejected: ${dropped}`);
   const offsetAtDrop = rec.follower.offset;
   await until(() => conn.opens > opensBefore && conn.state === "open", "the reconnect");
   await until(() => bases.length > basesBefore && view.live, "a fresh base batch after the reconnect");
