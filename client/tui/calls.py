@@ -73,6 +73,11 @@ class CallView(Static):
         self.update(Group(header, body))
 
     @property
+    def shown_output(self) -> str:
+        """The output lines shown (without ANSI codes' effect: the raw window's tail)."""
+        return tail(output_text(self.entry))
+
+    @property
     def plain(self) -> str:
         """The text shown (for tests and the help of screen readers)."""
         return call_command(self.entry) + "\n" + tail(output_text(self.entry))

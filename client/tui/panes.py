@@ -145,6 +145,8 @@ class SessionPane(Vertical):
     def __init__(self) -> None:
         super().__init__(id="session")
         self.lane: Any = None
+        #: The last turn seen (session id, turn): its text stays shown after it ends.
+        self.last_turn: tuple[str, dict[str, Any]] | None = None
 
     def compose(self) -> ComposeResult:
         yield Static(id="session-header")
@@ -161,7 +163,16 @@ class SessionPane(Vertical):
             f"sandbox {session.get('sandbox', '?')}", style="dim"))
         self._show_calls((lane or {}).get("tools") or {})
         self.query_one("#recent", Static).update(recent_text((lane or {}).get("recent") or []))
-        self.query_one("#turn", Static).update(turn_text((lane or {}).get("turn")))
+        self.query_one("#turn", Static).update(self._turn(session.get("sessionId"), lane))
+
+    def _turn(self, session_id: str | None, lane: Any) -> Text:
+        turn = (lane or {}).get("turn")
+        if turn:
+            self.last_turn = (str(session_id), dict(turn))
+            return turn_text(turn)
+        if self.last_turn is not None and self.last_turn[0] == session_id:
+            return turn_text({**self.last_turn[1], "state": "ended"})
+        return turn_text(None)
 
     def _show_calls(self, tools: dict[str, dict[str, Any]]) -> None:
         box = self.query_one("#calls", VerticalScroll)
