@@ -3,8 +3,8 @@
 Theory of operation: :class:`AttachScreen` covers the app with one call: it shows the tail of
 the lane's output window of that call (the app feeds it ``show(entry)`` with each lane view,
 so it reuses the one subscription), sends each key the person types to the command with
-``tool.write`` (through the app's live client, in a worker: never on the UI loop's own
-time), and returns to the main screen on the detach sequence Ctrl-P Ctrl-Q (like ``dsh
+``tool.write`` (through the app's live client; one worker drains a bounded queue, so keys
+keep their order and the UI loop never waits), and returns to the main screen on the detach sequence Ctrl-P Ctrl-Q (like ``dsh
 attach``) or when the call ends. It does not emulate a terminal (the tuiterm room's
 ``TerminalScreen`` does, with pyte); what it shows is the window the lane holds.
 """
@@ -21,7 +21,10 @@ from textual.widgets import Static
 
 from client.tui.calls import call_command, output_text
 
-__all__ = ["AttachScreen", "KEY_BYTES"]
+__all__ = ["AttachScreen", "KEY_BYTES", "OUTBOX_BOUND"]
+
+#: Typed bytes not yet written to the call (keys typed faster than dshd takes them).
+OUTBOX_BOUND = 1 << 20
 
 #: Keys that are not one printable character, as the bytes a terminal sends for them.
 KEY_BYTES = {"enter": b"\r", "tab": b"\t", "backspace": b"\x7f", "escape": b"\x1b",
@@ -59,6 +62,8 @@ class AttachScreen(Screen[None]):
         self.entry = entry
         self._write = write
         self._prefix = False
+        self._outbox = bytearray()
+        self._draining = False
 
     def compose(self) -> ComposeResult:
         yield Static(id="term")
@@ -95,4 +100,21 @@ class AttachScreen(Screen[None]):
             self._send(data)
 
     def _send(self, data: bytes) -> None:
-        self.run_worker(self._write(data), group="attach-write")
+        """Queue ``data``; ONE worker writes the queue in order (keys never overtake)."""
+        if len(self._outbox) + len(data) > OUTBOX_BOUND:
+            self.notify("typing faster than the call takes input: key dropped",
+                        severity="warning")
+            return
+        self._outbox += data
+        if not self._draining:
+            self._draining = True
+            self.run_worker(self._drain(), group="attach-write")
+
+    async def _drain(self) -> None:
+        try:
+            while self._outbox:
+                chunk = bytes(self._outbox[:65536])
+                del self._outbox[:len(chunk)]
+                await self._write(chunk)
+        finally:
+            self._draining = False

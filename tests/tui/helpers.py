@@ -56,3 +56,21 @@ def log_types(socket: Any, session: str) -> list[tuple[str, Any]]:
         return found
 
     return trio.run(read)
+
+
+#: Starts a pre-approved PTY call of ``cat`` (it keeps running) and prints its callId.
+PTY_CLIENT = r"""
+import sys, trio
+from client.api import connect
+async def main(session):
+    async with connect(None) as c:
+        print((await c.start_tool(session, "cat", tty=(80, 24))).call_id, flush=True)
+trio.run(main, sys.argv[1])
+"""
+
+
+def start_pty_call(daemon: Any, session: str) -> str:
+    r = subprocess.run([sys.executable, "-c", PTY_CLIENT, session], env=daemon.env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
