@@ -44,7 +44,8 @@ def output_text(entry: dict[str, Any]) -> str:
 
 
 def tail(text: str, lines: int = TAIL_LINES) -> str:
-    return "\n".join(text.rstrip("\n").split("\n")[-lines:])
+    """The last ``lines`` lines of ``text`` (cost: the tail, not the whole window)."""
+    return "\n".join(text.rstrip("\n").rsplit("\n", lines)[-lines:])
 
 
 class CallView(Static):
@@ -58,18 +59,22 @@ class CallView(Static):
         super().__init__(id=f"call-{call_id}", classes="call")
         self.call_id = call_id
         self.entry: dict[str, Any] = {}
+        self._shown: tuple[Any, ...] | None = None
         self.update_entry(entry)
 
     def update_entry(self, entry: dict[str, Any]) -> None:
-        if entry == self.entry:
-            return
+        """Show ``entry`` (the lane's live value: only its strings are kept to compare)."""
         self.entry = entry
+        shown = (entry.get("state"), call_command(entry), is_tty(entry), output_text(entry))
+        if shown == self._shown:
+            return
+        self._shown = shown
         state = entry.get("state", "?")
         tty = " [pty: t attaches]" if is_tty(entry) else ""
         self.border_title = f"{self.call_id} · {entry.get('name', '?')} · {state}{tty}"
         header = Text("$ ", style="bold") + Text(call_command(entry), style="bold")
-        body = Text.from_ansi(tail(output_text(entry))) if output_text(entry) else Text(
-            "(no output yet)", style="dim")
+        body = Text.from_ansi(tail(shown[3])) if shown[3] else Text("(no output yet)",
+                                                                    style="dim")
         self.update(Group(header, body))
 
     @property

@@ -6,7 +6,10 @@ asyncio loop, through a worker (anyio is the client library's runtime). While co
 tasks share it: one polls ``session.list`` every ``POLL_S`` (there is no list subscription)
 and hands the list to the sink; one holds a ``client.subscription.Subscription`` (which mirrors
 the lane with ``protocol.mirror.Mirror`` and resubscribes on a gap) to the *watched* session
-and hands a copy of each new view to the sink. ``watch(session_id)`` switches the watched
+and hands each new view to the sink -- the mirror's own value, which the next batch changes in
+place: the sink renders it at once (the callback runs before the next batch is applied) and
+keeps strings, not the dicts (no copy per batch: a lane of 100 calls holds up to 100 output
+windows). ``watch(session_id)`` switches the watched
 session: the subscription task's cancel scope is cancelled and it subscribes to the new one.
 Being subscribed is what makes this connection an answerer of that session (PROTOCOL.md §3.4).
 
@@ -22,7 +25,6 @@ not drop the connection. Anything that is not a loss (a bug) propagates.
 
 from __future__ import annotations
 
-import copy
 import os
 from typing import Any, Protocol
 
@@ -146,7 +148,6 @@ class DaemonFeed:
         sub = await client.subscribe(session_id)
         try:
             async for view in sub:
-                # The mirror changes its value in place with each batch: the sink keeps a copy.
-                self.sink.feed_lane(session_id, copy.deepcopy(view))
+                self.sink.feed_lane(session_id, view)
         finally:
             await sub.aclose()

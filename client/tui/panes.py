@@ -2,7 +2,8 @@
 
 Theory of operation: each pane is fed a plain value and renders it; none of them talks to
 dshd. :class:`SessionsPane` takes the ``session.list`` answer (``SessionInfo`` structs) and
-keeps its cursor on the same session across updates (rows keyed by session id, newest first).
+keeps its cursor on the same session across updates (rows keyed by session id, newest first
+by creation, so rows do not jump while sessions work).
 :class:`SessionPane` takes one lane view (PROTOCOL.md §3.3) and shows the session's header,
 one ``client.tui.calls.CallView`` per running call (mounted and removed as calls come and
 go; each shows only the tail of the lane's bounded window), the recent results and the
@@ -57,7 +58,8 @@ class SessionsPane(DataTable):
             self.add_column(column, key=column)
 
     def show(self, sessions: list[SessionInfo]) -> None:
-        ordered = sorted(sessions, key=lambda s: (_v(s.updated_at, 0), _v(s.created_at, 0)),
+        # Newest first by creation: rows keep their places while sessions are busy.
+        ordered = sorted(sessions, key=lambda s: (_v(s.created_at, 0), s.session_id),
                          reverse=True)
         wanted = [s.session_id for s in ordered]
         current = self.selected_id()
@@ -119,7 +121,8 @@ class ApprovalsBar(Horizontal):
         yield Button("reject (n)", id="reject", variant="error")
 
     def show(self, lane: Any) -> None:
-        self.approval = oldest_approval(lane)
+        found = oldest_approval(lane)
+        self.approval = None if found is None else (found[0], dict(found[1]))
         self.set_class(self.approval is not None, "asking")
         if self.approval is None:
             return
@@ -168,7 +171,8 @@ class SessionPane(Vertical):
     def _turn(self, session_id: str | None, lane: Any) -> Text:
         turn = (lane or {}).get("turn")
         if turn:
-            self.last_turn = (str(session_id), dict(turn))
+            calls = [dict(c) for c in turn.get("calls") or []]
+            self.last_turn = (str(session_id), {**turn, "calls": calls})
             return turn_text(turn)
         if self.last_turn is not None and self.last_turn[0] == session_id:
             return turn_text({**self.last_turn[1], "state": "ended"})

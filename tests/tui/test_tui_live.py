@@ -115,3 +115,23 @@ def test_the_daemon_restarts_and_the_tui_recovers(daemon, workdir):
         assert app.feed.connects >= 2
 
     run_app(app, scenario)
+
+
+def test_the_tui_starts_before_dshd_and_connects_when_it_comes(tui_root, workdir):
+    from tests.tui.conftest import make_daemon
+
+    daemon = make_daemon(tui_root)
+    app = DshApp(socket=daemon.socket)
+
+    async def scenario(pilot):
+        banner = app.query_one("#banner")
+        await until(pilot, lambda: "not running" in str(banner.render()), "the banner says why")
+        daemon.start()
+        await until(pilot, lambda: not banner.has_class("lost"), "connected")
+        assert daemon.dsh("run", "--name", "late", "--", "true").returncode == 0
+        await until(pilot, lambda: "late" in listed_names(app), "listed")
+
+    try:
+        run_app(app, scenario)
+    finally:
+        daemon.close()

@@ -94,3 +94,58 @@ def test_the_approval_keys_with_nothing_asked_decide_nothing():
         assert any("nothing waits" in n.message for n in app._notifications)
 
     run_app(app, scenario)
+
+
+def test_a_hundred_calls_with_full_windows_render_only_their_tails():
+    """100 running calls, each with a full 2,000-line window (the daemon's default bound):
+    each box renders its last TAIL_LINES lines, never the window."""
+    from client.tui.calls import TAIL_LINES, CallView
+
+    window = "".join(f"line {i}\n" for i in range(2000))
+    lane = dict(screens.LANE, approvals={}, turn=None, tools={
+        f"c{n:03}": {"name": "bash", "args": {"command": f"job {n}"}, "state": "running",
+                     "startedAt": n, "output": {"content": [{"type": "text", "text": window}]}}
+        for n in range(100)})
+    app = offline_app()
+
+    async def scenario(pilot):
+        app.feed_sessions(screens.SESSIONS)
+        app.feed.watched = "s-build"
+        app.feed_lane("s-build", lane)
+        await pilot.pause()
+        views = list(app.query(CallView))
+        assert len(views) == 100
+        for view in views:
+            shown = view.shown_output.split("\n")
+            assert len(shown) == TAIL_LINES and shown[-1] == "line 1999"
+        # The same value again changes nothing; one call's new output re-renders that one.
+        lane["tools"]["c050"]["output"]["content"][0]["text"] = window + "line new\n"
+        app.feed_lane("s-build", lane)
+        await pilot.pause()
+        assert app.query_one("#call-c050", CallView).shown_output.endswith("line new")
+
+    run_app(app, scenario)
+
+
+def test_the_mouse_picks_a_session_and_presses_a_decision():
+    """A click on a row watches that session; a click on a button decides (here: with no
+    daemon the decision is refused at once, with a message)."""
+    app = offline_app()
+
+    async def scenario(pilot):
+        await screens.feed(app)
+        await pilot.pause()
+        table = app.query_one(SessionsPane)
+        assert table.selected_id() == "s-build"
+        assert await pilot.click(SessionsPane, offset=(5, 3))  # the second row: docs
+        await pilot.pause()
+        assert table.selected_id() == "s-docs"
+        assert app.feed.watched == "s-docs"
+        app.feed.watched = "s-build"
+        app.feed_lane("s-build", screens.LANE)
+        await pilot.pause()
+        assert await pilot.click("#approve-once")
+        await pilot.pause()
+        assert any("dshd is not reachable" in n.message for n in app._notifications)
+
+    run_app(app, scenario)
