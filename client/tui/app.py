@@ -95,7 +95,7 @@ class DshApp(App[None], inherit_bindings=False):
         yield Static(id="banner")
         with Horizontal(id="main"):
             yield SessionsPane(id="sessions")
-            yield SessionPane()
+            yield SessionPane(client=(lambda: self.feed.client) if self._connect else None)
         yield ApprovalsBar()
         yield Input(placeholder=self._placeholder(), id="command")
         yield Footer()
@@ -115,6 +115,8 @@ class DshApp(App[None], inherit_bindings=False):
     def feed_connected(self) -> None:
         self.lost_reason = None
         self.query_one("#banner", Static).remove_class("lost")
+        if self.feed.client is not None:
+            self.query_one(SessionPane).resume(self.feed.client)
         self.feed.watch(self.watched_id())
 
     def feed_lost(self, reason: str, retry_in: float) -> None:

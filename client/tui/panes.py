@@ -6,14 +6,15 @@ keeps its cursor on the same session across updates (rows keyed by session id, n
 by creation, so rows do not jump while sessions work).
 :class:`SessionPane` takes one lane view (PROTOCOL.md §3.3) and shows the session's header,
 one ``client.tui.calls.CallView`` per running call (mounted and removed as calls come and
-go; each shows only the tail of the lane's bounded window), the recent results and the
+go; the ``LIVE_VIEWS`` newest follow their raw output live, the others show the tail of the
+lane's bounded window), the recent results and the
 turn's streaming text. :class:`ApprovalsBar` shows the oldest pending request of the lane's
 ``approvals`` and is hidden when there is none; its buttons (mouse) do what its keys do.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from msgspec import UNSET
 from rich.text import Text
@@ -21,7 +22,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Button, DataTable, Static
 
-from client.tui.calls import CallView
+from client.tui.calls import LIVE_VIEWS, CallView
 from protocol.methods import SessionInfo
 
 __all__ = ["SessionsPane", "SessionPane", "ApprovalsBar", "session_row", "oldest_approval",
@@ -145,8 +146,10 @@ class SessionPane(Vertical):
     SessionPane #turn { height: auto; max-height: 12; border-top: solid $accent; }
     """
 
-    def __init__(self) -> None:
+    def __init__(self, client: Callable[[], Any] | None = None) -> None:
+        """``client``: the app's current client (None when unconnected): live output views."""
         super().__init__(id="session")
+        self.client = client
         self.lane: Any = None
         #: The last turn seen (session id, turn): its text stays shown after it ends.
         self.last_turn: tuple[str, dict[str, Any]] | None = None
@@ -164,7 +167,7 @@ class SessionPane(Vertical):
         self.query_one("#session-header", Static).update(Text(
             f"{session.get('cwd', '')}  policy {session.get('approvalPolicy', '?')}  "
             f"sandbox {session.get('sandbox', '?')}", style="dim"))
-        self._show_calls((lane or {}).get("tools") or {})
+        self._show_calls(session.get("sessionId"), (lane or {}).get("tools") or {})
         self.query_one("#recent", Static).update(recent_text((lane or {}).get("recent") or []))
         self.query_one("#turn", Static).update(self._turn(session.get("sessionId"), lane))
 
@@ -178,19 +181,28 @@ class SessionPane(Vertical):
             return turn_text({**self.last_turn[1], "state": "ended"})
         return turn_text(None)
 
-    def _show_calls(self, tools: dict[str, dict[str, Any]]) -> None:
+    def _show_calls(self, session_id: str | None, tools: dict[str, dict[str, Any]]) -> None:
         box = self.query_one("#calls", VerticalScroll)
         views = {v.call_id: v for v in box.query(CallView)}
-        for call_id, view in views.items():
-            if call_id not in tools:
+        for call_id, view in list(views.items()):
+            if call_id not in tools or view.session_id != session_id:
                 view.remove()
-        for call_id in sorted(tools, key=lambda c: (tools[c].get("startedAt") or 0, c)):
+                del views[call_id]
+        order = sorted(tools, key=lambda c: (tools[c].get("startedAt") or 0, c))
+        live = set(order[-LIVE_VIEWS:])
+        for call_id in order:
             if call_id in views:
                 views[call_id].update_entry(tools[call_id])
             else:
-                box.mount(CallView(call_id, tools[call_id]))
+                box.mount(CallView(str(session_id), call_id, tools[call_id],
+                                   client=self.client if call_id in live else None))
         self.query_one("#no-calls", Static).display = not tools
         self.query_one("#no-calls", Static).update("no running calls")
+
+    def resume(self, client: Any) -> None:
+        """A new connection: every live output view follows again."""
+        for view in self.query(CallView):
+            view.resume(client)
 
     def call_ids(self) -> list[str]:
         return list(((self.lane or {}).get("tools") or {}))
