@@ -95,20 +95,37 @@ def test_an_approval_is_answered_by_a_key_and_runs_once(daemon, workdir):
 
 
 def test_the_daemon_restarts_and_the_tui_recovers(daemon, workdir):
-    """dshd stops: the banner says so; dshd starts again on the same socket: the banner goes,
-    and a call made afterwards appears."""
-    assert daemon.dsh("run", "--name", "delta", "--", "true", cwd=str(workdir)).returncode == 0
+    """dshd stops while a call runs: the banner says so; dshd starts again on the same socket:
+    the banner goes, the running call's live view resumes (its next line shows, the first
+    once), and a call made afterwards appears."""
+    gate, end = workdir / "go", workdir / "end"
+    script = (f"echo before-restart; while [ ! -e {gate} ]; do sleep 0.05; done; "
+              f"echo after-restart; while [ ! -e {end} ]; do sleep 0.05; done")
     app = DshApp(socket=daemon.socket)
 
     async def scenario(pilot):
         banner = app.query_one("#banner")
-        await until(pilot, lambda: "delta" in listed_names(app), "delta listed")
-        assert not banner.has_class("lost")
-        daemon.stop()
-        await until(pilot, lambda: banner.has_class("lost"), "the banner shown")
-        assert "dshd is not reachable" in str(banner.render())
-        daemon.start()
-        await until(pilot, lambda: not banner.has_class("lost"), "the banner gone")
+        proc = daemon.dsh_popen("run", "--name", "delta", "--", "sh", "-c", script,
+                                cwd=str(workdir))
+        try:
+            await until(pilot, lambda: any("before-restart" in t
+                                           for t in call_texts(app).values()), "the call shown")
+            assert not banner.has_class("lost")
+            daemon.stop()
+            await until(pilot, lambda: banner.has_class("lost"), "the banner shown")
+            assert "dshd is not reachable" in str(banner.render())
+            daemon.start()
+            await until(pilot, lambda: not banner.has_class("lost"), "the banner gone")
+            gate.write_text("")
+            await until(pilot, lambda: any("after-restart" in t
+                                           for t in call_texts(app).values()),
+                        "the resumed view shows the line written after the restart")
+            shown = next(iter(call_texts(app).values()))
+            assert shown.count("before-restart") == 1, shown  # resumed, not replayed twice
+        finally:
+            gate.write_text("")
+            end.write_text("")
+            proc.wait(timeout=60)
         r = daemon.dsh("run", "--name", "after", "--", "echo", "back", cwd=str(workdir))
         assert r.returncode == 0, r.stderr
         await until(pilot, lambda: "after" in listed_names(app), "a new session after it")
