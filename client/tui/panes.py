@@ -14,6 +14,7 @@ turn's streaming text. :class:`ApprovalsBar` shows the oldest pending request of
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable
 
 from msgspec import UNSET
@@ -30,21 +31,33 @@ __all__ = ["SessionsPane", "SessionPane", "ApprovalsBar", "session_row", "oldest
 
 #: Recent results listed in the session pane (the lane keeps ≤ 20).
 RECENT_SHOWN = 8
-COLUMNS = ("name", "cwd", "run", "ask", "exit")
+#: The sessions pane's columns: the counts before the cwd, so a long path never hides them.
+COLUMNS = ("name", "run", "ask", "exit", "cwd")
+#: The widest cwd shown (cells): longer ones keep their end, after "…".
+CWD_CELLS = 32
 
 
 def _v(value: Any, default: Any = None) -> Any:
     return default if value is UNSET or value is None else value
 
 
+def short_path(path: str, cells: int = CWD_CELLS) -> str:
+    """``path`` with the home directory as ``~``, cut from the left to ``cells``."""
+    home = os.path.expanduser("~")
+    if home not in ("", "/") and (path == home or path.startswith(home + "/")):
+        path = "~" + path[len(home):]
+    return path if len(path) <= cells else "…" + path[-(cells - 1):]
+
+
 def session_row(info: SessionInfo) -> tuple[str, ...]:
-    """The cells of one session: name (else id), cwd, running, pending approvals, last exit."""
+    """The cells of one session: name (else id), running, pending approvals, last exit, cwd."""
     if info.damaged is not UNSET:
-        return (info.session_id, f"damaged: {info.damaged}", "", "", "")
+        return (info.session_id, "", "", "", f"damaged: {info.damaged}")
     running = _v(info.running, 0)
     pending = _v(info.pending_approvals, 0)
-    return (_v(info.name, info.session_id), _v(info.cwd, ""), str(running) if running else "",
-            str(pending) if pending else "", str(_v(info.last_exit, "")))
+    return (_v(info.name, info.session_id), str(running) if running else "",
+            str(pending) if pending else "", str(_v(info.last_exit, "")),
+            short_path(_v(info.cwd, "")))
 
 
 class SessionsPane(DataTable):

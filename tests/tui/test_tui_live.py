@@ -4,7 +4,7 @@ answered by a key and runs once, the daemon restarts and the TUI recovers."""
 from __future__ import annotations
 
 from client.tui.app import DshApp
-from client.tui.panes import ApprovalsBar, SessionsPane
+from client.tui.panes import ApprovalsBar, SessionsPane, short_path
 from tests.tui.conftest import run_app, until
 from tests.tui.helpers import ask_from_outside, call_texts, listed_names, log_types
 
@@ -20,7 +20,7 @@ def test_sessions_appear_live(daemon, workdir):
         assert r.returncode == 0, r.stderr
         await until(pilot, lambda: "alpha" in listed_names(app), "alpha listed")
         row = app.query_one(SessionsPane).get_row("" + app.query_one(SessionsPane).selected_id())
-        assert row[1] == str(workdir) and row[4] == "0"  # cwd, last exit
+        assert row[4] == short_path(str(workdir)) and row[3] == "0"  # cwd, last exit
 
     run_app(app, scenario)
 

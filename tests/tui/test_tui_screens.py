@@ -149,3 +149,14 @@ def test_the_mouse_picks_a_session_and_presses_a_decision():
         assert any("dshd is not reachable" in n.message for n in app._notifications)
 
     run_app(app, scenario)
+
+
+def test_a_long_cwd_is_cut_from_the_left_and_home_is_a_tilde(monkeypatch):
+    from client.tui.panes import CWD_CELLS, short_path
+
+    monkeypatch.setenv("HOME", "/home/dev")
+    assert short_path("/home/dev/project") == "~/project"
+    assert short_path("/home/devil") == "/home/devil"
+    long = "/srv/" + "x" * 100 + "/end"
+    assert len(short_path(long)) == CWD_CELLS and short_path(long).endswith("x/end")
+    assert short_path(long).startswith("…")
