@@ -50,6 +50,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "steer": ("client.cli.steer", "steer"),
     "help": ("client.cli.help", "help_command"),
     "completion": ("client.cli.completion", "completion"),
+    "tui": ("client.cli.tui", "tui"),
 }
 
 
