@@ -56,3 +56,26 @@ class OneWidgetApp(App):
 def screen_lines(widget: Any) -> list[str]:
     """The text of the rows the widget draws now (what a person sees)."""
     return [widget.render_line(y).text for y in range(widget.size.height)]
+
+
+class ScreenHostApp(App):
+    """An app with a plain home screen that pushes ``screen`` on mount and keeps what it was
+    dismissed with in ``results``."""
+
+    def __init__(self, screen: Any) -> None:
+        super().__init__()
+        self.pushed = screen
+        self.results: list[Any] = []
+
+    def compose(self) -> ComposeResult:
+        from textual.widgets import Static
+
+        yield Static("home screen", id="home")
+
+    def on_mount(self) -> None:
+        self.push_screen(self.pushed, self.results.append)
+
+
+def terminal_text(view: Any) -> str:
+    """What pyte's screen shows, one line per row, trailing blanks cut."""
+    return "\n".join(line.rstrip() for line in view.screen_model.display)
