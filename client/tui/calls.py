@@ -97,7 +97,7 @@ class CallView(Vertical):
         if shown == self._shown or not self._ready:
             return
         self._shown = shown
-        tty = " [pty: t attaches]" if shown[2] else ""
+        tty = " (pty: t attaches)" if shown[2] else ""
         self.border_title = f"{self.call_id} · {entry.get('name', '?')} · {shown[0]}{tty}"
         self.query_one(".call-command", Static).update(Text("$ " + shown[1]))
         if self.live is None:
