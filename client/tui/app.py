@@ -13,7 +13,8 @@ a message (nothing is queued to run later by surprise).
 
 The command line runs ``tool.run`` of ``bash {command}`` pre-approved (``approved: true``: the
 person typed it) in the watched session -- with none, a new session in the app's working
-directory. In chat mode (ctrl+t) or with the ``> `` prefix the line is a chat input instead:
+directory -- then waits for its result (``tool.wait``, in the worker) and shows it in the
+session pane. In chat mode (ctrl+t) or with the ``> `` prefix the line is a chat input instead:
 ``turn.start``, or ``turn.steer`` while the lane shows a turn. The approvals bar answers the
 oldest pending request of the watched session with ``approval.decide``. A terminal resize
 reflows the panes (Textual's layout); nothing is cached by size.
@@ -32,7 +33,7 @@ from textual.containers import Horizontal
 from textual.widgets import Button, DataTable, Footer, Input, Static
 
 from client.api import Client
-from client.transport import DshClientError
+from client.transport import ConnectionLost, DshClientError
 from client.cli.keys import DEFAULT_DETACH_KEYS, describe_keys, parse_detach_keys
 from client.tui.calls import is_tty
 from client.tui.feed import DaemonFeed
@@ -204,7 +205,12 @@ class DshApp(App[None], inherit_bindings=False):
         async def body(client: Client) -> None:
             sid = session_id or await self._new_session(client)
             if not chat:
-                await client.start_tool(sid, text, approved=True)
+                started = await client.start_tool(sid, text, approved=True)
+                try:
+                    result = await client.wait(sid, started.call_id)
+                except ConnectionLost:
+                    return  # dshd went away: the call goes on; recent shows how it ended
+                self.query_one(SessionPane).show_result(sid, text, result)
             elif turn:
                 await client.steer_turn(sid, text)
             else:

@@ -7,8 +7,9 @@ by creation, so rows do not jump while sessions work).
 :class:`SessionPane` takes one lane view (PROTOCOL.md §3.3) and shows the session's header,
 one ``client.tui.calls.CallView`` per running call (mounted and removed as calls come and
 go; the ``LIVE_VIEWS`` newest follow their raw output live, the others show the tail of the
-lane's bounded window), the recent results and the
-turn's streaming text. :class:`ApprovalsBar` shows the oldest pending request of the lane's
+lane's bounded window), the recent results, the
+result of the last command typed on the command line (its output, however fast it ended) and
+the turn's streaming text. :class:`ApprovalsBar` shows the oldest pending request of the lane's
 ``approvals`` and is hidden when there is none; its buttons (mouse) do what its keys do.
 """
 
@@ -23,7 +24,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Button, DataTable, Static
 
-from client.tui.calls import LIVE_VIEWS, CallView
+from client.tui.calls import LIVE_VIEWS, CallView, tail
 from protocol.methods import SessionInfo
 
 __all__ = ["SessionsPane", "SessionPane", "ApprovalsBar", "session_row", "oldest_approval",
@@ -156,6 +157,8 @@ class SessionPane(Vertical):
     SessionPane { width: 3fr; border: round $primary; }
     SessionPane #calls { height: 1fr; }
     SessionPane #recent { height: auto; max-height: 10; color: $text-muted; }
+    SessionPane #last-result { height: auto; max-height: 14; display: none; }
+    SessionPane #last-result.shown { display: block; border-top: solid $primary; }
     SessionPane #turn { height: auto; max-height: 12; border-top: solid $accent; }
     """
 
@@ -170,6 +173,7 @@ class SessionPane(Vertical):
     def compose(self) -> ComposeResult:
         yield Static(id="session-header")
         yield VerticalScroll(Static("no session selected", id="no-calls"), id="calls")
+        yield Static(id="last-result")
         yield Static(id="recent")
         yield Static(id="turn")
 
@@ -211,6 +215,19 @@ class SessionPane(Vertical):
                                    client=self.client if call_id in live else None))
         self.query_one("#no-calls", Static).display = not tools
         self.query_one("#no-calls", Static).update("no running calls")
+
+    def show_result(self, session_id: str, command: str, result: Any) -> None:
+        """The result of a command typed on the command line: ``$ command → exit N`` and the
+        last lines of its output window (it may have ended before any batch showed it)."""
+        if ((self.lane or {}).get("session") or {}).get("sessionId") != session_id:
+            return
+        status = result.error_code or f"exit {result.exit_code}"
+        text = Text(f"$ {command} → {status}\n", style="bold red" if result.is_error
+                    else "bold")
+        text.append_text(Text.from_ansi(tail(result.content or result.message or "")))
+        box = self.query_one("#last-result", Static)
+        box.update(text)
+        box.add_class("shown")
 
     def resume(self, client: Any) -> None:
         """A new connection: every live output view follows again."""

@@ -152,3 +152,22 @@ def test_the_tui_starts_before_dshd_and_connects_when_it_comes(tui_root, workdir
         run_app(app, scenario)
     finally:
         daemon.close()
+
+
+def test_a_command_typed_on_the_command_line_runs_and_shows_its_result(daemon, workdir):
+    assert daemon.dsh("run", "--name", "cmd", "--", "true", cwd=str(workdir)).returncode == 0
+    app = DshApp(socket=daemon.socket, session="cmd")
+
+    async def scenario(pilot):
+        await until(pilot, lambda: app.query_one("SessionPane").lane, "the lane")
+        await pilot.press("colon", *"echo typed-$((6*7)) > out.txt; cat out.txt", "enter")
+        box = app.query_one("#last-result")
+        await until(pilot, lambda: box.has_class("shown"), "the result shown")
+        shown = str(box.render())
+        assert "typed-42" in shown and "exit 0" in shown
+        pane = app.query_one("SessionPane")
+        await until(pilot, lambda: len(pane.lane["recent"]) == 2, "in recent")
+        assert pane.lane["recent"][0]["exitCode"] == 0
+
+    run_app(app, scenario)
+    assert (workdir / "out.txt").read_text() == "typed-42\n"  # ran once, in the session's cwd
