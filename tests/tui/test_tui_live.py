@@ -77,8 +77,8 @@ def test_an_approval_is_answered_by_a_key_and_runs_once(daemon, workdir):
         finally:
             if asker.poll() is None:
                 asker.kill()
-        call_id, exit_code = out.split()
-        assert exit_code == "0", err
+        call_id, exit_code, error_code = out.split()
+        assert (exit_code, error_code) == ("0", "None"), err
         await until(pilot, lambda: not bar.has_class("asking"), "the bar hidden again")
         return call_id, app.feed.watched
 
@@ -171,3 +171,38 @@ def test_a_command_typed_on_the_command_line_runs_and_shows_its_result(daemon, w
 
     run_app(app, scenario)
     assert (workdir / "out.txt").read_text() == "typed-42\n"  # ran once, in the session's cwd
+
+
+def test_reject_never_runs_and_allow_for_session_stops_asking(daemon, workdir):
+    """`n` rejects: the command never runs. `a` allows for the session: the call runs, and the
+    same command asked again runs without a request in the bar."""
+    assert daemon.dsh("run", "--name", "eps", "--", "true", cwd=str(workdir)).returncode == 0
+    assert daemon.dsh("policy", "eps", "ask").returncode == 0
+    bad, good = workdir / "bad.txt", workdir / "good.txt"
+    app = DshApp(socket=daemon.socket, session="eps")
+
+    async def answer(pilot, command, key):
+        bar = app.query_one(ApprovalsBar)
+        asker = ask_from_outside(daemon, app.feed.watched, command)
+        try:
+            if key is not None:
+                await until(pilot, lambda: bar.approval is not None, "asked")
+                await pilot.press(key)
+            out, err = asker.communicate(timeout=60)
+        finally:
+            if asker.poll() is None:
+                asker.kill()
+        assert asker.returncode == 0, err
+        return out.split()[1:]
+
+    async def scenario(pilot):
+        await until(pilot, lambda: app.query_one("SessionPane").lane, "the lane")
+        assert await answer(pilot, f"echo no > {bad}", "n") == ["None", "APPROVAL_REJECTED"]
+        assert await answer(pilot, f"echo yes >> {good}", "a") == ["0", "None"]
+        # The session's rule answers the same command: nobody is asked (no key pressed).
+        assert await answer(pilot, f"echo yes >> {good}", None) == ["0", "None"]
+        assert app.query_one(ApprovalsBar).approval is None
+
+    run_app(app, scenario)
+    assert not bad.exists()
+    assert good.read_text() == "yes\nyes\n"
