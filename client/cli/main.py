@@ -51,6 +51,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "help": ("client.cli.help", "help_command"),
     "completion": ("client.cli.completion", "completion"),
     "web": ("client.cli.web", "web"),
+    "tui": ("client.cli.tui", "tui"),
 }
 
 

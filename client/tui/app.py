@@ -1,0 +1,293 @@
+"""``DshApp``: the one screen of ``dsh tui`` -- sessions, the watched session, approvals, input.
+
+Theory of operation: the app owns a ``client.tui.feed.DaemonFeed`` run in a Textual worker on
+the app's asyncio loop; the feed is the one connection to dshd (an approval answerer) and
+calls back ``feed_*`` on this app, which hand the values to the panes
+(``client.tui.panes``): the session list polled each second, the watched session's lane view
+(the sessions pane's cursor row picks it; ``session`` given at start picks it by id or name),
+the banner when dshd is gone and while the feed connects again. Everything the person asks
+for -- run a command, send a chat input, answer an approval, cancel, write to a PTY call --
+is one request on the feed's live client in a worker, so the UI loop never waits on dshd; an
+error answer becomes a notification, and with dshd gone the request is refused at once with
+a message (nothing is queued to run later by surprise).
+
+The command line runs ``tool.run`` of ``bash {command}`` pre-approved (``approved: true``: the
+person typed it) in the watched session -- with none, a new session in the app's working
+directory -- then waits for its result (``tool.wait``, in the worker) and shows it in the
+session pane. In chat mode (ctrl+t) or with the ``> `` prefix the line is a chat input instead:
+``turn.start``, or ``turn.steer`` while the lane shows a turn. The approvals bar answers the
+oldest pending request of the watched session with ``approval.decide``. A terminal resize
+reflows the panes (Textual's layout); nothing is cached by size.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+from textual import on
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.widgets import Button, DataTable, Footer, Input, Static
+
+from client.api import Client
+from client.transport import ConnectionLost, DshClientError
+from client.cli.keys import DEFAULT_DETACH_KEYS, describe_keys, parse_detach_keys
+from client.tui.calls import is_tty
+from client.tui.feed import DaemonFeed
+from client.tui.help import HelpScreen
+from client.tui.panes import ApprovalsBar, SessionPane, SessionsPane
+from client.tui.term import TerminalScreen
+from protocol.methods import SessionInfo
+from protocol.rpc import RpcError
+
+__all__ = ["DshApp", "CHAT_PREFIX"]
+
+#: A command line that starts with this is a chat input, whatever the mode.
+CHAT_PREFIX = "> "
+
+_DECISIONS = {"once": "allow-once", "session": "allow-for-session", "reject": "reject"}
+
+
+class AttachKeys:
+    """The keys of the attach screen (``client.tui.term.TerminalScreen``: every key but the
+    detach sequence goes to the command), for the help screen."""
+
+    HELP_NAME = "attach"
+    BINDINGS: list = []
+    EXTRA_KEYS = (
+        (describe_keys(parse_detach_keys(DEFAULT_DETACH_KEYS)).lower(),
+         "detach: back to the main screen (the call keeps running)"),
+        ("any other key", "typed into the call (tool.write); a resize resizes its PTY"),
+        ("any key, once the call ended", "back to the main screen"))
+
+
+class DshApp(App[None], inherit_bindings=False):
+    """``DshApp(socket, session)``: the TUI over the dshd at ``socket`` (None: the default)."""
+
+    TITLE = "dsh tui"
+    HELP_NAME = "main"
+    ENABLE_COMMAND_PALETTE = False
+    BINDINGS = [
+        Binding("f1,question_mark", "help", "help"),
+        Binding("ctrl+q", "quit", "quit"),
+        Binding("f2,y", "decide('once')", "allow once", show=False),
+        Binding("f3,a", "decide('session')", "allow for session", show=False),
+        Binding("f4,n", "decide('reject')", "reject", show=False),
+        Binding("ctrl+t", "toggle_chat", "chat mode"),
+        Binding("ctrl+o,t", "attach", "attach PTY call"),
+        Binding("ctrl+k,c", "cancel", "cancel call / turn"),
+        Binding("colon,slash,i", "focus_input", "command line", show=False),
+        Binding("escape", "focus_sessions", "sessions list", show=False),
+        Binding("tab,shift+tab", "focus_next", "next pane", show=False),
+    ]
+    EXTRA_KEYS = (("up, down, enter, click", "sessions list: pick the session to watch"),
+                  ("> text", "command line: a chat input (else: a bash command)"),
+                  ("y, a, n", "only outside the command line (f2, f3, f4 work everywhere)"))
+    CSS = """
+    #banner { height: auto; background: $error; color: $text; padding: 0 1; display: none; }
+    #banner.lost { display: block; }
+    #main { height: 1fr; }
+    #command { dock: bottom; }
+    """
+
+    def __init__(self, socket: Path | str | None = None, session: str | None = None, *,
+                 connect: bool = True) -> None:
+        """``connect=False``: no feed (tests and snapshots feed values by hand)."""
+        super().__init__()
+        self.socket = socket
+        self.wanted_session = session
+        self.chat_mode = False
+        self.lost_reason: str | None = None
+        self.feed = DaemonFeed(socket, self)
+        self._connect = connect
+        self._sessions: list[SessionInfo] = []
+
+    # -- layout --------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        yield Static(id="banner")
+        with Horizontal(id="main"):
+            yield SessionsPane(id="sessions")
+            yield SessionPane(client=(lambda: self.feed.client) if self._connect else None)
+        yield ApprovalsBar()
+        yield Input(placeholder=self._placeholder(), id="command")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one(SessionsPane).focus()
+        if self._connect:
+            self.feed_lost("connecting…", 0)
+            self.run_worker(self.feed.run(), group="feed", exit_on_error=True)
+
+    def _placeholder(self) -> str:
+        if self.chat_mode:
+            return "chat: type a message for the agent (ctrl+t: back to commands)"
+        return "bash command to run in this session ('> text' or ctrl+t: chat)"
+
+    # -- what the feed tells -------------------------------------------------------------
+    def feed_connected(self) -> None:
+        self.lost_reason = None
+        self.query_one("#banner", Static).remove_class("lost")
+        if self.feed.client is not None:
+            self.query_one(SessionPane).resume(self.feed.client)
+            for screen in self.screen_stack:
+                if isinstance(screen, TerminalScreen):
+                    screen.resume(self.feed.client)
+        self.feed.watch(self.watched_id())
+
+    def feed_lost(self, reason: str, retry_in: float) -> None:
+        self.lost_reason = reason
+        banner = self.query_one("#banner", Static)
+        banner.update(f"dshd is not reachable ({reason}); reconnecting"
+                      + (f" in {retry_in:g} s…" if retry_in else "…")
+                      + " Running calls keep running.")
+        banner.add_class("lost")
+
+    def feed_sessions(self, sessions: list[SessionInfo]) -> None:
+        self._sessions = sessions
+        pane = self.query_one(SessionsPane)
+        pane.show(sessions)
+        if self.wanted_session is not None:
+            for info in sessions:
+                if self.wanted_session in (info.session_id, info.name):
+                    if pane.select(info.session_id):
+                        self.wanted_session = None
+        self.feed.watch(self.watched_id())
+
+    def feed_lane(self, session_id: str, lane: Any) -> None:
+        if session_id != self.feed.watched:
+            return
+        self.query_one(SessionPane).show(lane)
+        self.query_one(ApprovalsBar).show(lane)
+
+    def feed_error(self, message: str) -> None:
+        self.notify(message, severity="error")
+
+    def watched_id(self) -> str | None:
+        return self.query_one(SessionsPane).selected_id()
+
+    @on(DataTable.RowHighlighted, "#sessions")
+    def _row_highlighted(self, _event: DataTable.RowHighlighted) -> None:
+        self.feed.watch(self.watched_id())
+
+    # -- requests --------------------------------------------------------------------------
+    def request(self, what: str, body: Callable[[Client], Awaitable[Any]]) -> None:
+        """Run ``body(client)`` in a worker; errors become a notification."""
+        client = self.feed.client
+        if client is None:
+            self.notify(f"cannot {what}: dshd is not reachable", severity="error")
+            return
+
+        async def run() -> None:
+            try:
+                await body(client)
+            except RpcError as exc:
+                self.notify(f"{what}: {exc.message}", severity="error")
+            except DshClientError as exc:
+                self.notify(f"{what}: {exc}", severity="error")
+
+        self.run_worker(run(), group="requests")
+
+    @on(Input.Submitted, "#command")
+    def _submitted(self, event: Input.Submitted) -> None:
+        line = event.value.strip()
+        event.input.value = ""
+        if not line:
+            return
+        chat = self.chat_mode or line.startswith(CHAT_PREFIX.strip())
+        text = line[1:].strip() if line.startswith(CHAT_PREFIX.strip()) else line
+        session_id = self.watched_id()
+        lane = self.query_one(SessionPane).lane or {}
+        turn = lane.get("turn") if lane.get("session", {}).get("sessionId") == session_id else None
+
+        async def body(client: Client) -> None:
+            sid = session_id or await self._new_session(client)
+            if not chat:
+                started = await client.start_tool(sid, text, approved=True)
+                try:
+                    result = await client.wait(sid, started.call_id)
+                except ConnectionLost:
+                    return  # dshd went away: the call goes on; recent shows how it ended
+                self.query_one(SessionPane).show_result(sid, text, result)
+            elif turn:
+                await client.steer_turn(sid, text)
+            else:
+                await client.start_turn(sid, text)
+
+        self.request("chat" if chat else "run the command", body)
+
+    async def _new_session(self, client: Client) -> str:
+        session_id = await client.create_session(os.getcwd())
+        self.wanted_session = session_id
+        self.feed.watch(session_id)
+        return session_id
+
+    @on(Button.Pressed, "#approve-once")
+    def _once(self) -> None:
+        self.action_decide("once")
+
+    @on(Button.Pressed, "#approve-session")
+    def _for_session(self) -> None:
+        self.action_decide("session")
+
+    @on(Button.Pressed, "#reject")
+    def _reject(self) -> None:
+        self.action_decide("reject")
+
+    # -- actions ---------------------------------------------------------------------------
+    def action_decide(self, how: str) -> None:
+        bar = self.query_one(ApprovalsBar)
+        session_id = self.feed.watched
+        if bar.approval is None or session_id is None:
+            self.notify("nothing waits for an approval", severity="warning")
+            return
+        approval_id = bar.approval[0]
+        bar.approval = None  # one key, one decision: a second press waits for the next request
+        bar.remove_class("asking")
+        self.request("decide", lambda c: c.decide_full(session_id, approval_id, _DECISIONS[how]))
+
+    def action_toggle_chat(self) -> None:
+        self.chat_mode = not self.chat_mode
+        self.query_one("#command", Input).placeholder = self._placeholder()
+        self.notify("chat mode" if self.chat_mode else "command mode", timeout=2)
+
+    def action_focus_input(self) -> None:
+        self.query_one("#command", Input).focus()
+
+    def action_focus_sessions(self) -> None:
+        self.query_one(SessionsPane).focus()
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen([DshApp, AttachKeys]))
+
+    def action_cancel(self) -> None:
+        lane = self.query_one(SessionPane).lane or {}
+        session_id = self.feed.watched
+        tools = lane.get("tools") or {}
+        if session_id is None:
+            return
+        if lane.get("turn"):
+            self.request("cancel the turn", lambda c: c.cancel_turn(session_id))
+        elif tools:
+            newest = max(tools, key=lambda c: (tools[c].get("startedAt") or 0, c))
+            self.request("cancel the call", lambda c: c.cancel(session_id, newest))
+        else:
+            self.notify("nothing runs in this session", severity="warning")
+
+    def action_attach(self) -> None:
+        lane = self.query_one(SessionPane).lane or {}
+        tools = lane.get("tools") or {}
+        session_id = self.feed.watched
+        ptys = [c for c in tools if is_tty(tools[c])]
+        if not ptys or session_id is None:
+            self.notify("no PTY call runs in this session (dsh run -t starts one)",
+                        severity="warning")
+            return
+        call_id = max(ptys, key=lambda c: (tools[c].get("startedAt") or 0, c))
+        if self.feed.client is None:
+            self.notify("cannot attach: dshd is not reachable", severity="error")
+            return
+        self.push_screen(TerminalScreen(lambda: self.feed.client, session_id, call_id))

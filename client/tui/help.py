@@ -1,0 +1,72 @@
+"""The help screen: every key of the TUI, generated from the bindings so it cannot drift.
+
+Theory of operation: :func:`key_rows` walks the ``BINDINGS`` of the classes it is given (the
+app, the attach screen's keys, this screen) and returns one ``(where, keys, what)`` row per binding,
+with the key names as Textual displays them; keys that are not bindings (the attach screen's
+two-key detach, the command line's prefix) are declared as ``EXTRA_KEYS`` next to the code
+that handles them and listed too. :class:`HelpScreen` shows the rows in a table.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import DataTable, Static
+
+__all__ = ["HelpScreen", "key_rows"]
+
+#: Key names Textual spells out, as a person reads them.
+_SHOWN = {"question_mark": "?", "colon": ":", "slash": "/"}
+
+
+def key_rows(owners: Iterable[type]) -> list[tuple[str, str, str]]:
+    """``(where, keys, what)`` for every binding of ``owners`` and their ``EXTRA_KEYS``."""
+    rows: list[tuple[str, str, str]] = []
+    for owner in owners:
+        where = getattr(owner, "HELP_NAME", owner.__name__)
+        for binding in getattr(owner, "BINDINGS", []):
+            if isinstance(binding, Binding):
+                keys, what = binding.key, binding.description or binding.action
+            else:
+                keys, what = binding[0], binding[2] if len(binding) > 2 else binding[1]
+            names = (_SHOWN.get(k.strip(), k.strip()) for k in keys.split(","))
+            rows.append((where, ", ".join(names), what))
+        for keys, what in getattr(owner, "EXTRA_KEYS", ()):
+            rows.append((where, keys, what))
+    return rows
+
+
+class HelpScreen(ModalScreen[None]):
+    """Every key; escape, q or ? closes it."""
+
+    HELP_NAME = "help"
+    BINDINGS = [Binding("escape,q,question_mark", "dismiss", "close the help")]
+    DEFAULT_CSS = """
+    HelpScreen { align: center middle; }
+    HelpScreen > Vertical { width: 116; max-width: 100%; height: auto; max-height: 100%;
+                            border: round $accent; background: $surface; padding: 0 1; }
+    HelpScreen DataTable { height: auto; max-height: 40; }
+    """
+
+    def __init__(self, owners: Iterable[type]) -> None:
+        super().__init__()
+        self.rows = key_rows([*owners, HelpScreen])
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static("dsh tui: keys (mouse: click a session, a button, the command line)")
+            yield DataTable(id="keys", cursor_type="none", zebra_stripes=True)
+
+    def on_mount(self) -> None:
+        table = self.query_one("#keys", DataTable)
+        table.add_columns("where", "keys", "what")
+        for row in self.rows:
+            table.add_row(*row)
+
+    def text(self) -> str:
+        """All rows as plain lines (tests, screen readers)."""
+        return "\n".join("  ".join(row) for row in self.rows)

@@ -1,0 +1,373 @@
+"""``OutputView``: one call's raw output, live, in a bounded window -- fast for 1 GiB outputs.
+
+Theory of operation: the widget follows the call's raw channel (``tool.follow``, PROTOCOL.md
+§3.2, through ``client.raw.OutputFollow``) from a little before the end of what is retained
+(``INITIAL_REPLAY`` bytes: a long output is not replayed from byte 0), and keeps only a
+``client.tui.tailbuffer.LineWindow`` of it: the last ``MAX_WINDOW_BYTES`` / ``MAX_WINDOW_LINES``
+as lines at absolute offsets. Incoming chunks are not drawn one by one: they go to a pending
+buffer (itself bounded by ``MAX_WINDOW_BYTES``: a flood faster than the view keeps only its
+newest bytes, and the window restarts at the next line after the gap) that a timer moves into
+the window at most ``REDRAWS_PER_S`` times a second, so a flood costs a bounded amount of
+work per frame and a keypress waits at most one such step.
+
+The widget is a Textual line-API ``ScrollView``: ``render_line`` draws only the rows on
+screen, each from its line's bytes decoded then and there, its ANSI colours parsed by
+``rich.text.Text.from_ansi`` (each line on its own: a colour left on at a line's end is not
+carried to the next), after a carriage return only what follows it (as a terminal overwrites
+a progress line); drawn lines are cached by offset (``LINE_CACHE`` entries). While the view
+is at the bottom it follows the end; scrolled up it stays on the lines it shows while the
+window moves under it.
+
+Scroll-back beyond the window: Page Up (or Up, Home) at the top reads the ``SCROLLBACK_READ``
+bytes before the window with ``tool.read`` and puts them in front (the newest lines drop out
+past a bound, and the window no longer reaches the end: live data waits in the bounded
+pending buffer); End reloads the tail (``tool.read`` of the last ``INITIAL_REPLAY`` bytes up
+to where the follow is, then what is pending) and follows again. Bytes the daemon no longer
+has (the per-call disk cap, ``firstOffset``) end the scroll-back there.
+
+The client is given (a ``client.api.Client``, or a callable returning the current one); when
+the connection is replaced, ``resume(client)`` follows again from the next offset not yet
+received: no byte is lost, none shown twice. The follow ends with the call's end
+(``ended``, ``exit_code``; an ``OutputView.Ended`` message is posted).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Callable
+
+from rich.segment import Segment
+from rich.text import Text
+from textual.binding import Binding
+from textual.geometry import Size
+from textual.message import Message
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+
+from client.raw import READ_LIMIT, Broken, Chunk, End, Gap
+from client.transport import ConnectionLost, DshClientError
+from client.tui.tailbuffer import MAX_WINDOW_BYTES, MAX_WINDOW_LINES, LineWindow
+from protocol.rpc import RpcError
+
+__all__ = ["OutputView", "INITIAL_REPLAY", "SCROLLBACK_READ", "REDRAWS_PER_S",
+           "MAX_WINDOW_BYTES", "MAX_WINDOW_LINES"]
+
+#: How much of the retained output before its end is replayed when the view opens (and when
+#: End brings it back to the tail); older output is read on demand.
+INITIAL_REPLAY = 256 * 1024
+#: How much older output one scroll-back step reads (one ``tool.read``: <= READ_LIMIT).
+SCROLLBACK_READ = 256 * 1024
+#: The most times a second incoming output is moved into the window and redrawn.
+REDRAWS_PER_S = 30
+#: How many drawn lines are kept (by offset) so that a redraw does not parse them again.
+LINE_CACHE = 512
+
+assert SCROLLBACK_READ <= READ_LIMIT and INITIAL_REPLAY <= READ_LIMIT
+
+
+def _line_text(line: str) -> Text:
+    if "\r" in line:
+        line = line.rstrip("\r").rsplit("\r", 1)[-1]
+    text = Text.from_ansi(line, no_wrap=True, end="")
+    if "\t" in line:
+        text.expand_tabs()
+    return text
+
+
+class OutputView(ScrollView, can_focus=True):
+    """A call's raw output, following live, windowed (module doc)."""
+
+    DEFAULT_CSS = """
+    OutputView { height: 1fr; overflow-x: hidden; }
+    """
+    BINDINGS = [
+        Binding("up", "line_up", "Up", show=False),
+        Binding("down", "line_down", "Down", show=False),
+        Binding("pageup", "page_up_older", "Page up", show=False),
+        Binding("pagedown", "page_down", "Page down", show=False),
+        Binding("home", "home_older", "Oldest", show=False),
+        Binding("end", "tail", "Follow the end", show=False),
+    ]
+
+    class Ended(Message):
+        """The call ended and every byte of its output was received."""
+
+        def __init__(self, view: "OutputView", exit_code: int | None) -> None:
+            super().__init__()
+            self.view, self.exit_code = view, exit_code
+
+    def __init__(self, client: Any, session_id: str, call_id: str, *, name: str | None = None,
+                 id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(name=name, id=id, classes=classes)
+        self._client_source: Any = client
+        self.session_id, self.call_id = session_id, call_id
+        self.window = LineWindow()
+        self._pending = bytearray()
+        self._pending_start: int | None = None
+        #: The offset of the next byte the follow expects (None until it started).
+        self.position: int | None = None
+        #: The oldest offset the daemon still has (the per-call disk cap may drop older).
+        self.first_offset = 0
+        self.ended = False
+        self.exit_code: int | None = None
+        #: Why following stopped other than by the call's end (None: it did not).
+        self.problem: str | None = None
+        self.dropped_bytes = 0  # bytes never shown: gaps, and floods the view skipped
+        #: The view sits at the bottom and moves with new output (until scrolled up).
+        self.following = True
+        self._tick_pending = False
+        self._busy = False  # a tool.read for scroll-back or End is under way
+        self._cache: OrderedDict[tuple[int, int], Strip] = OrderedDict()
+
+    # -- the client and the follow ----------------------------------------------------------
+    @property
+    def client(self) -> Any:
+        source = self._client_source
+        return source() if callable(source) else source
+
+    @property
+    def held_bytes(self) -> int:
+        """Output bytes held in memory: the window and the pending buffer (both bounded)."""
+        return self.window.held_bytes + len(self._pending)
+
+    def on_mount(self) -> None:
+        self._start_follow()
+
+    def resume(self, client: Any) -> None:
+        """Follow again on ``client`` (a new connection) from the next offset not received."""
+        self._client_source = client
+        self.problem = None
+        if not self.ended:
+            self._start_follow()
+
+    def _start_follow(self) -> None:
+        self.run_worker(self._follow(), group="follow", exclusive=True, exit_on_error=False)
+
+    async def _follow(self) -> None:
+        client = self.client
+        try:
+            if self.position is None:
+                probe = await client.read_output(self.session_id, self.call_id, 0, 1,
+                                                 from_first=True)
+                self.first_offset = probe.first_offset
+                self.position = max(probe.first_offset, probe.end_offset - INITIAL_REPLAY)
+            while not self.ended:
+                follow = await client.follow_output(self.session_id, self.call_id,
+                                                    self.position)
+                async with follow:
+                    if not await self._drain(follow):
+                        return
+        except ConnectionLost as exc:
+            self.problem = f"connection lost: {exc}"  # resume() follows on
+        except (RpcError, DshClientError) as exc:
+            self.problem = str(exc)
+        self.refresh()
+
+    async def _drain(self, follow: Any) -> bool:
+        """Take one follow's items; True to follow again (Broken), False when it ended."""
+        async for item in follow:
+            if isinstance(item, Chunk):
+                self._receive(item.offset, item.data)
+            elif isinstance(item, Gap):
+                self.dropped_bytes += item.to - item.start
+                self.first_offset = max(self.first_offset, item.to)
+                self.position = item.to
+            elif isinstance(item, End):
+                self.ended, self.exit_code = True, item.exit_code
+                self._schedule()
+                self.post_message(self.Ended(self, item.exit_code))
+                return False
+            elif isinstance(item, Broken):
+                self.position = item.offset
+                return True
+        return False
+
+    def _receive(self, offset: int, data: bytes) -> None:
+        if self._pending_start is None:
+            self._pending_start = offset
+        elif self._pending_start + len(self._pending) != offset:  # after a gap
+            self._pending.clear()
+            self._pending_start = offset
+        self._pending += data
+        self.position = offset + len(data)
+        extra = len(self._pending) - MAX_WINDOW_BYTES
+        if extra > 0:  # a flood faster than the view: keep the newest bytes only
+            del self._pending[:extra]
+            self._pending_start += extra
+            self.dropped_bytes += extra
+        self._schedule()
+
+    def _schedule(self) -> None:
+        if not self._tick_pending:
+            self._tick_pending = True
+            self.set_timer(1 / REDRAWS_PER_S, self._tick)
+
+    def _tick(self) -> None:
+        self._tick_pending = False
+        if self._busy or not self.window.at_tail:
+            return  # kept (bounded) until the view follows the end again
+        self._apply_pending()
+
+    def _apply_pending(self) -> None:
+        if self._pending_start is None or not self._pending:
+            self.refresh()
+            return
+        at_end = self.following
+        start = self._pending_start
+        first = start == self.first_offset or start == 0
+        dropped = self.window.append(start, bytes(self._pending), line_start=first)
+        self._pending.clear()
+        self._pending_start = None
+        self._relayout(at_end, -dropped)
+
+    def _relayout(self, at_end: bool, shift: int) -> None:
+        self._size_virtual()
+        if at_end:
+            self._to_bottom()
+        elif shift:
+            self.scroll_to(y=max(0, self.scroll_y + shift), animate=False, immediate=True)
+        self.refresh()
+
+    def _size_virtual(self) -> None:
+        self.virtual_size = Size(self.scrollable_content_region.width, len(self.window))
+
+    def _to_bottom(self) -> None:
+        self.following = True
+        self.scroll_to(y=max(0, len(self.window) - self.scrollable_content_region.height),
+                       animate=False, immediate=True)
+
+    # -- drawing ----------------------------------------------------------------------------
+    def render_line(self, y: int) -> Strip:
+        width = self.scrollable_content_region.width
+        index = self.scroll_offset.y + y
+        style = self.rich_style
+        if index >= len(self.window):
+            if index == len(self.window) and self.problem:
+                return Strip([Segment(f"[{self.problem}]", style)]).crop_extend(0, width, style)
+            return Strip.blank(width, style)
+        complete = index < len(self.window.lines)
+        key = (self.window.line_offset(index), width)
+        strip = self._cache.get(key) if complete else None
+        if strip is None:
+            text = _line_text(self.window.text(index))
+            text.stylize_before(style)  # under the ANSI colours
+            strip = Strip(text.render(self.app.console), text.cell_len)
+            strip = strip.crop_extend(0, width, style)
+            if complete:
+                self._cache[key] = strip
+                while len(self._cache) > LINE_CACHE:
+                    self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(key)
+        return strip.apply_offsets(0, index)
+
+    def on_resize(self) -> None:
+        self._size_virtual()
+        if self.following:
+            self._to_bottom()
+
+    # -- keys: scroll, scroll back, follow --------------------------------------------------
+    def _move(self, rows: int) -> None:
+        """Scroll by ``rows`` (negative: up); past the top, read older output and go on
+        moving up into it once it is there."""
+        beyond = self.scroll_y + rows
+        if rows < 0 and beyond < 0:
+            self._load_older(beyond)
+        self.scroll_to(y=max(0, min(self.scroll_y + rows, self.max_scroll_y)), animate=False,
+                       immediate=True)
+        self.following = self.window.at_tail and self.scroll_y >= self.max_scroll_y
+        self.refresh()
+
+    def action_line_up(self) -> None:
+        self._move(-1)
+
+    def action_line_down(self) -> None:
+        self._move(1)
+
+    def action_page_up_older(self) -> None:
+        self._move(-self.scrollable_content_region.height)
+
+    def action_page_down(self) -> None:
+        self._move(self.scrollable_content_region.height)
+
+    def action_home_older(self) -> None:
+        self._move(-(1 << 40))  # the top of the window, and of what one more read adds
+
+    def _on_mouse_scroll_up(self, event: Any) -> None:
+        self._move(-3)
+        event.stop()
+
+    def _on_mouse_scroll_down(self, event: Any) -> None:
+        self._move(3)
+        event.stop()
+
+    def action_tail(self) -> None:
+        if self.window.at_tail:
+            self._apply_pending()
+            self._to_bottom()
+        elif not self._busy:
+            self._busy = True
+            self.run_worker(self._reload_tail(), group="read", exit_on_error=False)
+
+    @property
+    def can_scroll_back(self) -> bool:
+        start = self.window.start
+        return start is not None and start > self.first_offset
+
+    def _load_older(self, rows: int) -> None:
+        """Read older output; then show it ``rows`` (< 0) above the current top line."""
+        if self.can_scroll_back and not self._busy:
+            self._busy = True
+            self.run_worker(self._read_older(rows), group="read", exit_on_error=False)
+
+    async def _read_exact(self, start: int, stop: int) -> bytes:
+        parts, at = [], start
+        while at < stop:
+            piece = await self.client.read_output(self.session_id, self.call_id, at, stop - at)
+            if not piece.data:
+                break
+            parts.append(piece.data)
+            at += len(piece.data)
+        return b"".join(parts)
+
+    async def _read_older(self, rows: int) -> None:
+        """Scroll-back: the ``SCROLLBACK_READ`` bytes before the window, put in front."""
+        try:
+            stop = self.window.start
+            if stop is None:
+                return
+            start = max(self.first_offset, stop - SCROLLBACK_READ)
+            try:
+                data = await self._read_exact(start, stop)
+            except RpcError as exc:  # the disk cap dropped it meanwhile
+                first = exc.data.get("firstOffset") if isinstance(exc.data, dict) else None
+                self.first_offset = first if isinstance(first, int) else stop
+                return
+            if len(data) != stop - start or self.window.start != stop:
+                return  # the window moved meanwhile: the next Page Up reads again
+            added = self.window.prepend(start, data, line_start=start == self.first_offset)
+            self._size_virtual()
+            self.following = False
+            self.scroll_to(y=max(0, self.scroll_y + added + rows), animate=False,
+                           immediate=True)
+            self.refresh()
+        except (ConnectionLost, DshClientError) as exc:
+            self.problem = str(exc)
+        finally:
+            self._busy = False
+
+    async def _reload_tail(self) -> None:
+        """End after scrolling back: the window becomes the tail again, then follows."""
+        try:
+            stop = self.position if self.position is not None else 0
+            start = max(self.first_offset, stop - INITIAL_REPLAY)
+            data = await self._read_exact(start, stop)
+            self.window.clear()
+            self.window.append(start, data, line_start=start == self.first_offset)
+            self._relayout(True, 0)
+        except (RpcError, ConnectionLost, DshClientError) as exc:
+            self.problem = str(exc)
+        finally:
+            self._busy = False
+        self._apply_pending()
+        self._to_bottom()

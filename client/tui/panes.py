@@ -1,0 +1,262 @@
+"""The TUI's panes: the sessions list, the watched session, the approvals bar, the banner.
+
+Theory of operation: each pane is fed a plain value and renders it; none of them talks to
+dshd. :class:`SessionsPane` takes the ``session.list`` answer (``SessionInfo`` structs) and
+keeps its cursor on the same session across updates (rows keyed by session id, newest first
+by creation, so rows do not jump while sessions work).
+:class:`SessionPane` takes one lane view (PROTOCOL.md §3.3) and shows the session's header,
+one ``client.tui.calls.CallView`` per running call (mounted and removed as calls come and
+go; the ``LIVE_VIEWS`` newest follow their raw output live, the others show the tail of the
+lane's bounded window), the recent results, the
+result of the last command typed on the command line (its output, however fast it ended) and
+the turn's streaming text. :class:`ApprovalsBar` shows the oldest pending request of the lane's
+``approvals`` and is hidden when there is none; its buttons (mouse) do what its keys do.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+from msgspec import UNSET
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.widgets import Button, DataTable, Static
+
+from client.tui.calls import LIVE_VIEWS, CallView, tail
+from protocol.methods import SessionInfo
+
+__all__ = ["SessionsPane", "SessionPane", "ApprovalsBar", "session_row", "oldest_approval",
+           "RECENT_SHOWN"]
+
+#: Recent results listed in the session pane (the lane keeps ≤ 20).
+RECENT_SHOWN = 8
+#: The sessions pane's columns: the counts before the cwd, so a long path never hides them.
+COLUMNS = ("name", "run", "ask", "exit", "cwd")
+#: The widest cwd shown (cells): longer ones keep their end, after "…".
+CWD_CELLS = 32
+
+
+def _v(value: Any, default: Any = None) -> Any:
+    return default if value is UNSET or value is None else value
+
+
+def short_path(path: str, cells: int = CWD_CELLS) -> str:
+    """``path`` with the home directory as ``~``, cut from the left to ``cells``."""
+    home = os.path.expanduser("~")
+    if home not in ("", "/") and (path == home or path.startswith(home + "/")):
+        path = "~" + path[len(home):]
+    return path if len(path) <= cells else "…" + path[-(cells - 1):]
+
+
+def session_row(info: SessionInfo) -> tuple[str, ...]:
+    """The cells of one session: name (else id), running, pending approvals, last exit, cwd."""
+    if info.damaged is not UNSET:
+        return (info.session_id, "", "", "", f"damaged: {info.damaged}")
+    running = _v(info.running, 0)
+    pending = _v(info.pending_approvals, 0)
+    return (_v(info.name, info.session_id), str(running) if running else "",
+            str(pending) if pending else "", str(_v(info.last_exit, "")),
+            short_path(_v(info.cwd, "")))
+
+
+class SessionsPane(DataTable):
+    """Every session, newest first; the cursor row is the watched session."""
+
+    DEFAULT_CSS = "SessionsPane { width: 2fr; height: 1fr; min-width: 30; border: round $accent; }"
+
+    def on_mount(self) -> None:
+        self.cursor_type = "row"
+        self.border_title = "sessions"
+        for column in COLUMNS:
+            self.add_column(column, key=column)
+
+    def show(self, sessions: list[SessionInfo]) -> None:
+        # Newest first by creation: rows keep their places while sessions are busy.
+        ordered = sorted(sessions, key=lambda s: (_v(s.created_at, 0), s.session_id),
+                         reverse=True)
+        wanted = [s.session_id for s in ordered]
+        current = self.selected_id()
+        if wanted != [str(k.value) for k in self.rows]:
+            self.clear()
+            for info in ordered:
+                self.add_row(*session_row(info), key=info.session_id)
+        else:
+            for info in ordered:
+                for column, cell in zip(COLUMNS, session_row(info)):
+                    self.update_cell(info.session_id, column, cell)
+        if current in wanted:
+            self.move_cursor(row=wanted.index(current))
+
+    def selected_id(self) -> str | None:
+        if not self.row_count:
+            return None
+        try:
+            key, _ = self.coordinate_to_cell_key(self.cursor_coordinate)
+        except Exception:  # noqa: BLE001 - no cell under the cursor (empty table)
+            return None
+        return None if key.value is None else str(key.value)
+
+    def select(self, session_id: str) -> bool:
+        try:
+            self.move_cursor(row=self.get_row_index(session_id))
+        except Exception:  # noqa: BLE001 - not listed (yet)
+            return False
+        return True
+
+
+def oldest_approval(lane: Any) -> tuple[str, dict[str, Any]] | None:
+    """The pending request asked first, of a lane view (``(approvalId, entry)``)."""
+    approvals = (lane or {}).get("approvals") or {}
+    if not approvals:
+        return None
+    approval_id = min(approvals, key=lambda a: (approvals[a].get("askedAt") or 0, a))
+    return approval_id, approvals[approval_id]
+
+
+class ApprovalsBar(Horizontal):
+    """``? <summary>`` with allow once / allow for session / reject."""
+
+    DEFAULT_CSS = """
+    ApprovalsBar { height: 3; background: $warning 30%; display: none; }
+    ApprovalsBar.asking { display: block; }
+    ApprovalsBar #approval-text { width: 1fr; padding: 1 1; }
+    ApprovalsBar Button { min-width: 16; }
+    """
+
+    def __init__(self) -> None:
+        super().__init__(id="approvals")
+        self.approval: tuple[str, dict[str, Any]] | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="approval-text")
+        yield Button("allow once (y)", id="approve-once", variant="success")
+        yield Button("for session (a)", id="approve-session", variant="primary")
+        yield Button("reject (n)", id="reject", variant="error")
+
+    def show(self, lane: Any) -> None:
+        found = oldest_approval(lane)
+        self.approval = None if found is None else (found[0], dict(found[1]))
+        self.set_class(self.approval is not None, "asking")
+        if self.approval is None:
+            return
+        approval_id, entry = self.approval
+        more = len((lane or {}).get("approvals") or {}) - 1
+        text = Text(f"{entry.get('tool', '?')} asks: ", style="bold")
+        text.append(str(entry.get("summary", "")))
+        if more:
+            text.append(f"  (+{more} more)", style="dim")
+        self.query_one("#approval-text", Static).update(text)
+
+
+class SessionPane(Vertical):
+    """The watched session: header, running calls, recent results, the turn."""
+
+    DEFAULT_CSS = """
+    SessionPane { width: 3fr; border: round $primary; }
+    SessionPane #calls { height: 1fr; }
+    SessionPane #recent { height: auto; max-height: 10; color: $text-muted; }
+    SessionPane #last-result { height: auto; max-height: 14; display: none; }
+    SessionPane #last-result.shown { display: block; border-top: solid $primary; }
+    SessionPane #turn { height: auto; max-height: 12; border-top: solid $accent; }
+    """
+
+    def __init__(self, client: Callable[[], Any] | None = None) -> None:
+        """``client``: the app's current client (None when unconnected): live output views."""
+        super().__init__(id="session")
+        self.client = client
+        self.lane: Any = None
+        #: The last turn seen (session id, turn): its text stays shown after it ends.
+        self.last_turn: tuple[str, dict[str, Any]] | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="session-header")
+        yield VerticalScroll(Static("no session selected", id="no-calls"), id="calls")
+        yield Static(id="last-result")
+        yield Static(id="recent")
+        yield Static(id="turn")
+
+    def show(self, lane: Any) -> None:
+        self.lane = lane
+        session = (lane or {}).get("session") or {}
+        self.border_title = session.get("name") or session.get("sessionId") or "session"
+        self.query_one("#session-header", Static).update(Text(
+            f"{session.get('cwd', '')}  policy {session.get('approvalPolicy', '?')}  "
+            f"sandbox {session.get('sandbox', '?')}", style="dim"))
+        self._show_calls(session.get("sessionId"), (lane or {}).get("tools") or {})
+        self.query_one("#recent", Static).update(recent_text((lane or {}).get("recent") or []))
+        self.query_one("#turn", Static).update(self._turn(session.get("sessionId"), lane))
+
+    def _turn(self, session_id: str | None, lane: Any) -> Text:
+        turn = (lane or {}).get("turn")
+        if turn:
+            calls = [dict(c) for c in turn.get("calls") or []]
+            self.last_turn = (str(session_id), {**turn, "calls": calls})
+            return turn_text(turn)
+        if self.last_turn is not None and self.last_turn[0] == session_id:
+            return turn_text({**self.last_turn[1], "state": "ended"})
+        return turn_text(None)
+
+    def _show_calls(self, session_id: str | None, tools: dict[str, dict[str, Any]]) -> None:
+        box = self.query_one("#calls", VerticalScroll)
+        views = {v.call_id: v for v in box.query(CallView)}
+        for call_id, view in list(views.items()):
+            if call_id not in tools or view.session_id != session_id:
+                view.remove()
+                del views[call_id]
+        order = sorted(tools, key=lambda c: (tools[c].get("startedAt") or 0, c))
+        live = set(order[-LIVE_VIEWS:])
+        for call_id in order:
+            if call_id in views:
+                views[call_id].update_entry(tools[call_id])
+            else:
+                box.mount(CallView(str(session_id), call_id, tools[call_id],
+                                   client=self.client if call_id in live else None))
+        self.query_one("#no-calls", Static).display = not tools
+        self.query_one("#no-calls", Static).update("no running calls")
+
+    def show_result(self, session_id: str, command: str, result: Any) -> None:
+        """The result of a command typed on the command line: ``$ command → exit N`` and the
+        last lines of its output window (it may have ended before any batch showed it)."""
+        if ((self.lane or {}).get("session") or {}).get("sessionId") != session_id:
+            return
+        status = result.error_code or f"exit {result.exit_code}"
+        text = Text(f"$ {command} → {status}\n", style="bold red" if result.is_error
+                    else "bold")
+        text.append_text(Text.from_ansi(tail(result.content or result.message or "")))
+        box = self.query_one("#last-result", Static)
+        box.update(text)
+        box.add_class("shown")
+
+    def resume(self, client: Any) -> None:
+        """A new connection: every live output view follows again."""
+        for view in self.query(CallView):
+            view.resume(client)
+
+    def call_ids(self) -> list[str]:
+        return list(((self.lane or {}).get("tools") or {}))
+
+
+def recent_text(recent: list[dict[str, Any]]) -> Text:
+    text = Text("recent: ", style="bold")
+    if not recent:
+        return text.append("none", style="dim")
+    for entry in recent[:RECENT_SHOWN]:
+        status = entry.get("errorCode") or f"exit {entry.get('exitCode')}"
+        style = "red" if entry.get("isError") else "green"
+        text.append(f"\n  {entry.get('callId')} {entry.get('name')} ")
+        text.append(str(status), style=style)
+    return text
+
+
+def turn_text(turn: dict[str, Any] | None) -> Text:
+    if not turn:
+        return Text("no turn running (ctrl+t: chat mode, or type '> text')", style="dim")
+    text = Text(f"turn {turn.get('turnId')} · {turn.get('state')} · step {turn.get('step')}\n",
+                style="bold")
+    text.append(str(turn.get("text") or ""))
+    for call in turn.get("calls") or []:
+        text.append(f"\n  → {call.get('name')} {call.get('callId')} {call.get('state')}",
+                    style="dim")
+    return text
