@@ -65,8 +65,11 @@ REDRAWS_PER_S = 30
 #: into the window would cost the keypress its frame, and no one reads 30 MiB/s; what was
 #: skipped is read again from the daemon by scroll-back (End, Page Up) like older output.
 PENDING_BOUND = 256 * 1024
-#: Under a flood, how much of the output's end is read (``tool.read``) each redraw.
+#: Under a flood, how much of the output's end is read (``tool.read``) each redraw, and how
+#: many redraws a second: a full repaint costs Textual's compositor several ms, text that
+#: changes 10 times a second is as unreadable as at 30, and the keys get the frames between.
 FLOOD_SAMPLE = 64 * 1024
+FLOOD_REDRAWS_PER_S = 10
 #: How many drawn lines are kept (by offset) so that a redraw does not parse them again.
 LINE_CACHE = 512
 
@@ -205,7 +208,7 @@ class OutputView(ScrollView, can_focus=True):
         read each redraw, until the output grows by less than ``PENDING_BOUND`` a redraw
         (then the follow goes on, lossless, from the last byte sampled)."""
         while True:
-            await anyio.sleep(1 / REDRAWS_PER_S)
+            await anyio.sleep(1 / FLOOD_REDRAWS_PER_S)
             probe = await client.read_output(self.session_id, self.call_id,
                                              self.position or 0, 1, from_first=True)
             self.first_offset = probe.first_offset
