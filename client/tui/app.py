@@ -13,7 +13,8 @@ a message (nothing is queued to run later by surprise).
 
 The command line runs ``tool.run`` of ``bash {command}`` pre-approved (``approved: true``: the
 person typed it) in the watched session -- with none, a new session in the app's working
-directory. In chat mode (ctrl+t) or with the ``> `` prefix the line is a chat input instead:
+directory -- then waits for its result (``tool.wait``, in the worker) and shows it in the
+session pane. In chat mode (ctrl+t) or with the ``> `` prefix the line is a chat input instead:
 ``turn.start``, or ``turn.steer`` while the lane shows a turn. The approvals bar answers the
 oldest pending request of the watched session with ``approval.decide``. A terminal resize
 reflows the panes (Textual's layout); nothing is cached by size.
@@ -32,12 +33,13 @@ from textual.containers import Horizontal
 from textual.widgets import Button, DataTable, Footer, Input, Static
 
 from client.api import Client
-from client.transport import DshClientError
-from client.tui.attach import AttachScreen
+from client.transport import ConnectionLost, DshClientError
+from client.cli.keys import DEFAULT_DETACH_KEYS, describe_keys, parse_detach_keys
 from client.tui.calls import is_tty
 from client.tui.feed import DaemonFeed
 from client.tui.help import HelpScreen
 from client.tui.panes import ApprovalsBar, SessionPane, SessionsPane
+from client.tui.term import TerminalScreen
 from protocol.methods import SessionInfo
 from protocol.rpc import RpcError
 
@@ -47,6 +49,19 @@ __all__ = ["DshApp", "CHAT_PREFIX"]
 CHAT_PREFIX = "> "
 
 _DECISIONS = {"once": "allow-once", "session": "allow-for-session", "reject": "reject"}
+
+
+class AttachKeys:
+    """The keys of the attach screen (``client.tui.term.TerminalScreen``: every key but the
+    detach sequence goes to the command), for the help screen."""
+
+    HELP_NAME = "attach"
+    BINDINGS: list = []
+    EXTRA_KEYS = (
+        (describe_keys(parse_detach_keys(DEFAULT_DETACH_KEYS)).lower(),
+         "detach: back to the main screen (the call keeps running)"),
+        ("any other key", "typed into the call (tool.write); a resize resizes its PTY"),
+        ("any key, once the call ended", "back to the main screen"))
 
 
 class DshApp(App[None], inherit_bindings=False):
@@ -95,7 +110,7 @@ class DshApp(App[None], inherit_bindings=False):
         yield Static(id="banner")
         with Horizontal(id="main"):
             yield SessionsPane(id="sessions")
-            yield SessionPane()
+            yield SessionPane(client=(lambda: self.feed.client) if self._connect else None)
         yield ApprovalsBar()
         yield Input(placeholder=self._placeholder(), id="command")
         yield Footer()
@@ -115,6 +130,11 @@ class DshApp(App[None], inherit_bindings=False):
     def feed_connected(self) -> None:
         self.lost_reason = None
         self.query_one("#banner", Static).remove_class("lost")
+        if self.feed.client is not None:
+            self.query_one(SessionPane).resume(self.feed.client)
+            for screen in self.screen_stack:
+                if isinstance(screen, TerminalScreen):
+                    screen.resume(self.feed.client)
         self.feed.watch(self.watched_id())
 
     def feed_lost(self, reason: str, retry_in: float) -> None:
@@ -141,8 +161,6 @@ class DshApp(App[None], inherit_bindings=False):
             return
         self.query_one(SessionPane).show(lane)
         self.query_one(ApprovalsBar).show(lane)
-        if isinstance(self.screen, AttachScreen):
-            self.screen.show(((lane or {}).get("tools") or {}).get(self.screen.call_id))
 
     def feed_error(self, message: str) -> None:
         self.notify(message, severity="error")
@@ -187,7 +205,12 @@ class DshApp(App[None], inherit_bindings=False):
         async def body(client: Client) -> None:
             sid = session_id or await self._new_session(client)
             if not chat:
-                await client.start_tool(sid, text, approved=True)
+                started = await client.start_tool(sid, text, approved=True)
+                try:
+                    result = await client.wait(sid, started.call_id)
+                except ConnectionLost:
+                    return  # dshd went away: the call goes on; recent shows how it ended
+                self.query_one(SessionPane).show_result(sid, text, result)
             elif turn:
                 await client.steer_turn(sid, text)
             else:
@@ -238,7 +261,7 @@ class DshApp(App[None], inherit_bindings=False):
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen([DshApp, AttachScreen]))
+            self.push_screen(HelpScreen([DshApp, AttachKeys]))
 
     def action_cancel(self) -> None:
         lane = self.query_one(SessionPane).lane or {}
@@ -264,10 +287,7 @@ class DshApp(App[None], inherit_bindings=False):
                         severity="warning")
             return
         call_id = max(ptys, key=lambda c: (tools[c].get("startedAt") or 0, c))
-
-        async def write(data: bytes) -> None:
-            client = self.feed.client
-            if client is not None:
-                await client.write_input(session_id, call_id, data)
-
-        self.push_screen(AttachScreen(call_id, tools[call_id], write))
+        if self.feed.client is None:
+            self.notify("cannot attach: dshd is not reachable", severity="error")
+            return
+        self.push_screen(TerminalScreen(lambda: self.feed.client, session_id, call_id))

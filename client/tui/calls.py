@@ -1,25 +1,35 @@
-"""How the TUI shows one running call: its header and the tail of the lane's output window.
+"""How the TUI shows one running call: a header, and its output live (raw) or the lane's tail.
 
-Theory of operation: the lane view already carries each running call's output as a bounded
-window (PROTOCOL.md §3.3, ``ToolOutput``: the retained text, cut by bytes and lines), so a
-:class:`CallView` renders only the last ``TAIL_LINES`` lines of that window, with its ANSI
-colours (``rich.text.Text.from_ansi``), never the call's history. It is the stand-in until the
-tuiterm room's ``client.tui.outputview.OutputView`` (raw output with scroll-back through
-``tool.read``) is merged; the session pane is the only place that builds one.
+Theory of operation: a :class:`CallView` is a bordered box titled ``callId · tool · state``
+with the call's command and a body of ``TAIL_LINES`` rows. When the app is connected and the
+call is one of the ``LIVE_VIEWS`` newest running calls of the session, the body is the tuiterm
+room's ``client.tui.outputview.OutputView``: the call's raw output followed with
+``tool.follow`` in a bounded window, ANSI colours, scroll-back by ``tool.read`` (focus it and
+press Page Up), resumed on a new connection (``resume``). Any other call -- beyond
+``LIVE_VIEWS`` (a session with 100 calls opens 6 follows, not 100), or with dshd away -- shows
+the last ``TAIL_LINES`` lines of the lane's own bounded output window (PROTOCOL.md §3.3,
+``ToolOutput``) as rich text: what the lane already carries, never a history. The box keeps
+only strings of the lane's entry (the lane is the mirror's live value, changed in place).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from rich.console import Group
 from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
 from textual.widgets import Static
 
-__all__ = ["CallView", "TAIL_LINES", "call_command", "output_text", "is_tty"]
+from client.tui.outputview import OutputView
 
-#: Lines of a running call's output shown in the session pane.
+__all__ = ["CallView", "TAIL_LINES", "LIVE_VIEWS", "call_command", "output_text", "is_tty"]
+
+#: Rows of a running call's output shown in the session pane.
 TAIL_LINES = 12
+#: Running calls of the watched session whose raw output is followed live (the newest).
+LIVE_VIEWS = 6
 
 
 def call_command(entry: dict[str, Any]) -> str:
@@ -48,41 +58,68 @@ def tail(text: str, lines: int = TAIL_LINES) -> str:
     return "\n".join(text.rstrip("\n").rsplit("\n", lines)[-lines:])
 
 
-class CallView(Static):
-    """One running call: ``callId  state  $ command`` and the tail of its output."""
+class CallView(Vertical):
+    """One running call (module doc). ``client``: the app's current client (None: none)."""
 
-    DEFAULT_CSS = """
-    CallView { border: round $primary; padding: 0 1; height: auto; margin-bottom: 1; }
+    DEFAULT_CSS = f"""
+    CallView {{ border: round $primary; padding: 0 1; height: auto; margin-bottom: 1; }}
+    CallView .call-command {{ height: 1; text-style: bold; }}
+    CallView .call-tail {{ height: auto; }}
+    CallView OutputView {{ height: {TAIL_LINES}; }}
     """
 
-    def __init__(self, call_id: str, entry: dict[str, Any]) -> None:
+    def __init__(self, session_id: str, call_id: str, entry: dict[str, Any], *,
+                 client: Callable[[], Any] | None = None) -> None:
         super().__init__(id=f"call-{call_id}", classes="call")
+        self.session_id = session_id
         self.call_id = call_id
         self.entry: dict[str, Any] = {}
         self._shown: tuple[Any, ...] | None = None
-        self.update_entry(entry)
+        self._client = client
+        self.live: OutputView | None = None
+        if client is not None and client() is not None:
+            self.live = OutputView(client, session_id, call_id)
+        self._entry_at_start = entry
+        self._ready = False
+
+    def compose(self) -> ComposeResult:
+        yield Static(classes="call-command")
+        yield self.live if self.live is not None else Static(classes="call-tail")
+
+    def on_mount(self) -> None:
+        self._ready = True
+        self.update_entry(self.entry or self._entry_at_start)
 
     def update_entry(self, entry: dict[str, Any]) -> None:
         """Show ``entry`` (the lane's live value: only its strings are kept to compare)."""
         self.entry = entry
         shown = (entry.get("state"), call_command(entry), is_tty(entry), output_text(entry))
-        if shown == self._shown:
+        if shown == self._shown or not self._ready:
             return
         self._shown = shown
-        state = entry.get("state", "?")
-        tty = " [pty: t attaches]" if is_tty(entry) else ""
-        self.border_title = f"{self.call_id} · {entry.get('name', '?')} · {state}{tty}"
-        header = Text("$ ", style="bold") + Text(call_command(entry), style="bold")
-        body = Text.from_ansi(tail(shown[3])) if shown[3] else Text("(no output yet)",
-                                                                    style="dim")
-        self.update(Group(header, body))
+        tty = " (pty: t attaches)" if shown[2] else ""
+        self.border_title = f"{self.call_id} · {entry.get('name', '?')} · {shown[0]}{tty}"
+        self.query_one(".call-command", Static).update(Text("$ " + shown[1]))
+        if self.live is None:
+            body = Text.from_ansi(tail(shown[3])) if shown[3] else Text("(no output yet)",
+                                                                        style="dim")
+            self.query_one(".call-tail", Static).update(Group(body))
+
+    def resume(self, client: Any) -> None:
+        """A new connection: the live view follows again from the next byte it lacks."""
+        if self.live is not None:
+            self.live.resume(client)
 
     @property
     def shown_output(self) -> str:
-        """The output lines shown (without ANSI codes' effect: the raw window's tail)."""
+        """The output lines shown: the live view's rows, else the lane window's tail."""
+        if self.live is not None:
+            window = self.live.window
+            count = len(window)
+            return "\n".join(window.text(i) for i in range(max(0, count - TAIL_LINES), count))
         return tail(output_text(self.entry))
 
     @property
     def plain(self) -> str:
-        """The text shown (for tests and the help of screen readers)."""
-        return call_command(self.entry) + "\n" + tail(output_text(self.entry))
+        """The command and the output shown (tests, screen readers)."""
+        return call_command(self.entry) + "\n" + self.shown_output

@@ -1,7 +1,7 @@
 """The help screen: every key of the TUI, generated from the bindings so it cannot drift.
 
 Theory of operation: :func:`key_rows` walks the ``BINDINGS`` of the classes it is given (the
-app, the attach screen, this screen) and returns one ``(where, keys, what)`` row per binding,
+app, the attach screen's keys, this screen) and returns one ``(where, keys, what)`` row per binding,
 with the key names as Textual displays them; keys that are not bindings (the attach screen's
 two-key detach, the command line's prefix) are declared as ``EXTRA_KEYS`` next to the code
 that handles them and listed too. :class:`HelpScreen` shows the rows in a table.
@@ -47,7 +47,7 @@ class HelpScreen(ModalScreen[None]):
     BINDINGS = [Binding("escape,q,question_mark", "dismiss", "close the help")]
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
-    HelpScreen > Vertical { width: 90; max-width: 100%; height: auto; max-height: 100%;
+    HelpScreen > Vertical { width: 116; max-width: 100%; height: auto; max-height: 100%;
                             border: round $accent; background: $surface; padding: 0 1; }
     HelpScreen DataTable { height: auto; max-height: 40; }
     """

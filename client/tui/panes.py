@@ -6,14 +6,17 @@ keeps its cursor on the same session across updates (rows keyed by session id, n
 by creation, so rows do not jump while sessions work).
 :class:`SessionPane` takes one lane view (PROTOCOL.md §3.3) and shows the session's header,
 one ``client.tui.calls.CallView`` per running call (mounted and removed as calls come and
-go; each shows only the tail of the lane's bounded window), the recent results and the
-turn's streaming text. :class:`ApprovalsBar` shows the oldest pending request of the lane's
+go; the ``LIVE_VIEWS`` newest follow their raw output live, the others show the tail of the
+lane's bounded window), the recent results, the
+result of the last command typed on the command line (its output, however fast it ended) and
+the turn's streaming text. :class:`ApprovalsBar` shows the oldest pending request of the lane's
 ``approvals`` and is hidden when there is none; its buttons (mouse) do what its keys do.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from typing import Any, Callable
 
 from msgspec import UNSET
 from rich.text import Text
@@ -21,7 +24,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Button, DataTable, Static
 
-from client.tui.calls import CallView
+from client.tui.calls import LIVE_VIEWS, CallView, tail
 from protocol.methods import SessionInfo
 
 __all__ = ["SessionsPane", "SessionPane", "ApprovalsBar", "session_row", "oldest_approval",
@@ -29,21 +32,33 @@ __all__ = ["SessionsPane", "SessionPane", "ApprovalsBar", "session_row", "oldest
 
 #: Recent results listed in the session pane (the lane keeps ≤ 20).
 RECENT_SHOWN = 8
-COLUMNS = ("name", "cwd", "run", "ask", "exit")
+#: The sessions pane's columns: the counts before the cwd, so a long path never hides them.
+COLUMNS = ("name", "run", "ask", "exit", "cwd")
+#: The widest cwd shown (cells): longer ones keep their end, after "…".
+CWD_CELLS = 32
 
 
 def _v(value: Any, default: Any = None) -> Any:
     return default if value is UNSET or value is None else value
 
 
+def short_path(path: str, cells: int = CWD_CELLS) -> str:
+    """``path`` with the home directory as ``~``, cut from the left to ``cells``."""
+    home = os.path.expanduser("~")
+    if home not in ("", "/") and (path == home or path.startswith(home + "/")):
+        path = "~" + path[len(home):]
+    return path if len(path) <= cells else "…" + path[-(cells - 1):]
+
+
 def session_row(info: SessionInfo) -> tuple[str, ...]:
-    """The cells of one session: name (else id), cwd, running, pending approvals, last exit."""
+    """The cells of one session: name (else id), running, pending approvals, last exit, cwd."""
     if info.damaged is not UNSET:
-        return (info.session_id, f"damaged: {info.damaged}", "", "", "")
+        return (info.session_id, "", "", "", f"damaged: {info.damaged}")
     running = _v(info.running, 0)
     pending = _v(info.pending_approvals, 0)
-    return (_v(info.name, info.session_id), _v(info.cwd, ""), str(running) if running else "",
-            str(pending) if pending else "", str(_v(info.last_exit, "")))
+    return (_v(info.name, info.session_id), str(running) if running else "",
+            str(pending) if pending else "", str(_v(info.last_exit, "")),
+            short_path(_v(info.cwd, "")))
 
 
 class SessionsPane(DataTable):
@@ -142,11 +157,15 @@ class SessionPane(Vertical):
     SessionPane { width: 3fr; border: round $primary; }
     SessionPane #calls { height: 1fr; }
     SessionPane #recent { height: auto; max-height: 10; color: $text-muted; }
+    SessionPane #last-result { height: auto; max-height: 14; display: none; }
+    SessionPane #last-result.shown { display: block; border-top: solid $primary; }
     SessionPane #turn { height: auto; max-height: 12; border-top: solid $accent; }
     """
 
-    def __init__(self) -> None:
+    def __init__(self, client: Callable[[], Any] | None = None) -> None:
+        """``client``: the app's current client (None when unconnected): live output views."""
         super().__init__(id="session")
+        self.client = client
         self.lane: Any = None
         #: The last turn seen (session id, turn): its text stays shown after it ends.
         self.last_turn: tuple[str, dict[str, Any]] | None = None
@@ -154,6 +173,7 @@ class SessionPane(Vertical):
     def compose(self) -> ComposeResult:
         yield Static(id="session-header")
         yield VerticalScroll(Static("no session selected", id="no-calls"), id="calls")
+        yield Static(id="last-result")
         yield Static(id="recent")
         yield Static(id="turn")
 
@@ -164,7 +184,7 @@ class SessionPane(Vertical):
         self.query_one("#session-header", Static).update(Text(
             f"{session.get('cwd', '')}  policy {session.get('approvalPolicy', '?')}  "
             f"sandbox {session.get('sandbox', '?')}", style="dim"))
-        self._show_calls((lane or {}).get("tools") or {})
+        self._show_calls(session.get("sessionId"), (lane or {}).get("tools") or {})
         self.query_one("#recent", Static).update(recent_text((lane or {}).get("recent") or []))
         self.query_one("#turn", Static).update(self._turn(session.get("sessionId"), lane))
 
@@ -178,19 +198,41 @@ class SessionPane(Vertical):
             return turn_text({**self.last_turn[1], "state": "ended"})
         return turn_text(None)
 
-    def _show_calls(self, tools: dict[str, dict[str, Any]]) -> None:
+    def _show_calls(self, session_id: str | None, tools: dict[str, dict[str, Any]]) -> None:
         box = self.query_one("#calls", VerticalScroll)
         views = {v.call_id: v for v in box.query(CallView)}
-        for call_id, view in views.items():
-            if call_id not in tools:
+        for call_id, view in list(views.items()):
+            if call_id not in tools or view.session_id != session_id:
                 view.remove()
-        for call_id in sorted(tools, key=lambda c: (tools[c].get("startedAt") or 0, c)):
+                del views[call_id]
+        order = sorted(tools, key=lambda c: (tools[c].get("startedAt") or 0, c))
+        live = set(order[-LIVE_VIEWS:])
+        for call_id in order:
             if call_id in views:
                 views[call_id].update_entry(tools[call_id])
             else:
-                box.mount(CallView(call_id, tools[call_id]))
+                box.mount(CallView(str(session_id), call_id, tools[call_id],
+                                   client=self.client if call_id in live else None))
         self.query_one("#no-calls", Static).display = not tools
         self.query_one("#no-calls", Static).update("no running calls")
+
+    def show_result(self, session_id: str, command: str, result: Any) -> None:
+        """The result of a command typed on the command line: ``$ command → exit N`` and the
+        last lines of its output window (it may have ended before any batch showed it)."""
+        if ((self.lane or {}).get("session") or {}).get("sessionId") != session_id:
+            return
+        status = result.error_code or f"exit {result.exit_code}"
+        text = Text(f"$ {command} → {status}\n", style="bold red" if result.is_error
+                    else "bold")
+        text.append_text(Text.from_ansi(tail(result.content or result.message or "")))
+        box = self.query_one("#last-result", Static)
+        box.update(text)
+        box.add_class("shown")
+
+    def resume(self, client: Any) -> None:
+        """A new connection: every live output view follows again."""
+        for view in self.query(CallView):
+            view.resume(client)
 
     def call_ids(self) -> list[str]:
         return list(((self.lane or {}).get("tools") or {}))

@@ -14,7 +14,7 @@ from client.tui.calls import CallView
 from client.tui.panes import SessionsPane
 
 #: A client that asks a call without pre-approving it (policy ask: it waits for an answerer),
-#: prints its callId, then waits for its result and prints the exit code.
+#: prints its callId, then waits for its result and prints its exit code and error code.
 ASKING_CLIENT = r"""
 import sys, trio
 from client.api import connect
@@ -22,7 +22,8 @@ async def main(session, command):
     async with connect(None) as c:
         call = await c.run_tool(session, command, approved=False, timeout=None)
         print(call, flush=True)
-        print((await c.wait(session, call)).exit_code, flush=True)
+        result = await c.wait(session, call)
+        print(result.exit_code, result.error_code, flush=True)
 trio.run(main, sys.argv[1], sys.argv[2])
 """
 

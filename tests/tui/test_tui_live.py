@@ -4,7 +4,7 @@ answered by a key and runs once, the daemon restarts and the TUI recovers."""
 from __future__ import annotations
 
 from client.tui.app import DshApp
-from client.tui.panes import ApprovalsBar, SessionsPane
+from client.tui.panes import ApprovalsBar, SessionsPane, short_path
 from tests.tui.conftest import run_app, until
 from tests.tui.helpers import ask_from_outside, call_texts, listed_names, log_types
 
@@ -20,7 +20,7 @@ def test_sessions_appear_live(daemon, workdir):
         assert r.returncode == 0, r.stderr
         await until(pilot, lambda: "alpha" in listed_names(app), "alpha listed")
         row = app.query_one(SessionsPane).get_row("" + app.query_one(SessionsPane).selected_id())
-        assert row[1] == str(workdir) and row[4] == "0"  # cwd, last exit
+        assert row[4] == short_path(str(workdir)) and row[3] == "0"  # cwd, last exit
 
     run_app(app, scenario)
 
@@ -77,8 +77,8 @@ def test_an_approval_is_answered_by_a_key_and_runs_once(daemon, workdir):
         finally:
             if asker.poll() is None:
                 asker.kill()
-        call_id, exit_code = out.split()
-        assert exit_code == "0", err
+        call_id, exit_code, error_code = out.split()
+        assert (exit_code, error_code) == ("0", "None"), err
         await until(pilot, lambda: not bar.has_class("asking"), "the bar hidden again")
         return call_id, app.feed.watched
 
@@ -95,20 +95,37 @@ def test_an_approval_is_answered_by_a_key_and_runs_once(daemon, workdir):
 
 
 def test_the_daemon_restarts_and_the_tui_recovers(daemon, workdir):
-    """dshd stops: the banner says so; dshd starts again on the same socket: the banner goes,
-    and a call made afterwards appears."""
-    assert daemon.dsh("run", "--name", "delta", "--", "true", cwd=str(workdir)).returncode == 0
+    """dshd stops while a call runs: the banner says so; dshd starts again on the same socket:
+    the banner goes, the running call's live view resumes (its next line shows, the first
+    once), and a call made afterwards appears."""
+    gate, end = workdir / "go", workdir / "end"
+    script = (f"echo before-restart; while [ ! -e {gate} ]; do sleep 0.05; done; "
+              f"echo after-restart; while [ ! -e {end} ]; do sleep 0.05; done")
     app = DshApp(socket=daemon.socket)
 
     async def scenario(pilot):
         banner = app.query_one("#banner")
-        await until(pilot, lambda: "delta" in listed_names(app), "delta listed")
-        assert not banner.has_class("lost")
-        daemon.stop()
-        await until(pilot, lambda: banner.has_class("lost"), "the banner shown")
-        assert "dshd is not reachable" in str(banner.render())
-        daemon.start()
-        await until(pilot, lambda: not banner.has_class("lost"), "the banner gone")
+        proc = daemon.dsh_popen("run", "--name", "delta", "--", "sh", "-c", script,
+                                cwd=str(workdir))
+        try:
+            await until(pilot, lambda: any("before-restart" in t
+                                           for t in call_texts(app).values()), "the call shown")
+            assert not banner.has_class("lost")
+            daemon.stop()
+            await until(pilot, lambda: banner.has_class("lost"), "the banner shown")
+            assert "dshd is not reachable" in str(banner.render())
+            daemon.start()
+            await until(pilot, lambda: not banner.has_class("lost"), "the banner gone")
+            gate.write_text("")
+            await until(pilot, lambda: any("after-restart" in t
+                                           for t in call_texts(app).values()),
+                        "the resumed view shows the line written after the restart")
+            shown = next(iter(call_texts(app).values()))
+            assert shown.count("before-restart") == 1, shown  # resumed, not replayed twice
+        finally:
+            gate.write_text("")
+            end.write_text("")
+            proc.wait(timeout=60)
         r = daemon.dsh("run", "--name", "after", "--", "echo", "back", cwd=str(workdir))
         assert r.returncode == 0, r.stderr
         await until(pilot, lambda: "after" in listed_names(app), "a new session after it")
@@ -135,3 +152,57 @@ def test_the_tui_starts_before_dshd_and_connects_when_it_comes(tui_root, workdir
         run_app(app, scenario)
     finally:
         daemon.close()
+
+
+def test_a_command_typed_on_the_command_line_runs_and_shows_its_result(daemon, workdir):
+    assert daemon.dsh("run", "--name", "cmd", "--", "true", cwd=str(workdir)).returncode == 0
+    app = DshApp(socket=daemon.socket, session="cmd")
+
+    async def scenario(pilot):
+        await until(pilot, lambda: app.query_one("SessionPane").lane, "the lane")
+        await pilot.press("colon", *"echo typed-$((6*7)) > out.txt; cat out.txt", "enter")
+        box = app.query_one("#last-result")
+        await until(pilot, lambda: box.has_class("shown"), "the result shown")
+        shown = str(box.render())
+        assert "typed-42" in shown and "exit 0" in shown
+        pane = app.query_one("SessionPane")
+        await until(pilot, lambda: len(pane.lane["recent"]) == 2, "in recent")
+        assert pane.lane["recent"][0]["exitCode"] == 0
+
+    run_app(app, scenario)
+    assert (workdir / "out.txt").read_text() == "typed-42\n"  # ran once, in the session's cwd
+
+
+def test_reject_never_runs_and_allow_for_session_stops_asking(daemon, workdir):
+    """`n` rejects: the command never runs. `a` allows for the session: the call runs, and the
+    same command asked again runs without a request in the bar."""
+    assert daemon.dsh("run", "--name", "eps", "--", "true", cwd=str(workdir)).returncode == 0
+    assert daemon.dsh("policy", "eps", "ask").returncode == 0
+    bad, good = workdir / "bad.txt", workdir / "good.txt"
+    app = DshApp(socket=daemon.socket, session="eps")
+
+    async def answer(pilot, command, key):
+        bar = app.query_one(ApprovalsBar)
+        asker = ask_from_outside(daemon, app.feed.watched, command)
+        try:
+            if key is not None:
+                await until(pilot, lambda: bar.approval is not None, "asked")
+                await pilot.press(key)
+            out, err = asker.communicate(timeout=60)
+        finally:
+            if asker.poll() is None:
+                asker.kill()
+        assert asker.returncode == 0, err
+        return out.split()[1:]
+
+    async def scenario(pilot):
+        await until(pilot, lambda: app.query_one("SessionPane").lane, "the lane")
+        assert await answer(pilot, f"echo no > {bad}", "n") == ["None", "APPROVAL_REJECTED"]
+        assert await answer(pilot, f"echo yes >> {good}", "a") == ["0", "None"]
+        # The session's rule answers the same command: nobody is asked (no key pressed).
+        assert await answer(pilot, f"echo yes >> {good}", None) == ["0", "None"]
+        assert app.query_one(ApprovalsBar).approval is None
+
+    run_app(app, scenario)
+    assert not bad.exists()
+    assert good.read_text() == "yes\nyes\n"

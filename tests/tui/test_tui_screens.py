@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from textual.binding import Binding
 
-from client.tui.app import DshApp
-from client.tui.attach import AttachScreen
+from client.tui.app import AttachKeys, DshApp
 from client.tui.help import HelpScreen, key_rows
 from client.tui.panes import ApprovalsBar, SessionPane, SessionsPane
 from tests.tui.conftest import run_app
@@ -39,7 +38,7 @@ def test_snapshot_small_terminal(snap_compare):
 
 
 def test_the_help_lists_every_binding():
-    owners = [DshApp, AttachScreen, HelpScreen]
+    owners = [DshApp, AttachKeys, HelpScreen]
     rows = key_rows(owners)
     shown = {(where, keys) for where, keys, _ in rows}
     for owner in owners:
@@ -149,3 +148,14 @@ def test_the_mouse_picks_a_session_and_presses_a_decision():
         assert any("dshd is not reachable" in n.message for n in app._notifications)
 
     run_app(app, scenario)
+
+
+def test_a_long_cwd_is_cut_from_the_left_and_home_is_a_tilde(monkeypatch):
+    from client.tui.panes import CWD_CELLS, short_path
+
+    monkeypatch.setenv("HOME", "/home/dev")
+    assert short_path("/home/dev/project") == "~/project"
+    assert short_path("/home/devil") == "/home/devil"
+    long = "/srv/" + "x" * 100 + "/end"
+    assert len(short_path(long)) == CWD_CELLS and short_path(long).endswith("x/end")
+    assert short_path(long).startswith("…")
