@@ -16,6 +16,7 @@ BENCHES: list[str] = [
     "requests",  # daemon CPU per request and per call, fsyncs per call, durable events/s, CLI start
     "storage",  # open (repair) of 10k/100k/1M-event logs: wall, RSS; listing 10,000 sessions
     "lanes",  # 1-100 concurrent calls: write -> mirror latency; lane leave after a big batch
+    "bench_tui_latency",  # TUI: a keypress to its frame while a 1 GiB flood streams in OutputView
 ]
 
 #: Arguments each bench gets under ``python -m bench --quick`` (a smoke run with small sizes).
@@ -30,4 +31,5 @@ QUICK_ARGV: dict[str, list[str]] = {
     "requests": ["--quick"],
     "storage": ["--quick"],
     "lanes": ["--quick"],
+    "bench_tui_latency": ["--quick"],
 }

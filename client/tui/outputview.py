@@ -5,8 +5,8 @@ Theory of operation: the widget follows the call's raw channel (``tool.follow``,
 (``INITIAL_REPLAY`` bytes: a long output is not replayed from byte 0), and keeps only a
 ``client.tui.tailbuffer.LineWindow`` of it: the last ``MAX_WINDOW_BYTES`` / ``MAX_WINDOW_LINES``
 as lines at absolute offsets. Incoming chunks are not drawn one by one: they go to a pending
-buffer (itself bounded by ``MAX_WINDOW_BYTES``: a flood faster than the view keeps only its
-newest bytes, and the window restarts at the next line after the gap) that a timer moves into
+buffer (itself bounded by ``PENDING_BOUND``: a flood faster than the view keeps only its
+newest bytes, and the window restarts at the next line after the skip) that a timer moves into
 the window at most ``REDRAWS_PER_S`` times a second, so a flood costs a bounded amount of
 work per frame and a keypress waits at most one such step.
 
@@ -33,9 +33,10 @@ received: no byte is lost, none shown twice. The follow ends with the call's end
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Any, Callable
 
+import anyio
 from rich.segment import Segment
 from rich.text import Text
 from textual.binding import Binding
@@ -59,6 +60,16 @@ INITIAL_REPLAY = 256 * 1024
 SCROLLBACK_READ = 256 * 1024
 #: The most times a second incoming output is moved into the window and redrawn.
 REDRAWS_PER_S = 30
+#: The most received bytes waiting for the next redraw. A flood faster than this per redraw
+#: (7.5 MiB/s at 30 redraws a second) keeps its newest bytes and skips the rest: moving more
+#: into the window would cost the keypress its frame, and no one reads 30 MiB/s; what was
+#: skipped is read again from the daemon by scroll-back (End, Page Up) like older output.
+PENDING_BOUND = 256 * 1024
+#: Under a flood, how much of the output's end is read (``tool.read``) each redraw, and how
+#: many redraws a second: a full repaint costs Textual's compositor several ms, text that
+#: changes 10 times a second is as unreadable as at 30, and the keys get the frames between.
+FLOOD_SAMPLE = 64 * 1024
+FLOOD_REDRAWS_PER_S = 10
 #: How many drawn lines are kept (by offset) so that a redraw does not parse them again.
 LINE_CACHE = 512
 
@@ -102,7 +113,8 @@ class OutputView(ScrollView, can_focus=True):
         self._client_source: Any = client
         self.session_id, self.call_id = session_id, call_id
         self.window = LineWindow()
-        self._pending = bytearray()
+        self._pending: deque[bytes] = deque()  # received chunks not yet in the window
+        self._pending_bytes = 0
         self._pending_start: int | None = None
         #: The offset of the next byte the follow expects (None until it started).
         self.position: int | None = None
@@ -113,11 +125,14 @@ class OutputView(ScrollView, can_focus=True):
         #: Why following stopped other than by the call's end (None: it did not).
         self.problem: str | None = None
         self.dropped_bytes = 0  # bytes never shown: gaps, and floods the view skipped
+        #: Output comes faster than a redraw takes it: the tail is sampled (module doc).
+        self.flooding = False
         #: The view sits at the bottom and moves with new output (until scrolled up).
         self.following = True
         self._tick_pending = False
         self._busy = False  # a tool.read for scroll-back or End is under way
         self._cache: OrderedDict[tuple[int, int], Strip] = OrderedDict()
+        self._style: Any = None  # the widget's rich style of the redraw under way
 
     # -- the client and the follow ----------------------------------------------------------
     @property
@@ -128,7 +143,7 @@ class OutputView(ScrollView, can_focus=True):
     @property
     def held_bytes(self) -> int:
         """Output bytes held in memory: the window and the pending buffer (both bounded)."""
-        return self.window.held_bytes + len(self._pending)
+        return self.window.held_bytes + self._pending_bytes
 
     def on_mount(self) -> None:
         self._start_follow()
@@ -152,6 +167,9 @@ class OutputView(ScrollView, can_focus=True):
                 self.first_offset = probe.first_offset
                 self.position = max(probe.first_offset, probe.end_offset - INITIAL_REPLAY)
             while not self.ended:
+                if self.flooding:
+                    await self._sample_tail(client)
+                    continue
                 follow = await client.follow_output(self.session_id, self.call_id,
                                                     self.position)
                 async with follow:
@@ -164,10 +182,13 @@ class OutputView(ScrollView, can_focus=True):
         self.refresh()
 
     async def _drain(self, follow: Any) -> bool:
-        """Take one follow's items; True to follow again (Broken), False when it ended."""
+        """Take one follow's items; True to go on (Broken: follow again; a flood: sample the
+        tail), False when the call ended."""
         async for item in follow:
             if isinstance(item, Chunk):
                 self._receive(item.offset, item.data)
+                if self.flooding:
+                    return True
             elif isinstance(item, Gap):
                 self.dropped_bytes += item.to - item.start
                 self.first_offset = max(self.first_offset, item.to)
@@ -182,20 +203,46 @@ class OutputView(ScrollView, can_focus=True):
                 return True
         return False
 
+    async def _sample_tail(self, client: Any) -> None:
+        """A flood: instead of every byte, the last ``FLOOD_SAMPLE`` bytes before the end,
+        read each redraw, until the output grows by less than ``PENDING_BOUND`` a redraw
+        (then the follow goes on, lossless, from the last byte sampled)."""
+        while True:
+            await anyio.sleep(1 / FLOOD_REDRAWS_PER_S)
+            probe = await client.read_output(self.session_id, self.call_id,
+                                             self.position or 0, 1, from_first=True)
+            self.first_offset = probe.first_offset
+            end = probe.end_offset
+            if end - (self.position or 0) <= PENDING_BOUND or probe.eof:
+                self.flooding = False
+                return
+            start = max(probe.first_offset, end - FLOOD_SAMPLE)
+            piece = await client.read_output(self.session_id, self.call_id, start,
+                                             end - start)
+            self._receive(piece.offset, piece.data)
+
     def _receive(self, offset: int, data: bytes) -> None:
-        if self._pending_start is None:
+        if self.position is not None and offset > self.position:
+            self.dropped_bytes += offset - self.position  # skipped: a flood's sample
+        if self._pending_start is None or self._pending_start + self._pending_bytes != offset:
+            self._drop_pending()  # the first chunk, or one after a gap
             self._pending_start = offset
-        elif self._pending_start + len(self._pending) != offset:  # after a gap
-            self._pending.clear()
-            self._pending_start = offset
-        self._pending += data
+        self._pending.append(data)
+        self._pending_bytes += len(data)
         self.position = offset + len(data)
-        extra = len(self._pending) - MAX_WINDOW_BYTES
-        if extra > 0:  # a flood faster than the view: keep the newest bytes only
-            del self._pending[:extra]
-            self._pending_start += extra
-            self.dropped_bytes += extra
+        while len(self._pending) > 1 and self._pending_bytes - len(self._pending[0]) \
+                >= PENDING_BOUND:  # more than a redraw takes: keep the newest bytes
+            skipped = self._pending.popleft()
+            self._pending_bytes -= len(skipped)
+            self._pending_start += len(skipped)
+            self.dropped_bytes += len(skipped)
+            self.flooding = True
         self._schedule()
+
+    def _drop_pending(self) -> None:
+        self._pending.clear()
+        self._pending_bytes = 0
+        self._pending_start = None
 
     def _schedule(self) -> None:
         if not self._tick_pending:
@@ -215,9 +262,9 @@ class OutputView(ScrollView, can_focus=True):
         at_end = self.following
         start = self._pending_start
         first = start == self.first_offset or start == 0
-        dropped = self.window.append(start, bytes(self._pending), line_start=first)
-        self._pending.clear()
-        self._pending_start = None
+        data = b"".join(self._pending)
+        self._drop_pending()
+        dropped = self.window.append(start, data, line_start=first)
         self._relayout(at_end, -dropped)
 
     def _relayout(self, at_end: bool, shift: int) -> None:
@@ -237,10 +284,14 @@ class OutputView(ScrollView, can_focus=True):
                        animate=False, immediate=True)
 
     # -- drawing ----------------------------------------------------------------------------
+    def render_lines(self, crop: Any) -> list[Strip]:
+        self._style = self.rich_style  # once per redraw, not per line (it is not cheap)
+        return super().render_lines(crop)
+
     def render_line(self, y: int) -> Strip:
         width = self.scrollable_content_region.width
         index = self.scroll_offset.y + y
-        style = self.rich_style
+        style = self._style if self._style is not None else self.rich_style
         if index >= len(self.window):
             if index == len(self.window) and self.problem:
                 return Strip([Segment(f"[{self.problem}]", style)]).crop_extend(0, width, style)
@@ -249,10 +300,7 @@ class OutputView(ScrollView, can_focus=True):
         key = (self.window.line_offset(index), width)
         strip = self._cache.get(key) if complete else None
         if strip is None:
-            text = _line_text(self.window.text(index))
-            text.stylize_before(style)  # under the ANSI colours
-            strip = Strip(text.render(self.app.console), text.cell_len)
-            strip = strip.crop_extend(0, width, style)
+            strip = self._draw(self.window.text(index), width, style)
             if complete:
                 self._cache[key] = strip
                 while len(self._cache) > LINE_CACHE:
@@ -260,6 +308,16 @@ class OutputView(ScrollView, can_focus=True):
         else:
             self._cache.move_to_end(key)
         return strip.apply_offsets(0, index)
+
+    def _draw(self, line: str, width: int, style: Any) -> Strip:
+        """One line as ``width`` cells: plain printable ASCII (a flood's usual line) the
+        cheap way, anything else through ``Text.from_ansi``."""
+        if line.isascii() and line.isprintable():
+            cells = line[:width]
+            return Strip([Segment(cells.ljust(width), style)], width)
+        text = _line_text(line)
+        text.stylize_before(style)  # under the ANSI colours
+        return Strip(text.render(self.app.console), text.cell_len).crop_extend(0, width, style)
 
     def on_resize(self) -> None:
         self._size_virtual()

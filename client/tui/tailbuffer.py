@@ -22,7 +22,9 @@ with) restarts the window at the first line start after the gap. Pure: no I/O.
 from __future__ import annotations
 
 import codecs
-from collections import deque
+from bisect import bisect_left
+from itertools import accumulate
+from operator import add
 
 __all__ = ["LineWindow", "MAX_WINDOW_BYTES", "MAX_WINDOW_LINES", "MAX_LINE_BYTES"]
 
@@ -55,8 +57,8 @@ class LineWindow:
     def __init__(self, max_bytes: int = MAX_WINDOW_BYTES, max_lines: int = MAX_WINDOW_LINES,
                  max_line: int = MAX_LINE_BYTES) -> None:
         self.max_bytes, self.max_lines, self.max_line = max_bytes, max_lines, max_line
-        self.lines: deque[bytes] = deque()
-        self.starts: deque[int] = deque()  # the offset each line starts at
+        self.lines: list[bytes] = []
+        self.starts: list[int] = []  # the offset each line starts at
         self.partial = bytearray()  # the unfinished last line
         self.partial_start: int | None = None  # its offset; None: the window is empty
         self.line_bytes = 0  # the bytes of ``lines`` (with their newlines)
@@ -111,6 +113,9 @@ class LineWindow:
             offset = self.end
         if not data:
             return 0
+        if len(data) > self.max_bytes:
+            offset, data = self._newest(offset, data)  # all the window holds is in ``data``
+            line_start = False
         if self.end is None or offset > self.end:
             if not line_start:
                 newline = data.find(b"\n")
@@ -127,15 +132,52 @@ class LineWindow:
         self._extend(offset, data)
         return dropped + self._trim_front()
 
+    def _newest(self, offset: int, data: bytes) -> tuple[int, bytes]:
+        """The part of ``data`` the bounds keep (its last bytes, its last lines), as a
+        stretch that starts after a gap: the window restarts at its first line start."""
+        cut = max(0, len(data) - self.max_bytes)
+        at = len(data)
+        for _ in range(self.max_lines + 1):
+            at = data.rfind(b"\n", cut, at)
+            if at < 0:
+                break
+        if at >= 0:
+            cut = max(cut, at)
+        self.clear(None)
+        return offset + cut, data[cut:]
+
     def _extend(self, offset: int, data: bytes) -> None:
+        """Add ``data`` at ``end``, whole lines in bulk (a flood's chunk is thousands)."""
         if not self.partial:
             self.partial_start = offset
         pieces = data.split(b"\n")
-        for piece in pieces[:-1]:
-            self._add_partial(piece)
-            self._close_line(newline=True)
-        self._add_partial(pieces[-1])
+        if len(pieces) > self.max_lines + 1:  # only the last lines can stay
+            skipped = sum(map(len, pieces[:-self.max_lines - 1])) + len(pieces) - self.max_lines - 1
+            self.clear(offset + skipped)
+            offset, data, pieces = offset + skipped, data[skipped:], pieces[-self.max_lines - 1:]
+            self.partial_start = offset
         self.end = offset + len(data)
+        lengths = list(map(len, pieces))
+        if len(pieces) == 1 or max(lengths) + len(self.partial) > self.max_line:
+            for piece in pieces[:-1]:  # an over-long line is cut: line by line
+                self._add_partial(piece)
+                self._close_line(newline=True)
+            self._add_partial(pieces[-1])
+            return
+        complete = pieces[:-1]
+        del lengths[-1]
+        if self.partial:
+            complete[0] = bytes(self.partial) + complete[0]
+            lengths[0] += len(self.partial)
+        at = self.partial_start if self.partial_start is not None else offset
+        # line i starts after the lines before it and their newlines (C-level loops only)
+        starts = list(map(add, accumulate(lengths[:-1], initial=0),
+                          range(at, at + len(complete))))
+        self.lines.extend(complete)
+        self.starts.extend(starts)
+        self.line_bytes += sum(lengths) + len(complete)
+        self.partial = bytearray(pieces[-1])
+        self.partial_start = starts[-1] + len(complete[-1]) + 1
 
     def _add_partial(self, piece: bytes) -> None:
         while len(self.partial) + len(piece) > self.max_line:
@@ -158,18 +200,22 @@ class LineWindow:
         self.partial_start = start + size
 
     def _trim_front(self) -> int:
-        dropped = 0
-        while self.lines and (len(self.lines) > self.max_lines
-                              or self.held_bytes > self.max_bytes):
-            self._pop_front()
-            dropped += 1
-        return dropped
-
-    def _pop_front(self) -> None:
-        raw = self.lines.popleft()
-        start = self.starts.popleft()
-        following = self.starts[0] if self.starts else self.partial_start
-        self.line_bytes -= (following - start) if following is not None else len(raw)
+        """Drop the oldest lines past a bound, in bulk; how many."""
+        count = len(self.lines)
+        if not count:
+            return 0
+        drop = max(0, count - self.max_lines)
+        over = self.held_bytes - self.max_bytes
+        if over > 0:  # the first line starting at least ``over`` bytes later stays
+            drop = max(drop, bisect_left(self.starts, self.starts[0] + over))
+        drop = min(drop, count)
+        if not drop:
+            return 0
+        first = self.starts[0]
+        following = self.starts[drop] if drop < count else self.partial_start
+        del self.lines[:drop], self.starts[:drop]
+        self.line_bytes -= (following if following is not None else first) - first
+        return drop
 
     # -- scrolling back ---------------------------------------------------------------------
     def prepend(self, offset: int, data: bytes, *, line_start: bool) -> int:
@@ -193,11 +239,13 @@ class LineWindow:
         older._extend(offset, data)
         if older.partial:  # our first line is the rest of a line cut at MAX_LINE_BYTES
             older._close_line(newline=False)
-        while len(older.lines) > max(1, self.max_lines // 2):  # keep what is shown in view
-            older._pop_front()
+        keep = max(1, self.max_lines // 2)  # so that the lines shown so far stay
+        if len(older.lines) > keep:
+            older.max_lines = keep
+            older._trim_front()
         added = len(older.lines)
-        self.lines.extendleft(reversed(older.lines))
-        self.starts.extendleft(reversed(older.starts))
+        self.lines[:0] = older.lines
+        self.starts[:0] = older.starts
         self.line_bytes += older.line_bytes
         self._trim_back()
         return added

@@ -134,3 +134,40 @@ def test_resume_on_a_new_connection_loses_no_line(daemon, workdir):
                 texts = [view.window.text(i) for i in range(len(view.window))]
                 assert texts == [f"n{i}" for i in range(1, 601)]
     run_async(main)
+
+
+def test_line_window_keeps_every_line_at_its_offset_within_its_bounds():
+    """Random streams in random chunks (and a scroll-back step): every held line is the
+    stream's bytes at its offset, the counts add up, the bounds hold."""
+    import random
+
+    from client.tui.tailbuffer import LineWindow
+
+    rng = random.Random(17)
+    for trial in range(400):
+        w = LineWindow(max_bytes=rng.choice([50, 200, 5000]), max_lines=rng.choice([3, 10, 100]),
+                       max_line=rng.choice([8, 64, 1000]))
+        stream = b"".join(rng.choice([b"a", b"bb\n", b"\n", b"\xc3\xa9", b"c" * rng.randint(0, 30)])
+                          for _ in range(rng.randint(1, 400)))
+        pos = 0
+        while pos < len(stream):
+            n = rng.randint(1, rng.choice([60, 600]))
+            w.append(pos, stream[pos:pos + n], line_start=pos == 0)
+            pos += n
+        assert w.end == len(stream)
+        assert len(w.lines) <= w.max_lines and w.held_bytes <= w.max_bytes + w.max_line
+        check_window(w, stream, trial)
+        if w.lines and w.start:
+            start = max(0, w.start - 40)
+            w.prepend(start, stream[start:w.start], line_start=start == 0)
+            check_window(w, stream, trial)
+
+
+def check_window(w, stream: bytes, trial: int) -> None:
+    ends = list(w.starts[1:]) + [w.partial_start if w.partial else w.end]
+    for line, start, end in zip(w.lines, w.starts, ends):
+        assert stream[start:start + len(line)] == line, trial
+        assert end - start in (len(line), len(line) + 1), trial
+    if w.partial:
+        assert stream[w.partial_start:w.end] == bytes(w.partial), trial
+    assert w.line_bytes == sum(e - s for s, e in zip(w.starts, ends)), trial

@@ -1,0 +1,211 @@
+"""TUI input latency (issue 17): a keypress to its redraw while a 1 GiB flood streams into an
+``OutputView``, against the same keypress with no flood, measured in the same run.
+
+Theory of operation: a real ``dshd`` (``bench.dshd_proc.BenchDaemon``) and, in this process
+on asyncio, a Textual app (headless: Textual's own test driver, which composes every frame
+as on a terminal and writes it nowhere) with two widgets: an ``OutputView`` following one
+call, and a counter that a key increments. A press is a ``Key`` event posted to the app;
+its latency is the time until the app hands the frame that shows the new count to its
+driver (``App._display``, the step that writes to the terminal). Presses are spaced by a
+random 40-120 ms (not in step with the view's 30 redraws a second).
+
+Three conditions, rounds interleaved (baseline, unseen, flood, baseline, ...):
+
+* baseline: the view shows a finished call's short output; nothing streams;
+* unseen: the same view while ``head -c SIZE /dev/urandom | base64`` (1 GiB of random bytes
+  as 1.35 GiB of base64 lines) runs in another call that nothing shows: what the flood costs
+  this machine (its two cores run the command, the call host and dshd) apart from the TUI;
+* flood: the view follows that flood, started at the round's start; presses are counted
+  only while the flood streams (the view has not seen its end).
+
+Each round's flood call is cancelled after its presses.
+
+Printed: per condition the median, p99 and max over all presses (ms and frames of 1/60 s),
+the per-round medians (the spread), the TUI process's CPU share, the ratios shown/baseline
+and shown/unseen (the view's own share) of the medians and p99s, how fast the output advanced
+during the flood and how much the view skipped (``OutputView.dropped_bytes``: it samples a
+flood's tail), and the goal (p99 under the flood <= 1 frame) "met" or "NOT met". Nothing asserts on time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import time
+from typing import Any
+
+from textual import events
+from textual.app import App, ComposeResult
+from textual.widgets import Static
+
+from bench.dshd_proc import BenchDaemon
+from client.api import connect
+from client.tui.outputview import OutputView
+
+FRAME_S = 1 / 60
+FLOOD = "head -c {size} /dev/urandom | base64"
+
+
+class Counter(Static, can_focus=True):
+    """Shows how many keys it got; each key bumps it."""
+
+    def __init__(self) -> None:
+        super().__init__("presses: 0")
+        self.count = 0
+
+    def on_key(self, event: events.Key) -> None:
+        event.stop()
+        self.count += 1
+        self.update(f"presses: {self.count}")
+
+
+class LatencyApp(App):
+    CSS = "Counter { height: 1; } OutputView { height: 1fr; }"
+
+    def __init__(self, view: OutputView) -> None:
+        super().__init__()
+        self.view, self.counter = view, Counter()
+        self.waiting: tuple[int, float, asyncio.Future] | None = None
+
+    def compose(self) -> ComposeResult:
+        yield self.counter
+        yield self.view
+
+    def on_mount(self) -> None:
+        self.counter.focus()
+
+    def _display(self, screen: Any, renderable: Any) -> None:
+        super()._display(screen, renderable)
+        waiting = self.waiting
+        if waiting is not None and renderable is not None and self.counter.count >= waiting[0] \
+                and not waiting[2].done():
+            waiting[2].set_result(time.perf_counter() - waiting[1])
+
+
+async def press(app: LatencyApp) -> float:
+    """One key → the frame that shows it: seconds."""
+    future: asyncio.Future = asyncio.get_running_loop().create_future()
+    app.waiting = (app.counter.count + 1, time.perf_counter(), future)
+    app.post_message(events.Key("x", "x"))
+    try:
+        return await asyncio.wait_for(future, 30)
+    finally:
+        app.waiting = None
+
+
+async def one_round(client: Any, session: str, condition: str, presses: int,
+                    size: int) -> dict[str, Any]:
+    """``condition``: ``baseline`` (no flood), ``unseen`` (a flood runs, the view shows a
+    finished call: what the flood costs the machine) or ``flood`` (the view shows it)."""
+    short = await client.run_tool(session, "seq 1 100")
+    await client.wait(session, short)
+    flood_call = None
+    if condition != "baseline":
+        flood_call = await client.run_tool(session, FLOOD.format(size=size))
+    flood = condition == "flood"
+    view = OutputView(client, session, flood_call if flood else short)
+    app = LatencyApp(view)
+    samples: list[float] = []
+    async with app.run_test(size=(120, 40)) as pilot:
+        while not view.ended and (not flood or (view.position or 0) < 1 << 20):
+            await asyncio.sleep(0.02)  # the short call shown / the flood streaming in earnest
+        if condition == "unseen":
+            await asyncio.sleep(1.0)  # the flood under way
+        await pilot.pause()
+        start_bytes, start = view.position or 0, time.perf_counter()
+        cpu_start = time.process_time()
+        for _ in range(presses):
+            if flood and view.ended:
+                break
+            await asyncio.sleep(random.uniform(0.04, 0.12))
+            samples.append(await press(app))
+        elapsed = time.perf_counter() - start
+        cpu = (time.process_time() - cpu_start) / elapsed if elapsed else 0.0
+        received = (view.position or 0) - start_bytes
+        dropped = view.dropped_bytes
+        ended_early = flood and view.ended
+        if condition == "unseen" and flood_call is not None:
+            probe = await client.read_output(session, flood_call, 0, 1, from_first=True)
+            ended_early = probe.eof
+    if flood_call is not None:
+        await client.cancel(session, flood_call)
+    return {"samples": samples, "rate": received / elapsed if elapsed else 0.0, "cpu": cpu,
+            "dropped": dropped, "ended_early": ended_early}
+
+
+def _p(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _ms(value: float) -> str:
+    return f"{value * 1000:.1f} ms ({value / FRAME_S:.2f} frames)"
+
+
+CONDITIONS = (("baseline", "baseline (no flood)"),
+              ("unseen", "1 GiB flood in another call, not shown"),
+              ("flood", "1 GiB flood shown in the OutputView"))
+
+
+def report(rounds: dict[str, list[dict[str, Any]]]) -> int:
+    figures = {}
+    for condition, label in CONDITIONS:
+        every = [s for r in rounds[condition] for s in r["samples"]]
+        if not every:
+            print(f"{label}: no presses measured")
+            return 1
+        medians = [statistics.median(r["samples"]) for r in rounds[condition] if r["samples"]]
+        figures[condition] = (statistics.median(every), _p(every, 0.99), max(every))
+        median, p99, top = figures[condition]
+        print(f"{label}: {len(every)} presses; median {_ms(median)}, p99 {_ms(p99)}, "
+              f"max {_ms(top)}; round medians " + ", ".join(f"{m * 1000:.1f}" for m in medians)
+              + " ms")
+        for r in rounds[condition]:
+            print(f"  round: the TUI used {r['cpu']:.0%} of a core"
+                  + (f"; the output advanced {r['rate'] / 2**20:.0f} MiB/s, the view skipped "
+                     f"{r['dropped'] / 2**20:.0f} MiB" if condition == "flood" else "")
+                  + ("; the flood ended before the presses did" if r["ended_early"] else ""))
+    base, unseen, flood = figures["baseline"], figures["unseen"], figures["flood"]
+    print(f"ratio shown flood/baseline: median {flood[0] / base[0]:.2f}x, p99 "
+          f"{flood[1] / base[1]:.2f}x; shown/unseen flood (the view's own share): median "
+          f"{flood[0] / unseen[0]:.2f}x, p99 {flood[1] / unseen[1]:.2f}x")
+    met = flood[1] <= FRAME_S
+    print(f"goal: a keypress redraws within one frame (16.7 ms) under the flood, p99: "
+          f"{'met' if met else 'NOT met'} ({_ms(flood[1])})")
+    return 0
+
+
+async def run(args: argparse.Namespace) -> int:
+    rounds: dict[str, list[dict[str, Any]]] = {c: [] for c, _ in CONDITIONS}
+    with BenchDaemon({"approval_policy": "never"}, prefix="dsb-tui-") as daemon:
+        async with connect(daemon.socket) as client:
+            session = await client.create_session(daemon.work)
+            for index in range(args.rounds):
+                for condition, _ in CONDITIONS:
+                    result = await one_round(client, session, condition, args.presses,
+                                             args.size)
+                    rounds[condition].append(result)
+                    print(f"round {index + 1} {condition}: "
+                          f"median {statistics.median(result['samples']) * 1000:.1f} ms"
+                          if result["samples"] else "no presses", flush=True)
+    return report(rounds)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench bench_tui_latency")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--presses", type=int, default=100)
+    parser.add_argument("--size", type=int, default=1 << 30, help="flood bytes (random)")
+    parser.add_argument("--quick", action="store_true", help="1 round, 20 presses, 64 MiB")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.rounds, args.presses, args.size = 1, 20, 64 << 20
+    return asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))
