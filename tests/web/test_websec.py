@@ -30,7 +30,7 @@ SECURITY_HEADERS = {
 def raw_get(port: int, target: str, headers: dict[str, str]) -> tuple[int, dict[str, str]]:
     """One HTTP/1.1 GET with ``target`` sent verbatim (no client normalises it)."""
     lines = [f"GET {target} HTTP/1.1", *(f"{k}: {v}" for k, v in headers.items()),
-             "Connection: close", "", ""]
+             *([] if "Connection" in headers else ["Connection: close"]), "", ""]
     with socket.create_connection(("127.0.0.1", port), timeout=LIVENESS_S) as s:
         s.sendall("\r\n".join(lines).encode("latin-1"))
         data = b""
@@ -264,3 +264,15 @@ def test_a_port_in_use_says_what_to_do(web_daemon, tmp_path):
         f"dsh web: 127.0.0.1:{port} is in use (another dsh web?): pick another with "
         "--listen 127.0.0.1:PORT, or port 0 for any free one"), r.stderr
     assert "Errno" not in r.stderr
+
+
+def test_a_refused_websocket_handshake_carries_the_headers_too(bridge):
+    cookie = sign_in(bridge)
+    upgrade = {"Host": f"127.0.0.1:{bridge.port}", "Upgrade": "websocket", "Connection": "Upgrade",
+               "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Version": "13",
+               "Origin": bridge.base, "Cookie": cookie, "Sec-WebSocket-Protocol": "dsh.v1"}
+    status, headers = raw_get(bridge.port, "/ws", upgrade)
+    assert status == 403, (status, headers)
+    for name, value in SECURITY_HEADERS.items():
+        assert headers.get(name) == value, (name, headers)
+    assert headers.get("cache-control") == "no-cache", headers
