@@ -8,7 +8,12 @@ as lines at absolute offsets. Incoming chunks are not drawn one by one: they go 
 buffer (itself bounded by ``PENDING_BOUND``: a flood faster than the view keeps only its
 newest bytes, and the window restarts at the next line after the skip) that a timer moves into
 the window at most ``REDRAWS_PER_S`` times a second, so a flood costs a bounded amount of
-work per frame and a keypress waits at most one such step.
+work per frame and a keypress waits at most one such step. Once bytes had to be skipped (a
+flood), the view stops following: ``FLOOD_REDRAWS_PER_S`` times a second it reads the last
+``FLOOD_SAMPLE`` bytes before the end (``tool.read``), so what a flood costs this process no
+longer grows with its rate; when the output grows by less than ``PENDING_BOUND`` between two
+samples (or the call ended) it follows again, losslessly, from the last byte sampled. The
+bytes skipped count in ``dropped_bytes`` and are read back by scroll-back.
 
 The widget is a Textual line-API ``ScrollView``: ``render_line`` draws only the rows on
 screen, each from its line's bytes decoded then and there, its ANSI colours parsed by
