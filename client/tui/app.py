@@ -79,8 +79,10 @@ class DshApp(App[None], inherit_bindings=False):
         Binding("ctrl+t", "toggle_chat", "chat mode"),
         Binding("ctrl+o,t", "attach", "attach PTY call"),
         Binding("ctrl+k,c", "cancel", "cancel call / turn"),
-        Binding("colon,slash,i", "focus_input", "command line", show=False),
-        Binding("escape", "focus_sessions", "sessions list", show=False),
+        # Priority: the app takes these before it forwards the key, so the focus has moved
+        # when the next key (typed right after, in the same read) is forwarded (check_action).
+        Binding("colon,slash,i", "focus_input", "command line", show=False, priority=True),
+        Binding("escape", "focus_sessions", "sessions list", show=False, priority=True),
         Binding("tab,shift+tab", "focus_next", "next pane", show=False),
     ]
     EXTRA_KEYS = (("up, down, enter, click", "sessions list: pick the session to watch"),
@@ -253,11 +255,22 @@ class DshApp(App[None], inherit_bindings=False):
         self.query_one("#command", Input).placeholder = self._placeholder()
         self.notify("chat mode" if self.chat_mode else "command mode", timeout=2)
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """The focus keys act on the main screen only (the help and attach screens have
+        their own), and ``:``, ``/``, ``i`` are typed as text inside the command line."""
+        if action in ("focus_input", "focus_sessions"):
+            if len(self.screen_stack) > 1:
+                return False
+            return action == "focus_sessions" or not isinstance(self.focused, Input)
+        return True
+
     def action_focus_input(self) -> None:
-        self.query_one("#command", Input).focus()
+        # At once, not ``Widget.focus()`` (a message later): the keys typed after the focus
+        # key are already queued and are forwarded to whatever has the focus then.
+        self.screen.set_focus(self.query_one("#command", Input))
 
     def action_focus_sessions(self) -> None:
-        self.query_one(SessionsPane).focus()
+        self.screen.set_focus(self.query_one(SessionsPane))
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):

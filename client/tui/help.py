@@ -4,18 +4,21 @@ Theory of operation: :func:`key_rows` walks the ``BINDINGS`` of the classes it i
 app, the attach screen's keys, this screen) and returns one ``(where, keys, what)`` row per binding,
 with the key names as Textual displays them; keys that are not bindings (the attach screen's
 two-key detach, the command line's prefix) are declared as ``EXTRA_KEYS`` next to the code
-that handles them and listed too. :class:`HelpScreen` shows the rows in a table.
+that handles them and listed too. :class:`HelpScreen` shows the rows in a ``rich`` table whose
+"what" column wraps to the width there is (at 80 columns a description takes two lines, never
+cut), in a scroller (Page Down, the mouse wheel) when the rows are taller than the screen.
 """
 
 from __future__ import annotations
 
 from typing import Iterable
 
+from rich.table import Table
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
+from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import DataTable, Static
+from textual.widgets import Static
 
 __all__ = ["HelpScreen", "key_rows"]
 
@@ -49,7 +52,7 @@ class HelpScreen(ModalScreen[None]):
     HelpScreen { align: center middle; }
     HelpScreen > Vertical { width: 116; max-width: 100%; height: auto; max-height: 100%;
                             border: round $accent; background: $surface; padding: 0 1; }
-    HelpScreen DataTable { height: auto; max-height: 40; }
+    HelpScreen VerticalScroll { height: auto; max-height: 40; }
     """
 
     def __init__(self, owners: Iterable[type]) -> None:
@@ -59,13 +62,29 @@ class HelpScreen(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Static("dsh tui: keys (mouse: click a session, a button, the command line)")
-            yield DataTable(id="keys", cursor_type="none", zebra_stripes=True)
+            with VerticalScroll(id="keys"):
+                yield Static(self._table())
 
-    def on_mount(self) -> None:
-        table = self.query_one("#keys", DataTable)
-        table.add_columns("where", "keys", "what")
+    def _table(self) -> Table:
+        table = Table(expand=True, box=None,
+                      header_style="bold", pad_edge=False)
+        table.add_column("where", no_wrap=True)
+        table.add_column("keys", no_wrap=True)
+        table.add_column("what", ratio=1, overflow="fold")
         for row in self.rows:
             table.add_row(*row)
+        return table
+
+    def on_mount(self) -> None:
+        self._fit()
+        self.query_one("#keys", VerticalScroll).focus()
+
+    def on_resize(self) -> None:
+        self._fit()
+
+    def _fit(self) -> None:
+        """The rows scroll within the screen: its height less the border and the title."""
+        self.query_one("#keys", VerticalScroll).styles.max_height = max(3, self.size.height - 3)
 
     def text(self) -> str:
         """All rows as plain lines (tests, screen readers)."""

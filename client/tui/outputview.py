@@ -8,7 +8,15 @@ as lines at absolute offsets. Incoming chunks are not drawn one by one: they go 
 buffer (itself bounded by ``PENDING_BOUND``: a flood faster than the view keeps only its
 newest bytes, and the window restarts at the next line after the skip) that a timer moves into
 the window at most ``REDRAWS_PER_S`` times a second, so a flood costs a bounded amount of
-work per frame and a keypress waits at most one such step.
+work per frame and a keypress waits at most one such step. That step yields to input: while
+the app holds unhandled messages (keys) or the screen has another widget's change to draw
+(a key's effect), it waits a frame (``YIELD_FRAMES`` at most in a row), so the key's frame is
+drawn without this view's repaint in it. Once bytes had to be skipped (a
+flood), the view stops following: ``FLOOD_REDRAWS_PER_S`` times a second it reads the last
+``FLOOD_SAMPLE`` bytes before the end (``tool.read``), so what a flood costs this process no
+longer grows with its rate; when the output grows by less than ``PENDING_BOUND`` between two
+samples (or the call ended) it follows again, losslessly, from the last byte sampled. The
+bytes skipped count in ``dropped_bytes`` and are read back by scroll-back.
 
 The widget is a Textual line-API ``ScrollView``: ``render_line`` draws only the rows on
 screen, each from its line's bytes decoded then and there, its ANSI colours parsed by
@@ -72,6 +80,11 @@ FLOOD_SAMPLE = 64 * 1024
 FLOOD_REDRAWS_PER_S = 10
 #: How many drawn lines are kept (by offset) so that a redraw does not parse them again.
 LINE_CACHE = 512
+#: Output yields to input: while the app has messages waiting (a key not yet handled) or
+#: the screen has something else to draw (a key's effect), a redraw of new output waits a
+#: frame, at most this many frames in a row (so a flood still shows while keys are held).
+YIELD_FRAMES = 6
+FRAME_S = 1 / 60
 
 assert SCROLLBACK_READ <= READ_LIMIT and INITIAL_REPLAY <= READ_LIMIT
 
@@ -130,6 +143,7 @@ class OutputView(ScrollView, can_focus=True):
         #: The view sits at the bottom and moves with new output (until scrolled up).
         self.following = True
         self._tick_pending = False
+        self._yielded = 0  # frames in a row the redraw of new output waited for input
         self._busy = False  # a tool.read for scroll-back or End is under way
         self._cache: OrderedDict[tuple[int, int], Strip] = OrderedDict()
         self._style: Any = None  # the widget's rich style of the redraw under way
@@ -244,16 +258,37 @@ class OutputView(ScrollView, can_focus=True):
         self._pending_bytes = 0
         self._pending_start = None
 
-    def _schedule(self) -> None:
+    def _schedule(self, delay: float = 1 / REDRAWS_PER_S) -> None:
         if not self._tick_pending:
             self._tick_pending = True
-            self.set_timer(1 / REDRAWS_PER_S, self._tick)
+            self.set_timer(delay, self._tick)
 
     def _tick(self) -> None:
         self._tick_pending = False
         if self._busy or not self.window.at_tail:
             return  # kept (bounded) until the view follows the end again
+        if self._pending and self._yielded < YIELD_FRAMES and self._input_waits():
+            self._yielded += 1
+            self._schedule(FRAME_S)  # the key's frame first, without this view's repaint
+            return
+        self._yielded = 0
         self._apply_pending()
+
+    def _input_waits(self) -> bool:
+        """A key is on its way to the screen: the app (keys from the driver), the focused
+        widget (the key's target) or the screen has messages not yet handled, or a change
+        not yet drawn; a redraw of output now would go into, and delay, that frame. (Textual
+        has no public way to ask: these are its queues and refresh flags.)"""
+        app, screen = self.app, self.screen
+        focused = app.focused
+        for pump in (app, screen, focused):
+            if pump is not None and pump is not self and not pump._message_queue.empty():
+                return True
+        if focused is not None and focused is not self and (
+                focused._repaint_required or focused._layout_required):
+            return True
+        dirty = screen._dirty_widgets
+        return bool(screen._layout_required or (dirty and not dirty <= {self}))
 
     def _apply_pending(self) -> None:
         if self._pending_start is None or not self._pending:
