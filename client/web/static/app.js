@@ -65,14 +65,16 @@ class App {
 
   opened() {
     this.setStatus("open", "connected");
+    this.status.title = "";
     this.list.start();
   }
 
   /** The WebSocket closed ({code, reason}: 4000/4001 name dshd, 1006 a bridge gone). */
   closed(info) {
     this.list.stop();
-    const why = info?.reason || (info?.code ? `closed ${info.code}` : "");
-    this.setStatus("closed", why ? `reconnecting… (${why})` : "reconnecting…");
+    // People's words in the text ("dshd is not running" is one); the close code in the title.
+    this.setStatus("closed", info?.reason ? `${info.reason}, reconnecting…` : "connection lost, reconnecting…");
+    this.status.title = info?.code ? `WebSocket closed ${info.code}${info.reason ? `: ${info.reason}` : ""}` : "";
   }
 
   /** Without a session in the hash, show the newest one as soon as the list has one. */
