@@ -4,7 +4,8 @@ Theory of operation: parse the flags, set up logging to stderr, run
 ``client.web.serve.serve`` on trio and print the one URL line when it listens
 (``dsh web: http://127.0.0.1:PORT/?token=TOKEN``, flushed: scripts and tests read it). A bad
 ``--listen``, a host beyond loopback without ``--allow-remote`` (the message says how to tunnel
-over SSH), an unsafe token file or a port already taken exit 2 with a sentence on stderr;
+over SSH), an unsafe token file or a port already taken (for ``localhost``: on 127.0.0.1 or
+::1) exit 2 with a sentence on stderr; ``--max-clients`` bounds the open pages (64);
 SIGTERM / SIGINT stop the bridge cleanly (exit 0). The bridge talks to dshd as the user who
 started it: ``--socket``, else the group's ``--socket`` / ``$DSH_SOCKET``, else the user socket.
 """
@@ -31,27 +32,31 @@ __all__ = ["web"]
               help="Allow a listen address beyond loopback (prefer an SSH tunnel).")
 @click.option("--new-token", is_flag=True, help="Replace the token: old cookies stop working.")
 @click.option("--token-file", type=click.Path(dir_okay=False, path_type=Path), metavar="PATH",
-              help="Token file (default: $XDG_RUNTIME_DIR/dsh/web-token).")
+              help="Token file (default: $XDG_RUNTIME_DIR/dsh/web-token, else "
+              "/tmp/dsh-$UID/web-token).")
+@click.option("--max-clients", type=click.IntRange(1, 200), default=64, show_default=True,
+              metavar="N", help="Most pages (WebSockets) open at once; each holds one of "
+              "dshd's 256 connections.")
 @click.option("--socket", "socket_opt", metavar="PATH", help="dshd's socket (as the group's).")
 @pass_options
 def web(opts: Options, listen: str, allow_remote: bool, new_token: bool,
-        token_file: Path | None, socket_opt: str | None) -> None:
+        token_file: Path | None, max_clients: int, socket_opt: str | None) -> None:
     """Serve the web page: sessions, output, approvals and chat in a browser."""
     import trio
 
-    from client.web.serve import serve
+    from client.web.serve import AddressInUse, serve
 
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     sock = socket_opt or opts.socket
     run = partial(serve, listen, socket=Path(sock) if sock else None, token_file=token_file,
-                  new_token=new_token, allow_remote=allow_remote)
+                  new_token=new_token, allow_remote=allow_remote, max_clients=max_clients)
     try:
         refused = trio.run(_main, run)
     except KeyboardInterrupt:
         return
     if refused is not None:
-        text = str(refused)
+        text = refused.strerror if isinstance(refused, AddressInUse) else str(refused)
         click.echo(text if text.startswith("dsh web:") else f"dsh web: {text}", err=True)
         sys.exit(EXIT_USAGE)
 

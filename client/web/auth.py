@@ -10,10 +10,17 @@ derived from the token (HMAC-SHA256, so the cookie is not the token) and named a
 (``dsh-web-PORT``: two bridges on one host do not overwrite each other's cookie). Every
 comparison is constant-time (``hmac.compare_digest``).
 
-Against DNS rebinding a request's ``Host`` must be the listen address or a loopback name with the
-listen port (``localhost``, ``127.0.0.1``, ``[::1]``); a WebSocket's ``Origin`` must be exactly
-``http://<Host>`` (a page of another origin -- another port too -- cannot open it, and a client
-that sends no Origin is refused). Nothing here does I/O except :func:`load_token`.
+The cookie alone does not open the WebSocket: a cookie is sent to every port of a host, so a
+server another local user runs on another loopback port could read it. The WebSocket also
+needs the token itself, offered as the subprotocol ``dsh.token.<token>`` next to ``dsh.v1``:
+the token exchange hands it to the page in the URL fragment (which never reaches a server or a
+Referer), and the page keeps it in ``localStorage``, which is per origin (scheme, host AND port).
+
+Against DNS rebinding a request's ``Host`` must be the listen address or a loopback name
+(``localhost``, ``127.0.0.1``, ``[::1]``) with any port (an SSH tunnel may forward another
+local port); a WebSocket's ``Origin`` must be ``http://<Host>`` (compared case-insensitively:
+a page of another origin -- another port too -- cannot open it, and a client that sends no
+Origin is refused). Nothing here does I/O except :func:`load_token`.
 """
 
 from __future__ import annotations
@@ -27,9 +34,14 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["AuthRules", "TokenFileError", "default_token_file", "is_loopback", "load_token"]
+__all__ = ["LOOPBACK_NAMES", "SUBPROTOCOL", "TOKEN_PREFIX", "AuthRules", "TokenFileError", "default_token_file", "is_loopback", "load_token"]
 
 _COOKIE_SALT = b"dsh-web cookie v1"
+#: The names a browser on this machine (or at a tunnel's end) uses for the bridge.
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
+#: The WebSocket subprotocol the bridge answers with; the token rides as TOKEN_PREFIX + token.
+SUBPROTOCOL = "dsh.v1"
+TOKEN_PREFIX = "dsh.token."
 _MAX_TOKEN_BYTES = 512  # a token file larger than this is not ours
 
 
@@ -137,15 +149,32 @@ class AuthRules:
         given = cookies.get(self.cookie_name)
         return given is not None and hmac.compare_digest(given.encode(), self.cookie_value.encode())
 
-    def allowed_hosts(self) -> frozenset[str]:
-        names = {self.listen_host, "localhost", "127.0.0.1", "::1"}
-        return frozenset(host_port(n, self.port) for n in names)
-
     def host_ok(self, host: str | None) -> bool:
-        return host is not None and host.lower() in self.allowed_hosts()
+        """A loopback name with any port (an SSH tunnel may use another local port), or the
+        listen address exactly. DNS rebinding is about the name, so the port is free."""
+        if host is None:
+            return False
+        host = host.lower()
+        if host == host_port(self.listen_host, self.port).lower():
+            return True
+        name, sep, port = host.rpartition(":") if not host.endswith("]") else (host, "", "")
+        if not sep:
+            name, port = host, ""
+        if port and not (port.isdigit() and 0 < int(port) <= 65535):
+            return False
+        return name in LOOPBACK_NAMES
 
     def origin_ok(self, origin: str | None, host: str | None) -> bool:
-        """The WebSocket rule: ``Origin`` exactly ``http://<Host>`` of an allowed Host."""
+        """The WebSocket rule: ``Origin`` is ``http://<Host>`` of an allowed Host (scheme and
+        host compared case-insensitively; browsers send them in lower case)."""
         if origin is None or not self.host_ok(host):
             return False
         return hmac.compare_digest(origin.lower().encode(), f"http://{host}".lower().encode())
+
+    def subprotocol_ok(self, offered: list[str]) -> bool:
+        """The page's proof that it holds the token (only its own origin's storage has it):
+        ``dsh.v1`` and ``dsh.token.<token>`` among the offered subprotocols."""
+        if SUBPROTOCOL not in offered:
+            return False
+        given = [p[len(TOKEN_PREFIX):] for p in offered if p.startswith(TOKEN_PREFIX)]
+        return len(given) == 1 and self.token_ok(given[0])

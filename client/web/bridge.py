@@ -7,11 +7,19 @@ plain ASGI layer that sees every request before any route does (auth.py has the 
 * ``GET ...?token=T``: the right token -> 303 to the same path without the query, with the
   cookie set (HttpOnly, SameSite=Strict, Path=/); a wrong one -> 401;
 * no valid cookie -> 401 with a sentence telling to open the URL ``dsh web`` printed;
-* a WebSocket without the cookie, or whose ``Origin`` is absent or not ``http://<Host>`` ->
-  closed before it is accepted, which the server answers ``403`` at the handshake.
+* ``?token=T`` redirects to the same path (only a path that cannot name another server: one
+  leading ``/``, no backslash; else ``/``) with ``#token=T``: the page keeps the token in its
+  origin's ``localStorage``;
+* a WebSocket without the cookie, whose ``Origin`` is absent or not ``http://<Host>``, or that
+  does not offer the subprotocols ``dsh.v1`` and ``dsh.token.<token>`` -> refused ``403`` at
+  the handshake (the cookie reaches every port of the host, the page's storage does not);
+  accepted ones answer ``dsh.v1``, never the token. Past ``max_clients`` relaying WebSockets a
+  new one is accepted and closed ``1013`` ("too many pages open: close some").
 
-No answer carries a CORS header; every HTTP answer says ``Cache-Control: no-cache``. Logs name
-the path, never the query string (the token travels there).
+No answer carries a CORS header; every HTTP answer (the handshake refusals too) carries
+:data:`SECURITY_HEADERS` (CSP with ``frame-ancestors 'none'``, ``X-Frame-Options: DENY``,
+``Referrer-Policy: no-referrer``, ``nosniff``, ``Cache-Control: no-cache``). Logs name the
+path, never the query string nor the subprotocols (the token travels there).
 
 The relay (:func:`relay`): after the WebSocket is accepted the bridge opens ONE connection to
 dshd's Unix socket and runs two tasks in a nursery. ws->dshd: each text message becomes one
@@ -33,6 +41,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import trio
 from starlette.applications import Starlette
@@ -44,10 +53,11 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from client.web.auth import AuthRules
+from client.web.auth import SUBPROTOCOL, AuthRules
 from protocol.framing import NEED_DATA, LineBuffer, Oversize
 
-__all__ = ["CLOSE_DSHD_CLOSED", "CLOSE_DSHD_UNREACHABLE", "MAX_MESSAGE_BYTES", "STATIC_DIR",
+__all__ = ["CLOSE_DSHD_CLOSED", "CLOSE_DSHD_UNREACHABLE", "MAX_CLIENTS", "MAX_MESSAGE_BYTES",
+           "SECURITY_HEADERS", "STATIC_DIR",
            "Guard", "build_app", "relay"]
 
 log = logging.getLogger("dsh.web")
@@ -61,6 +71,10 @@ CLOSE_DSHD_CLOSED = 4000
 CLOSE_GOING_AWAY = 1001
 CLOSE_TOO_BIG = 1009
 CLOSE_UNSUPPORTED = 1003
+CLOSE_TRY_LATER = 1013
+#: The most WebSockets relaying at once (``--max-clients``): each holds a dshd connection,
+#: and dshd has 256 for every client of the user.
+MAX_CLIENTS = 64
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 _READ_CHUNK = 64 * 1024
 
@@ -69,6 +83,18 @@ _NEED_URL = ("dsh web: not signed in. Open the URL that `dsh web` printed "
 _BAD_TOKEN = "dsh web: wrong token. Open the URL that `dsh web` printed last.\n"
 _BAD_HOST = "dsh web: this Host is not the bridge's address (DNS rebinding is refused).\n"
 _NO_PAGE = "dsh web: the page is not installed (client/web/static/index.html is missing).\n"
+
+
+#: Sent with every HTTP answer (the WebSocket's handshake refusals included).
+SECURITY_HEADERS = (
+    (b"content-security-policy", b"default-src 'self'; frame-ancestors 'none'; "
+     b"connect-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"cache-control", b"no-cache"),
+)
+_OURS = frozenset(name for name, _ in SECURITY_HEADERS)
 
 
 class Guard:
@@ -84,16 +110,13 @@ class Guard:
             return await self.app(scope, receive, send)
         headers = Headers(scope=scope)
         host = headers.get("host")
-        cookies = cookie_parser(headers.get("cookie", ""))
-        signed_in = self.rules.cookie_ok(cookies)
+        signed_in = self.rules.cookie_ok(cookie_parser(headers.get("cookie", "")))
         path = scope.get("path", "")
+        send = _secured(send)
         if kind == "websocket":
-            if not self.rules.host_ok(host):
-                return await self._refuse_ws(receive, send, path, "foreign Host")
-            if not signed_in:
-                return await self._refuse_ws(receive, send, path, "no valid cookie")
-            if not self.rules.origin_ok(headers.get("origin"), host):
-                return await self._refuse_ws(receive, send, path, "wrong or absent Origin")
+            why = self._ws_refusal(scope, headers, host, signed_in)
+            if why:
+                return await _refuse_ws(scope, receive, send, path, why)
             return await self.app(scope, receive, send)
         if not self.rules.host_ok(host):
             log.info("refused %s %s: foreign Host", scope.get("method"), path)
@@ -104,10 +127,24 @@ class Guard:
         if not signed_in:
             log.info("refused %s %s: not signed in", scope.get("method"), path)
             return await _plain(_NEED_URL, 401)(scope, receive, send)
-        await self.app(scope, receive, _no_cache(send))
+        await self.app(scope, receive, send)
+
+    def _ws_refusal(self, scope: Scope, headers: Headers, host: str | None,
+                    signed_in: bool) -> str:
+        """Why this WebSocket is refused ("" to accept). Never names the token."""
+        if not self.rules.host_ok(host):
+            return "foreign Host"
+        if not signed_in:
+            return "no valid cookie"
+        if not self.rules.origin_ok(headers.get("origin"), host):
+            return "wrong or absent Origin"
+        if not self.rules.subprotocol_ok(list(scope.get("subprotocols") or [])):
+            return "no valid token subprotocol"
+        return ""
 
     async def _exchange(self, token: str, scope: Scope, receive: Receive, send: Send) -> None:
-        """``?token=``: the cookie and a redirect to the same path, or 401."""
+        """``?token=``: the cookie and a 303 to the same path with the token in the fragment
+        (for the page's localStorage; a fragment never reaches a server), or 401."""
         path = scope.get("path", "/")
         if not self.rules.token_ok(token):
             log.info("refused %s %s: wrong token", scope.get("method"), path)
@@ -115,36 +152,58 @@ class Guard:
         cookie = (f"{self.rules.cookie_name}={self.rules.cookie_value}; HttpOnly; "
                   "SameSite=Strict; Path=/")
         response = Response(status_code=303, headers={
-            "Location": path if path.startswith("/") else "/", "Set-Cookie": cookie,
-            "Cache-Control": "no-cache"})
+            "Location": f"{_local_path(scope)}#token={self.rules.token}", "Set-Cookie": cookie})
         log.info("signed in: %s", path)
         await response(scope, receive, send)
 
-    @staticmethod
-    async def _refuse_ws(receive: Receive, send: Send, path: str, why: str) -> None:
-        """Close before accepting: the server answers the handshake 403."""
-        log.info("refused WebSocket %s: %s", path, why)
-        await receive()  # websocket.connect
-        await send({"type": "websocket.close", "code": 1008})
+
+def _local_path(scope: Scope) -> str:
+    """The request's path for a redirect, if it can only mean this server: one leading ``/``
+    and no backslash (``//host`` and ``/\\host`` are another server to a browser); else ``/``."""
+    path = scope.get("path", "")
+    raw = scope.get("raw_path")
+    raw = raw.decode("latin-1") if isinstance(raw, bytes) else quote(path)
+    for p in (path, raw):
+        if not p.startswith("/") or p.startswith("//") or "\\" in p or not p.isprintable():
+            return "/"
+    return raw
+
+
+async def _refuse_ws(scope: Scope, receive: Receive, send: Send, path: str, why: str) -> None:
+    """Refuse before accepting: a plain 403 answer to the handshake (with the headers of
+    every HTTP answer) where the server supports it, else a close the server answers 403."""
+    log.info("refused WebSocket %s: %s", path, why)
+    await receive()  # websocket.connect
+    if "websocket.http.response" in scope.get("extensions", {}):
+        body = b"dsh web: refused; open the URL that `dsh web` printed.\n"
+        await send({"type": "websocket.http.response.start", "status": 403, "headers": [
+            (b"content-type", b"text/plain; charset=utf-8"),
+            (b"content-length", str(len(body)).encode())]})
+        await send({"type": "websocket.http.response.body", "body": body})
+        return
+    await send({"type": "websocket.close", "code": 1008})
 
 
 def _plain(text: str, status: int) -> Response:
-    return PlainTextResponse(text, status_code=status, headers={"Cache-Control": "no-cache"})
+    return PlainTextResponse(text, status_code=status)
 
 
-def _no_cache(send: Send) -> Send:
+def _secured(send: Send) -> Send:
+    """Every HTTP answer (and handshake refusal) gets SECURITY_HEADERS, replacing its own."""
     async def sender(message: Message) -> None:
-        if message["type"] == "http.response.start":
-            headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"cache-control"]
-            message = {**message, "headers": [*headers, (b"cache-control", b"no-cache")]}
+        if message["type"] in ("http.response.start", "websocket.http.response.start"):
+            headers = [(k, v) for k, v in message.get("headers", []) if k.lower() not in _OURS]
+            message = {**message, "headers": [*headers, *SECURITY_HEADERS]}
         await send(message)
     return sender
 
 
 def build_app(rules: AuthRules, dshd_socket: Path, stopping: trio.Event,
-              static_dir: Path = STATIC_DIR) -> Guard:
+              static_dir: Path = STATIC_DIR, max_clients: int = MAX_CLIENTS) -> Guard:
     """The whole bridge app for one listening port and one dshd socket; when ``stopping`` is
-    set every open relay closes ``1001``."""
+    set every open relay closes ``1001``; past ``max_clients`` open WebSockets a new one is
+    closed ``1013`` (each holds one of dshd's connections)."""
+    open_now = [0]  # WebSockets relaying now (this app's only state)
 
     async def index(request: Any) -> Response:
         page = static_dir / "index.html"
@@ -153,7 +212,15 @@ def build_app(rules: AuthRules, dshd_socket: Path, stopping: trio.Event,
         return FileResponse(page, media_type="text/html")
 
     async def ws(websocket: WebSocket) -> None:
-        await relay(websocket, dshd_socket, stopping)
+        if open_now[0] >= max_clients:
+            await websocket.accept(subprotocol=SUBPROTOCOL)
+            await _close(websocket, CLOSE_TRY_LATER, "too many pages open: close some")
+            return
+        open_now[0] += 1
+        try:
+            await relay(websocket, dshd_socket, stopping)
+        finally:
+            open_now[0] -= 1
 
     app = Starlette(routes=[
         Route("/", index, methods=["GET", "HEAD"]),
@@ -165,7 +232,7 @@ def build_app(rules: AuthRules, dshd_socket: Path, stopping: trio.Event,
 
 async def relay(websocket: WebSocket, dshd_socket: Path, stopping: trio.Event) -> None:
     """One WebSocket <-> one dshd connection, raw lines both ways (module doc)."""
-    await websocket.accept()
+    await websocket.accept(subprotocol=SUBPROTOCOL)
     try:
         stream = await trio.open_unix_socket(str(dshd_socket))
     except OSError as exc:

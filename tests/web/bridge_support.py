@@ -20,6 +20,11 @@ def sign_in(bridge) -> str:
     return r.headers["set-cookie"].split(";", 1)[0]
 
 
+def token_protocols(token: str) -> list[str]:
+    """The WebSocket subprotocols the page offers: ``dsh.v1`` and its token (docs/WEB.md)."""
+    return ["dsh.v1", f"dsh.token.{token}"]
+
+
 def ws_url(bridge) -> str:
     return bridge.base.replace("http://", "ws://", 1) + "/ws"
 
@@ -76,8 +81,9 @@ class WsRpc:
 
 @asynccontextmanager
 async def ws_rpc(bridge, cookie: str, *, origin: str | None = "", host: str | None = None,
-                 max_message_size: int = 32 * 1024 * 1024):
-    """An open :class:`WsRpc`; ``origin=""`` means the bridge's own (``bridge.base``)."""
+                 max_message_size: int = 32 * 1024 * 1024, subprotocols: list[str] | None = None):
+    """An open :class:`WsRpc`; ``origin=""`` means the bridge's own (``bridge.base``);
+    ``subprotocols`` None offers the bridge's token (:func:`token_protocols`)."""
     headers = []
     if cookie:
         headers.append(("Cookie", cookie))
@@ -85,6 +91,8 @@ async def ws_rpc(bridge, cookie: str, *, origin: str | None = "", host: str | No
         headers.append(("Origin", origin or bridge.base))
     async with open_websocket_url(ws_url(bridge), extra_headers=headers,
                                   max_message_size=max_message_size,
+                                  subprotocols=(token_protocols(bridge.token)
+                                                if subprotocols is None else subprotocols),
                                   connect_timeout=LIVENESS_S,
                                   disconnect_timeout=LIVENESS_S) as ws:
         yield WsRpc(ws)

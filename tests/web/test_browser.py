@@ -126,7 +126,11 @@ def test_01_the_tokened_url_opens_the_page(world, driver):
     driver.get(world["bridge"].url)
     until(lambda: status(driver) == "connected", WAIT_S, what="connected")
     assert "?token=" not in driver.current_url  # exchanged for the cookie
+    assert "token=" not in driver.current_url  # the fragment's token moved to localStorage
+    stored = driver.execute_script("return localStorage.getItem('dsh-web-token')")
+    assert stored == world["bridge"].token
     assert q(driver, "[data-testid=session-list]")
+    assert "Content Security Policy" not in console(driver)  # the page works under the CSP
     world["shots"].take(driver, "connected")
 
 
@@ -300,6 +304,59 @@ def test_05_a_pty_program_receives_typed_keys(world, driver):
     keys.send_keys("bye\n")
     result = dshd_call(world["daemon"].socket, "tool.wait", {"sessionId": sid, "callId": call_id})
     assert result["exitCode"] == 0 and "got:hello web" in result["content"], result
+    assert "Content Security Policy" not in console(driver)  # xterm.js works under the CSP
+
+
+def _click_text_in_terminal(driver, word: str) -> None:
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    span = until(lambda: driver.execute_script(
+        "const rows = document.querySelector('[data-testid=terminal] .xterm-rows');"
+        "if (!rows) return null;"
+        "for (const s of rows.querySelectorAll('span')) if (s.textContent.includes(arguments[0])) return s;"
+        "for (const r of rows.children) if (r.textContent.includes(arguments[0])) return r;"
+        "return null;", word), WAIT_S, what=f"{word} on the terminal")
+    ActionChains(driver).move_to_element(span).pause(0.3).move_by_offset(1, 0).pause(0.3).click().perform()
+
+
+def test_05b_terminal_links_open_only_http(world, driver):
+    """OSC 8 hyperlinks in a terminal: a javascript: link does nothing when clicked (xterm's
+    default handler would offer to open any scheme); an http link opens a new tab."""
+    sid = session_id(world)
+    before = set(_call_ids(world, sid))
+    q(driver, "[data-testid=command-tty]")[0].click()
+    box = q(driver, "[data-testid=command-input]")[0]
+    box.send_keys("printf '\\033]8;;javascript:window.__pwned=1\\033\\\\EVILLINK\\033]8;;\\033\\\\ "
+                  "\\033]8;;http://127.0.0.1:9/fine\\033\\\\GOODLINK\\033]8;;\\033\\\\\\n'; read -r x")
+    q(driver, "[data-testid=command-submit]")[0].click()
+    q(driver, "[data-testid=command-tty]")[0].click()
+    (call_id,) = until(lambda: (set(_call_ids(world, sid)) - before) or None, WAIT_S)
+    until(lambda: q(driver, f"[data-testid=terminal][data-call-id='{call_id}']"), WAIT_S)
+    until(lambda: "GOODLINK" in _screen(driver), WAIT_S, what="the links on the terminal")
+    tabs = set(driver.window_handles)
+    _click_text_in_terminal(driver, "EVILLINK")
+    time.sleep(1.0)  # nothing may happen: give it the time it would take
+    from selenium.common.exceptions import NoAlertPresentException
+    try:
+        alert = driver.switch_to.alert
+        text = alert.text
+        alert.dismiss()
+        pytest.fail(f"a javascript: link asked to be opened: {text!r}")
+    except NoAlertPresentException:
+        pass
+    assert driver.execute_script("return window.__pwned") is None
+    assert set(driver.window_handles) == tabs
+    _click_text_in_terminal(driver, "GOODLINK")
+    until(lambda: len(driver.window_handles) > len(tabs), WAIT_S, what="the http link's new tab")
+    main = driver.current_window_handle
+    for handle in set(driver.window_handles) - tabs:
+        driver.switch_to.window(handle)
+        driver.close()
+    driver.switch_to.window(main)
+    keys = q(driver, "[data-testid=terminal] .xterm-helper-textarea")[0]
+    keys.send_keys("\n")
+    result = dshd_call(world["daemon"].socket, "tool.wait", {"sessionId": sid, "callId": call_id})
+    assert result["exitCode"] == 0, result
 
 
 def _screen(driver) -> str:
@@ -373,3 +430,26 @@ def test_08_two_browsers_and_the_cli_stay_equal(world, driver):
 
 def _all_settled(value) -> bool:
     return bool(value) and not value["tools"] and len(value["recent"]) >= 6
+
+
+def test_09_signed_out_says_so_instead_of_reconnecting(world, driver):
+    """No token in the page's storage, or a token (and cookie) older than --new-token: the
+    page says to open the URL dsh web printed; the new URL signs it in again."""
+    bridge = world["bridge"]
+    driver.get(bridge.url)
+    until(lambda: status(driver) == "connected", WAIT_S, what="connected")
+    driver.execute_script("localStorage.removeItem('dsh-web-token')")
+    driver.refresh()
+    until(lambda: status(driver).startswith("signed out"), WAIT_S, what="signed out (no token)")
+    assert status(driver) == "signed out: open the URL dsh web printed"
+    assert q(driver, "#banner")[0].is_displayed()
+    world["shots"].take(driver, "signed-out")
+    driver.get(bridge.url)
+    until(lambda: status(driver) == "connected", WAIT_S, what="signed in again")
+    bridge.stop()
+    old = bridge.token
+    bridge.start("--new-token")
+    assert bridge.token != old
+    until(lambda: status(driver).startswith("signed out"), WAIT_S, what="signed out (stale token)")
+    driver.get(bridge.url)
+    until(lambda: status(driver) == "connected", WAIT_S, what="the new token signs in")

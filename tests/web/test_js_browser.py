@@ -78,8 +78,8 @@ import("/static/lane.js").then((lane) => {
 
 RPC_IN_PAGE = r"""
 const done = arguments[0];
-import("/static/rpc.js").then((rpc) => {
-  const conn = new rpc.RpcConnection(`ws://${location.host}/ws`);
+Promise.all([import("/static/rpc.js"), import("/static/security.js")]).then(([rpc, sec]) => {
+  const conn = new rpc.RpcConnection(`ws://${location.host}/ws`, { protocols: () => sec.tokenProtocols() });
   const t0 = Date.now();
   const poll = async () => {
     if (conn.state !== "open") {

@@ -8,8 +8,10 @@
 // was never sent, so it may wait for the next connection). A request already written when
 // the socket drops rejects with RpcError(-32099, "connection lost"): whether dshd ran it is
 // unknown, and the caller decides (tool.run with a callId is safe to repeat). On any close
-// the connection waits 0.25 s, doubling to 5 s, and connects again; an open resets the
-// delay. `close()` ends it for good. Messages are matched by id; a message with a method and
+// the connection waits 0.25 s, doubling to 5 s, and connects again; only an answered
+// initialize resets the delay (a WebSocket that opens and is closed at once -- 4001 while
+// dshd is down -- keeps backing off). The subprotocols offered (`protocols`, the bridge's
+// token for the page: docs/WEB.md) are read again at each connect. `close()` ends it for good. Messages are matched by id; a message with a method and
 // no id is a notification, given to every "notification" listener as (method, params).
 // Listeners ("open", "close", "notification") are how LaneView and OutputFollower ride
 // through reconnects: on every "open" they subscribe / follow again.
@@ -46,8 +48,9 @@ const OPEN = 1; // WebSocket.OPEN, without relying on the constructor's statics
 export class RpcConnection {
   /**
    * @param {string} url ws:// or wss:// URL of the bridge's /ws
-   * @param {object} options {WebSocket, onOpen(initResult), onClose({code, reason, retryInMs}),
-   *   onNotification(method, params), client: {name, version}, backoffFirstMs, backoffMaxMs}
+   * @param {object} options {WebSocket, protocols (array, or a function returning one),
+   *   onOpen(initResult), onClose({code, reason, retryInMs}), onNotification(method, params),
+   *   client: {name, version}, backoffFirstMs, backoffMaxMs}
    */
   constructor(url, options = {}) {
     this.url = url;
@@ -56,6 +59,9 @@ export class RpcConnection {
       throw new TypeError("no WebSocket: pass options.WebSocket (Node 20: --experimental-websocket)");
     }
     this.client = options.client ?? { name: "dsh-web" };
+    // The subprotocols offered at each connect: an array, or a function called each time
+    // (the page's reads the token from storage, so a sign-in in another tab is picked up).
+    this.protocols = options.protocols ?? null;
     this.backoffFirstMs = options.backoffFirstMs ?? BACKOFF_FIRST_MS;
     this.backoffMaxMs = options.backoffMaxMs ?? BACKOFF_MAX_MS;
     this.state = "connecting"; // "connecting" | "open" | "closed"
@@ -132,7 +138,8 @@ export class RpcConnection {
     this.state = "connecting";
     let ws;
     try {
-      ws = new this.WebSocket(this.url);
+      const protocols = typeof this.protocols === "function" ? this.protocols() : this.protocols;
+      ws = protocols ? new this.WebSocket(this.url, protocols) : new this.WebSocket(this.url);
     } catch (err) {
       this._closedWith(null, { code: 1006, reason: `cannot connect: ${err.message}` });
       return;

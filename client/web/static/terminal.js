@@ -11,10 +11,12 @@
 // that measures the wrong box) and every size change is a tool.resize (the host's data-cols /
 // data-rows say the size sent). A key bar (Esc, Tab, a one-shot Ctrl, arrows) serves touch
 // keyboards; style.css shows it on narrow or touch screens. At the call's eof the terminal says so
-// and stops sending keys. close() ends the follower and disposes of the terminal.
+// and stops sending keys. close() ends the follower and disposes of the terminal. OSC 8
+// hyperlinks open only when http(s), without opener or referrer (security.js).
 
 import { el } from "./dom.js";
 import { stopFollower, tailStart } from "./calls.js";
+import { safeLinkHandler } from "./security.js";
 
 /** The scrollback a terminal starts with: the call's last 16 MiB (xterm keeps 10,000 lines). */
 const TERM_TAIL = 16 * 1024 * 1024;
@@ -58,7 +60,8 @@ export class TerminalPanel {
     const screen = el("div", { class: "terminal-screen" });
     this.host.replaceChildren(title, screen, this.keyBar());
     this.term = new window.Terminal({ convertEol: false, scrollback: 10000, fontSize: 13,
-      fontFamily: "ui-monospace, Menlo, Consolas, monospace", cursorBlink: true });
+      fontFamily: "ui-monospace, Menlo, Consolas, monospace", cursorBlink: true,
+      linkHandler: safeLinkHandler() }); // OSC 8 links: http(s) only, noopener,noreferrer
     this.fit = new window.FitAddon.FitAddon();
     this.term.loadAddon(this.fit);
     this.term.open(screen);

@@ -205,3 +205,55 @@ test("a request over the bridge's 16 MiB bound, or not JSON, is refused alone", 
   assert.deepStrictEqual(await ok, { sessions: [] });
   conn.close();
 });
+
+test("a WebSocket that opens and is closed at once (4001: dshd down) keeps backing off; only an answered initialize resets it", async () => {
+  const made = [];
+  class OpensThenCloses {
+    constructor(url, protocols) {
+      this.readyState = 0;
+      this.protocols = protocols;
+      this.sent = [];
+      made.push(this);
+      setTimeout(() => {
+        this.readyState = 1;
+        this.onopen?.();
+        if (!OpensThenCloses.answer) {
+          this.readyState = 3;
+          this.onclose?.({ code: 4001, reason: "dshd is not running" });
+        }
+      }, 0);
+    }
+    send(text) {
+      this.sent.push(text);
+      const msg = JSON.parse(text);
+      if (OpensThenCloses.answer && msg.method === "initialize") {
+        setTimeout(() => this.onmessage?.({ data: JSON.stringify({ jsonrpc: "2.0", id: msg.id, result: { protocolVersion: 1 } }) }), 0);
+      }
+    }
+    close() {}
+  }
+  OpensThenCloses.answer = false;
+  const closes = [];
+  let n = 0;
+  const conn = new RpcConnection("ws://unused/ws", {
+    WebSocket: OpensThenCloses, backoffFirstMs: 5, backoffMaxMs: 40,
+    protocols: () => ["dsh.v1", `dsh.token.t${++n}`],
+    onClose: (info) => closes.push(info),
+  });
+  await until(() => closes.length >= 5, "five closes");
+  try {
+  assert.deepStrictEqual(closes.slice(0, 5).map((c) => c.retryInMs), [5, 10, 20, 40, 40]);
+  assert.ok(closes.every((c) => c.code === 4001 && c.reason === "dshd is not running"));
+  // the protocols function is read at every connect
+  assert.deepStrictEqual(made[0].protocols, ["dsh.v1", "dsh.token.t1"]);
+  assert.deepStrictEqual(made[1].protocols, ["dsh.v1", "dsh.token.t2"]);
+  OpensThenCloses.answer = true;
+  await until(() => conn.state === "open", "open once initialize is answered");
+  const ws = made.at(-1);
+  ws.readyState = 3;
+  ws.onclose({ code: 4000, reason: "dshd closed the connection" });
+  assert.equal(closes.at(-1).retryInMs, 5, "an answered initialize reset the delay");
+  } finally {
+    conn.close(); // a failed assertion must not leave it reconnecting (node would not exit)
+  }
+});

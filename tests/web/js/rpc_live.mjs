@@ -81,13 +81,15 @@ function follow(conn, sessionId, callId) {
 async function connect() {
   const cookie = await cookieFor(BASE, TOKEN);
   class BridgeWebSocket extends WebSocket {
-    constructor(url) {
-      super(url, { headers: { Origin: BASE, Cookie: cookie } }); // undici's init.headers
+    constructor(url, protocols) {
+      // undici's init: headers (what a browser sends itself) and the subprotocols
+      super(url, { headers: { Origin: BASE, Cookie: cookie }, protocols });
     }
   }
   const closes = [];
   const conn = new RpcConnection(BASE.replace(/^http/, "ws") + "/ws", {
     WebSocket: BridgeWebSocket,
+    protocols: ["dsh.v1", `dsh.token.${TOKEN}`], // the token, as the page offers it
     onClose: (info) => closes.push(info),
   });
   await until(() => conn.state === "open", "the first initialize");
