@@ -368,7 +368,7 @@ def test_06_the_page_recovers_from_a_bridge_kill_by_itself(world, driver):
     driver.execute_script("window.__noReload = 'still-here'")
     bridge = world["bridge"]
     bridge.kill()
-    until(lambda: status(driver).startswith("reconnecting"), WAIT_S, what="the outage shown")
+    until(lambda: status(driver).startswith("connection lost"), WAIT_S, what="the outage shown")
     assert q(driver, "#banner")[0].is_displayed()
     world["shots"].take(driver, "bridge-down")
     bridge.start()

@@ -5,11 +5,18 @@
 // text: plain runs become text in a <span> carrying the current style's classes (ansi-fg-N,
 // ansi-bg-N, ansi-bold, ...) or inline colour for 256/true colours; SGR sequences (ESC [ ... m)
 // change the style; every other escape sequence (cursor moves, OSC titles, charset selects) is
-// dropped, and so are carriage returns and other C0 controls but newline and tab. An escape
+// dropped, and so are C0 controls but newline, tab and carriage return; a carriage return
+// (not before a newline) erases the last line, as the next text overwrites it in a
+// terminal, so a prompt redrawn in place shows once. An escape
 // split across chunks waits in `pending` (bounded: a sequence longer than 256 characters is
-// dropped). The container keeps at most `maxChars` characters: the oldest spans go first, so
+// dropped). The container keeps at most `maxChars` characters and `maxLines` lines (2,000):
+// the oldest text goes first, so
 // a call that prints gigabytes cannot exhaust the page (the complete output stays in dshd:
 // tool.read). textContent of the container is the output with the escapes stripped.
+// Writes are coalesced: bytes queue (at most maxQueued) and reach the DOM at the next
+// animation frame, one update per frame however many chunks came, so a flood costs the page
+// a bounded amount of work. The box sticks to its bottom (the latest lines) until the person
+// scrolls up, and follows again once they scroll back to the bottom.
 
 const ESC = "\x1b";
 const MAX_PENDING = 256;
@@ -117,6 +124,20 @@ export function parseAnsi(text, style) {
       i = end;
       continue;
     }
+    if (ch === "\r") {
+      // A return to the line's start: what follows overwrites the line (a {cr} run), as in a
+      // terminal; "\r\n" is a newline. A "\r" at the end waits for the next chunk.
+      if (i + 1 >= text.length) {
+        flush();
+        return { runs, pending: "\r" };
+      }
+      if (text[i + 1] !== "\n" && text[i + 1] !== "\r") {
+        flush();
+        runs.push({ cr: true });
+      }
+      i++;
+      continue;
+    }
     const code = ch.charCodeAt(0);
     if (ch === "\n" || ch === "\t" || code >= 0x20) plain += ch === "\x7f" ? "" : ch;
     i++;
@@ -148,57 +169,141 @@ function escapeEnd(text, i) {
 }
 
 export class AnsiView {
-  constructor(container, { maxChars = 262144 } = {}) {
+  constructor(container, { maxChars = 262144, maxLines = 2000, maxQueued = 1048576 } = {}) {
     this.container = container;
     this.maxChars = maxChars;
+    this.maxLines = maxLines;
+    this.lines = 0;
+    this.maxQueued = maxQueued;
     this.chars = 0;
     this.style = freshStyle();
     this.pending = "";
     this.decoder = new TextDecoder("utf-8");
+    this.queue = [];
+    this.queued = 0;
+    this.scheduled = false;
+    this.stick = true; // follow the bottom until the person scrolls up
+    container.addEventListener("scroll", () => {
+      this.stick = container.scrollTop + container.clientHeight >= container.scrollHeight - 8;
+    });
   }
 
+  /** Queue bytes; they reach the DOM at the next animation frame (one update per frame, however
+   * many chunks arrived). At most maxQueued bytes wait: older queued bytes are dropped. */
   write(bytes) {
-    const text = this.pending + this.decoder.decode(bytes, { stream: true });
+    this.queue.push(bytes);
+    this.queued += bytes.length;
+    while (this.queued > this.maxQueued && this.queue.length > 1) this.queued -= this.queue.shift().length;
+    if (this.scheduled) return;
+    this.scheduled = true;
+    const flush = () => { if (this.scheduled) this.flush(); };
+    if (typeof requestAnimationFrame === "function") requestAnimationFrame(flush);
+    setTimeout(flush, 250); // a hidden tab gets no frames: flush anyway
+  }
+
+  /** Drop what waits for the next frame (the caller skips ahead). */
+  discardQueued() {
+    this.queue = [];
+    this.queued = 0;
+  }
+
+  flush() {
+    this.scheduled = false;
+    const chunks = this.queue;
+    this.discardQueued();
+    let text = this.pending;
+    for (const bytes of chunks) text += this.decoder.decode(bytes, { stream: true });
     const { runs, pending } = parseAnsi(text, this.style);
     this.pending = pending;
-    const last = this.container.lastElementChild;
-    let lastKey = last ? last.dataset.style : null;
+    const frag = document.createDocumentFragment();
+    let tail = this.container.lastElementChild;
+    let lastKey = tail ? tail.dataset.style : null;
     for (const run of runs) {
+      if (run.cr) {
+        this.container.append(frag);
+        this.eraseLine();
+        tail = this.container.lastElementChild;
+        lastKey = tail ? tail.dataset.style : null;
+        continue;
+      }
       const key = styleKey(run.style);
-      if (lastKey === key && this.container.lastElementChild) {
-        this.container.lastElementChild.append(run.text);
+      if (lastKey === key && tail) {
+        tail.append(run.text);
       } else {
-        const span = document.createElement("span");
-        span.dataset.style = key;
-        decorate(span, run.style);
-        span.textContent = run.text;
-        this.container.append(span);
+        tail = document.createElement("span");
+        tail.dataset.style = key;
+        decorate(tail, run.style);
+        tail.textContent = run.text;
+        frag.append(tail);
         lastKey = key;
       }
       this.chars += run.text.length;
+      this.lines += newlines(run.text);
     }
+    this.container.append(frag);
     this.trim();
+    if (this.stick) this.toBottom();
   }
 
-  trim() {
-    while (this.chars > this.maxChars && this.container.firstElementChild) {
-      const first = this.container.firstElementChild;
-      const over = this.chars - this.maxChars;
-      if (first.textContent.length <= over) {
-        this.chars -= first.textContent.length;
-        first.remove();
-      } else {
-        first.textContent = first.textContent.slice(over);
-        this.chars -= over;
+  /** Remove the last line's text (back to the last newline): a "\r" came. */
+  eraseLine() {
+    for (let span = this.container.lastElementChild; span; ) {
+      const text = span.textContent;
+      const nl = text.lastIndexOf("\n");
+      const prev = span.previousElementSibling;
+      if (nl >= 0) {
+        this.chars -= text.length - nl - 1;
+        span.textContent = text.slice(0, nl + 1);
+        return;
       }
+      this.chars -= text.length;
+      span.remove();
+      span = prev;
+    }
+  }
+
+  toBottom() {
+    this.container.scrollTop = this.container.scrollHeight;
+  }
+
+  /** Keep at most maxChars characters and maxLines lines: the oldest text goes first (a long
+   * window would make every layout, hence every frame, slow). */
+  trim() {
+    while ((this.chars > this.maxChars || this.lines > this.maxLines) && this.container.firstElementChild) {
+      const first = this.container.firstElementChild;
+      const text = first.textContent;
+      let cut = Math.max(0, this.chars - this.maxChars);
+      for (let extra = this.lines - this.maxLines, at = 0; extra > 0; extra--) {
+        at = text.indexOf("\n", at);
+        if (at < 0) { cut = text.length; break; }
+        at++;
+        cut = Math.max(cut, at);
+      }
+      if (cut <= 0) break;
+      if (cut >= text.length) {
+        first.remove();
+        cut = text.length;
+      } else {
+        first.textContent = text.slice(cut);
+      }
+      this.chars -= cut;
+      this.lines -= newlines(text.slice(0, cut));
     }
   }
 
   clear() {
+    this.discardQueued();
     this.container.replaceChildren();
     this.chars = 0;
+    this.lines = 0;
     this.style = freshStyle();
     this.pending = "";
     this.decoder = new TextDecoder("utf-8");
   }
+}
+
+function newlines(text) {
+  let n = 0;
+  for (let at = text.indexOf("\n"); at >= 0; at = text.indexOf("\n", at + 1)) n++;
+  return n;
 }

@@ -4,8 +4,9 @@
 // Theory of operation: RpcConnection (rpc.js) sends initialize (approvals: true) on every
 // (re)connect and reconnects forever with backoff. While it is open the status reads
 // "connected" and the sessions list polls; when the WebSocket closes (the bridge went away,
-// or dshd did: close 4000/4001 with a reason) the banner shows "reconnecting…" and the
-// reason, the list stops polling, and nothing is reloaded: on the next open the list polls
+// or dshd did: close 4000/4001 with a reason) the banner shows "connection lost,
+// reconnecting…" (or the reason: "dshd is not running, reconnecting…"; the close code is in
+// the status's title), the list stops polling, and nothing is reloaded: on the next open the list polls
 // again, the session's LaneView subscribes again (fresh base batch) and every OutputFollower
 // follows again from its next byte offset. The selected session is kept in the URL's hash
 // (#session=ID), so a reload shows the same one; without one the newest session is shown.
@@ -72,6 +73,7 @@ class App {
 
   opened() {
     this.setStatus("open", "connected");
+    this.status.title = "";
     this.list.start();
   }
 
@@ -81,16 +83,16 @@ class App {
    * will (it keeps trying quietly: a sign-in in another tab stores a fresh token). */
   closed(info) {
     this.list.stop();
-    const why = info?.reason || (info?.code ? `closed ${info.code}` : "");
+    // People's words in the text ("dshd is not running" is one); the close code in the title.
+    const lost = info?.reason ? `${info.reason}, reconnecting…` : "connection lost, reconnecting…";
+    this.status.title = info?.code ? `WebSocket closed ${info.code}${info.reason ? `: ${info.reason}` : ""}` : "";
     if (!readToken()) return this.setStatus("signed-out", SIGNED_OUT);
-    if (this.status.dataset.state !== "signed-out") {
-      this.setStatus("closed", why ? `reconnecting… (${why})` : "reconnecting…");
-    }
+    if (this.status.dataset.state !== "signed-out") this.setStatus("closed", lost);
     if (info?.code !== 1006) return;
     signedOut().then((out) => {
       if (this.conn.state === "open") return;
       if (out) this.setStatus("signed-out", SIGNED_OUT);
-      else if (this.status.dataset.state === "signed-out") this.setStatus("closed", "reconnecting…");
+      else if (this.status.dataset.state === "signed-out") this.setStatus("closed", "connection lost, reconnecting…");
     });
   }
 

@@ -22,6 +22,10 @@ const OUTPUT_CHARS = 262144;
 /** A call's output is followed from at most this many bytes before its end (the view keeps
  * OUTPUT_CHARS characters anyway): a call that printed a gigabyte does not stream it all. */
 const TAIL_BYTES = 262144;
+/** A follower this many bytes behind the call's end skips ahead to its last TAIL_BYTES. */
+const SKIP_BYTES = 1048576;
+/** How many of the newest events a recent result's command is looked for in. */
+const COMMAND_EVENTS = 500;
 
 export class CallsView {
   constructor({ running, recent }, { conn, sessionId, OutputFollower, onTerminal, onError }) {
@@ -36,6 +40,8 @@ export class CallsView {
     this.callRows = new Map();
     this.recentRows = new Map();
     this.commands = new Map(); // callId -> command, remembered for the recent results
+    this.asked = new Set(); // calls whose command was looked up in session.events
+    this.ticker = setInterval(() => this.tick(), 1000);
   }
 
   update(lane) {
@@ -45,13 +51,21 @@ export class CallsView {
       .sort(([a, x], [b, y]) => (y.startedAt ?? 0) - (x.startedAt ?? 0) || (a < b ? 1 : -1));
     for (const [id, call] of running) {
       this.commands.set(id, commandOf(call.args));
-      if (call.state === "running") this.ensureOutput(id, call);
+      if (call.state === "running") {
+        const out = this.ensureOutput(id, call);
+        this.skipAhead(out, call.output?.truncation?.totalBytes ?? 0);
+      }
     }
     reconcile(this.runningBox, this.callRows, running.map(([id]) => id),
       (id) => this.makeCall(id), (id, node) => this.fillCall(node, id, tools[id]));
     const recentIds = recent.map((r) => r.callId).filter((id) => !(id in tools));
     const byId = new Map(recent.map((r) => [r.callId, r]));
-    for (const id of recentIds) this.ensureOutput(id, null);
+    for (const id of recentIds) {
+      const known = this.outputs.has(id);
+      const out = this.ensureOutput(id, null);
+      if (known) this.settleOutput(out);
+      if (!this.commands.get(id)) this.fetchCommand(id);
+    }
     reconcile(this.recentBox, this.recentRows, recentIds,
       (id) => this.makeRecent(id), (id, node) => this.fillRecent(node, id, byId.get(id)));
     const keep = new Set([...running.map(([id]) => id), ...recentIds]);
@@ -70,24 +84,76 @@ export class CallsView {
   ensureOutput(id, call) {
     if (this.outputs.has(id)) return this.outputs.get(id);
     const pre = el("pre", { testid: "call-output", class: "call-output" });
-    const out = { pre, view: new AnsiView(pre, { maxChars: OUTPUT_CHARS }), follower: null,
-      tty: Boolean(call?.args?.tty), eof: false, exitCode: null };
+    const out = { id, pre, view: new AnsiView(pre, { maxChars: OUTPUT_CHARS }), follower: null,
+      tty: Boolean(call?.args?.tty), eof: false, exitCode: null, skipping: false };
     this.outputs.set(id, out);
     tailStart(this.conn, this.sessionId, id, TAIL_BYTES).then((start) => {
       if (out.closed) return;
-      if (start > 0) out.view.write(new TextEncoder().encode(`[… the first ${start} bytes are not shown: dsh attach shows them]\n`));
-      out.follower = new this.OutputFollower(this.conn, this.sessionId, id, {
-        offset: start,
-        onData: (bytes) => out.view.write(bytes),
-        onEof: (exitCode) => {
-          out.eof = true;
-          out.exitCode = exitCode ?? null;
-        },
-        onError: (err) => { pre.dataset.error = err?.message ?? String(err); },
-      });
-      out.follower.start();
+      if (start > 0) pre.dataset.skipped = `… the first ${start} bytes are not shown (the full output: dsh attach, tool.read)`;
+      this.follow(out, start);
     });
     return out;
+  }
+
+  follow(out, offset) {
+    const follower = new this.OutputFollower(this.conn, this.sessionId, out.id, {
+      offset,
+      onData: (bytes) => { if (out.follower === follower) out.view.write(bytes); },
+      onEof: (exitCode) => {
+        if (out.follower !== follower) return;
+        out.eof = true;
+        out.exitCode = exitCode ?? null;
+      },
+      onError: (err) => { out.pre.dataset.error = err?.message ?? String(err); },
+      start: false,
+    });
+    out.follower = follower;
+    follower.start();
+  }
+
+  /** The follower is far behind the call's end (`end`: the lane's totalBytes, or tool.read's
+   * endOffset once it settled): stop it, so a flood does not fill the page's connection (the
+   * lane's updates would queue behind it), and say so. While the call still floods (its end
+   * moved by SKIP_BYTES or more since the last lane update) nothing is followed; once it slows
+   * down, or settles, the follower starts again from TAIL_BYTES before the end, after a note
+   * of the bytes skipped. The page never falls behind a flood. */
+  skipAhead(out, end, settled = false) {
+    if (out.eof || out.closed) return;
+    if (out.flooding) {
+      const moved = end - out.floodEnd;
+      out.floodEnd = end;
+      if (settled || moved < SKIP_BYTES) this.resume(out, end);
+      return;
+    }
+    const follower = out.follower;
+    if (!follower || end - follower.offset <= SKIP_BYTES) return;
+    stopFollower(follower);
+    out.follower = null;
+    out.flooding = true;
+    out.floodEnd = end;
+    out.skipFrom = follower.offset;
+    out.view.discardQueued();
+    if (settled) this.resume(out, end);
+  }
+
+  resume(out, end) {
+    out.flooding = false;
+    const from = Math.max(out.skipFrom, end - TAIL_BYTES);
+    out.skipped = (out.skipped ?? 0) + (from - out.skipFrom);
+    // In an attribute shown above the box (style.css), not in the text the window trims.
+    out.pre.dataset.skipped = `… ${out.skipped} bytes skipped (the full output: dsh attach, tool.read)`;
+    this.follow(out, from);
+  }
+
+  /** A call just settled: if its follower is far behind (or stopped by a flood), skip to its
+   * last bytes. */
+  async settleOutput(out) {
+    if (out.settling || out.eof || (!out.follower && !out.flooding)) return;
+    out.settling = true;
+    try {
+      const r = await this.conn.request("tool.read", { sessionId: this.sessionId, callId: out.id, offset: 0, limit: 0 });
+      this.skipAhead(out, r.endOffset ?? 0, true);
+    } catch { /* the follower reports what it meets */ }
   }
 
   makeCall(id) {
@@ -111,11 +177,15 @@ export class CallsView {
     node.dataset.state = call.state;
     node.querySelector(".call-command").textContent = commandOf(call.args);
     node.querySelector(".call-state").textContent =
-      call.state === "running" ? `running · ${age(call.startedAt)}` : "waiting for approval";
+      call.state === "running" ? `running · ${age(call.startedAt)}` : "waits for your approval";
+    node.querySelector(".call-state").dataset.startedAt = call.startedAt ?? "";
     node.querySelector("[data-testid=open-terminal]").hidden = !(call.args?.tty);
     const body = node.querySelector(".call-body");
     const out = this.outputs.get(id);
-    if (out && out.pre.parentNode !== body) body.append(out.pre);
+    if (out && out.pre.parentNode !== body) {
+      body.append(out.pre);
+      if (out.view.stick) out.view.toBottom();
+    }
   }
 
   makeRecent(id) {
@@ -136,7 +206,38 @@ export class CallsView {
       entry.errorCode ? entry.errorCode : entry.exitCode === null ? "" : `exit ${entry.exitCode}`;
     const body = node.querySelector(".call-body");
     const out = this.outputs.get(id);
-    if (out && out.pre.parentNode !== body) body.append(out.pre);
+    if (out && out.pre.parentNode !== body) {
+      body.append(out.pre);
+      if (out.view.stick) out.view.toBottom();
+    }
+  }
+
+  /** Tick the "running · N s" of every running call (output or not). */
+  tick() {
+    for (const state of this.runningBox.querySelectorAll(".call-state[data-started-at]")) {
+      const started = Number(state.dataset.startedAt);
+      if (started && state.closest("[data-state=running]")) state.textContent = `running · ${age(started)}`;
+    }
+  }
+
+  /** The command of a call the lane's recent names without args (one started from the CLI
+   * before the page saw it): its tool/call event, from the last COMMAND_EVENTS events, once. */
+  async fetchCommand(id) {
+    if (this.asked.has(id)) return;
+    this.asked.add(id);
+    if (this.asked.size > 256) this.asked.delete(this.asked.values().next().value);
+    try {
+      const head = await this.conn.request("session.events", { sessionId: this.sessionId, limit: 0 });
+      const page = await this.conn.request("session.events", { sessionId: this.sessionId,
+        afterSeq: Math.max(-1, head.lastSeq - COMMAND_EVENTS), limit: COMMAND_EVENTS });
+      const ev = page.events.find((e) => e.type === "tool/call" && (e.data?.callId ?? e.callId) === id);
+      let args = ev?.data?.arguments ?? ev?.data?.args;
+      if (typeof args === "string") try { args = JSON.parse(args); } catch { /* a cut string */ }
+      if (!args || !this.outputs.has(id)) return;
+      this.commands.set(id, commandOf(args));
+      const node = this.recentRows.get(id);
+      if (node) node.querySelector(".call-command").textContent = this.commands.get(id);
+    } catch { /* the id stays shown */ }
   }
 
   async cancel(id, button) {
@@ -150,6 +251,7 @@ export class CallsView {
   }
 
   close() {
+    clearInterval(this.ticker);
     for (const out of this.outputs.values()) {
       out.closed = true;
       stopFollower(out.follower);

@@ -9,7 +9,10 @@
 // `turn.calls` states into the entry of the same key, made at the end when the log has none
 // yet. The log is read again whenever the turn starts, changes step or ends, and after a
 // send or a steer, so the last step's text, which the lane drops at the turn's end, is
-// always shown. Reads run one at a time; a read asked meanwhile runs after. The transcript
+// always shown. Entries stand in log (seq) order whatever the order they were learnt in;
+// a step the lane shows before the log has it stays last until its event is read. A steer
+// the daemon accepted shows "queued: …" (data-testid "chat-queued") until its message/user
+// is in the log. Reads run one at a time; a read asked meanwhile runs after. The transcript
 // keeps MAX_ENTRIES entries. Send starts a turn, steer queues input for the running turn's
 // next step, cancel ends the turn.
 
@@ -18,6 +21,7 @@ import { el, commandOf } from "./dom.js";
 const MAX_ENTRIES = 200;
 const HISTORY = 2000;
 const PAGE = 1000;
+const MAX_QUEUED = 20;
 
 export class ChatPanel {
   constructor(box, { conn, sessionId, onError }) {
@@ -55,6 +59,7 @@ export class ChatPanel {
     this.send.disabled = running;
     this.state.textContent = running ? `turn ${turn.state}${turn.step ? ` · step ${turn.step}` : ""}` : "";
     const key = turn ? `${turn.turnId}/${turn.stepId}` : null;
+    if (!turn) for (const n of this.log.querySelectorAll("[data-queued]")) n.remove(); // no turn takes them now
     if (key !== this.turnKey) {
       this.turnKey = key;
       this.refresh();
@@ -76,7 +81,7 @@ export class ChatPanel {
         el("ul", { class: "chat-calls" }));
       entry.commands = new Map();
       this.entries.set(key, entry);
-      this.append(entry);
+      this.place(entry, Infinity); // live, not in the log yet: after everything logged
     }
     return entry;
   }
@@ -135,14 +140,12 @@ export class ChatPanel {
       const entry = el("div", { class: `chat-entry user${d.steer ? " steer" : ""}`, testid: "chat-user" },
         d.steer ? `(steer) ${d.text}` : d.text);
       this.entries.set(key, entry);
-      // The lane may have shown this turn's first step before the log was read: keep the
-      // person's words above the answer.
-      const answer = d.turnId && !d.steer ? [...this.log.children].find((n) => n.dataset.key?.startsWith(`${d.turnId}/`)) : null;
-      if (answer) this.log.insertBefore(entry, answer);
-      else this.append(entry);
+      this.place(entry, event.seq);
+      if (d.steer) this.unqueue(d.text);
     } else if (event.type === "message/assistant") {
       const entry = this.assistant(d.turnId && d.stepId ? `${d.turnId}/${d.stepId}` : `a${event.seq}`);
       entry.dataset.logged = "true";
+      if (Number(entry.dataset.seq) > event.seq) this.place(entry, event.seq);
       entry.querySelector(".chat-text").textContent = d.text ?? "";
       const calls = (d.toolCalls ?? []).map((c) => {
         const command = argumentsCommand(c.arguments);
@@ -159,13 +162,17 @@ export class ChatPanel {
     } else if (event.type === "turn/end" && d.reason && d.reason !== "completed") {
       const entry = el("div", { class: "chat-entry chat-note", testid: "chat-note" }, `turn ${d.reason}${d.message ? `: ${d.message}` : ""}`);
       this.entries.set(`e${event.seq}`, entry);
-      this.append(entry);
+      this.place(entry, event.seq);
     }
   }
 
-  append(node) {
+  /** Put an entry at its place in log (seq) order; entries not logged yet (Infinity) stay last,
+   * and the queued steers after them. */
+  place(node, seq) {
+    node.dataset.seq = String(seq);
     const stick = this.log.scrollTop + this.log.clientHeight >= this.log.scrollHeight - 20;
-    this.log.append(node);
+    const after = [...this.log.children].find((n) => n !== node && (n.dataset.queued || Number(n.dataset.seq) > seq));
+    this.log.insertBefore(node, after ?? null);
     while (this.log.childElementCount > MAX_ENTRIES) {
       const first = this.log.firstElementChild;
       for (const [k, v] of this.entries) if (v === first) this.entries.delete(k);
@@ -199,10 +206,26 @@ export class ChatPanel {
     try {
       await this.conn.request("turn.steer", { sessionId: this.sessionId, input });
       this.input.value = "";
+      this.queue(input);
       this.refresh();
     } catch (err) {
       this.onError(`turn.steer: ${err.message}`);
     }
+  }
+
+  /** A steer accepted but not in the log yet (it is taken at the next step boundary). */
+  queue(text) {
+    const node = el("div", { class: "chat-entry chat-note queued", testid: "chat-queued",
+      data: { queued: "true" } }, `queued: ${text}`);
+    node.steerText = text;
+    this.log.append(node);
+    const queued = this.log.querySelectorAll("[data-queued]");
+    if (queued.length > MAX_QUEUED) queued[0].remove();
+  }
+
+  unqueue(text) {
+    const node = [...this.log.querySelectorAll("[data-queued]")].find((n) => n.steerText === text);
+    node?.remove();
   }
 
   async cancelTurn() {

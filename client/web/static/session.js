@@ -100,7 +100,8 @@ export class SessionView {
       el("pre", { class: "approval-summary" }, entry.summary),
       el("div", { class: "approval-buttons" },
         el("button", { testid: "approve-once", on: { click: decide("allow-once") } }, "allow once"),
-        el("button", { testid: "approve-session", on: { click: decide("allow-for-session") } }, "allow for session"),
+        el("button", { testid: "approve-session", title: "allow this exact command for the rest of the session (an exact rule; other commands still ask)",
+          on: { click: decide("allow-for-session") } }, "allow this command for the session"),
         el("button", { testid: "reject", class: "danger", on: { click: decide("reject") } }, "reject")));
     return row;
   }

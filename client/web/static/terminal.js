@@ -7,7 +7,10 @@
 // from the offset after it: the live bytes, resumed from the next offset after a reconnect
 // (none lost, none twice). Keys go to the call's terminal with tool.write (base64),
 // one write at a time in order (each answer is the back-pressure); the terminal is fitted to
-// its host and every size change is a tool.resize. At the call's eof the terminal says so
+// its host once it is laid out (a ResizeObserver and the next animation frame; a fit before
+// that measures the wrong box) and every size change is a tool.resize (the host's data-cols /
+// data-rows say the size sent). A key bar (Esc, Tab, a one-shot Ctrl, arrows) serves touch
+// keyboards; style.css shows it on narrow or touch screens. At the call's eof the terminal says so
 // and stops sending keys. close() ends the follower and disposes of the terminal. OSC 8
 // hyperlinks open only when http(s), without opener or referrer (security.js).
 
@@ -55,18 +58,23 @@ export class TerminalPanel {
       el("span", {}, `terminal · ${callId}`),
       el("button", { class: "small", on: { click: () => this.close() } }, "close"));
     const screen = el("div", { class: "terminal-screen" });
-    this.host.replaceChildren(title, screen);
+    this.host.replaceChildren(title, screen, this.keyBar());
     this.term = new window.Terminal({ convertEol: false, scrollback: 10000, fontSize: 13,
       fontFamily: "ui-monospace, Menlo, Consolas, monospace", cursorBlink: true,
       linkHandler: safeLinkHandler() }); // OSC 8 links: http(s) only, noopener,noreferrer
     this.fit = new window.FitAddon.FitAddon();
     this.term.loadAddon(this.fit);
     this.term.open(screen);
-    this.term.onData((data) => this.send(data));
+    this.term.onData((data) => this.send(this.withCtrl(data)));
     this.term.onResize(({ cols, rows }) => this.resize(cols, rows));
     window.addEventListener("resize", this.onWindowResize);
+    // Fit once the screen is laid out and visible (a fit before that measures a box of the
+    // wrong size), and again whenever the box changes size; each new size is a tool.resize.
+    this.observer = typeof ResizeObserver === "function" ? new ResizeObserver(() => this.refit()) : null;
+    this.observer?.observe(screen);
     this.refit();
     this.resize(this.term.cols, this.term.rows);
+    requestAnimationFrame(() => this.refit());
     this.backfill(callId).then((offset) => {
       if (this.callId === callId) this.follow(callId, offset);
     });
@@ -104,10 +112,30 @@ export class TerminalPanel {
 
   refit() {
     try {
-      this.fit?.fit();
+      if (this.host.offsetParent !== null) this.fit?.fit();
     } catch {
       // not laid out yet
     }
+  }
+
+  /** Keys a phone's keyboard lacks: Esc, Tab, a one-shot Ctrl, the arrows. */
+  keyBar() {
+    const key = (label, seq, title) => el("button", { class: "small", title, testid: "term-key",
+      on: { click: () => { this.send(seq); this.term?.focus(); } } }, label);
+    this.ctrlButton = el("button", { class: "small", testid: "term-ctrl", title: "Ctrl with the next key",
+      on: { click: () => { this.ctrl = !this.ctrl; this.ctrlButton.classList.toggle("on", this.ctrl); this.term?.focus(); } } }, "Ctrl");
+    return el("div", { class: "term-keys" }, key("Esc", "\x1b", "Escape"), key("Tab", "\t", "Tab"),
+      this.ctrlButton, key("←", "\x1b[D", "left"), key("↑", "\x1b[A", "up"),
+      key("↓", "\x1b[B", "down"), key("→", "\x1b[C", "right"));
+  }
+
+  /** A key typed after the bar's Ctrl: its control character (Ctrl-C is \x03). */
+  withCtrl(data) {
+    if (!this.ctrl || data.length !== 1) return data;
+    this.ctrl = false;
+    this.ctrlButton?.classList.remove("on");
+    const code = data.toUpperCase().charCodeAt(0);
+    return code >= 64 && code <= 95 ? String.fromCharCode(code - 64) : data;
   }
 
   send(data) {
@@ -121,6 +149,8 @@ export class TerminalPanel {
   }
 
   resize(cols, rows) {
+    this.host.dataset.cols = cols;
+    this.host.dataset.rows = rows;
     if (this.ended || !this.callId) return;
     this.conn.request("tool.resize", { sessionId: this.sessionId, callId: this.callId, cols, rows })
       .catch((err) => {
@@ -132,6 +162,8 @@ export class TerminalPanel {
     stopFollower(this.follower);
     this.follower = null;
     window.removeEventListener("resize", this.onWindowResize);
+    this.observer?.disconnect();
+    this.observer = null;
     this.term?.dispose();
     this.term = null;
     this.fit = null;
@@ -139,6 +171,8 @@ export class TerminalPanel {
     this.host.hidden = true;
     delete this.host.dataset.callId;
     delete this.host.dataset.ended;
+    delete this.host.dataset.cols;
+    delete this.host.dataset.rows;
     this.host.replaceChildren();
   }
 }

@@ -50,3 +50,9 @@ test("an unfinished escape longer than the bound is dropped, not kept forever", 
   assert.equal(texts(r), "x");
   assert.equal(r.pending, "");
 });
+
+test("a carriage return is a {cr} run; \\r\\n a newline; a final \\r waits", () => {
+  const r = parseAnsi("one\rtwo\r\nthree\r", fresh());
+  assert.deepEqual(r.runs.map((x) => (x.cr ? "<cr>" : x.text)), ["one", "<cr>", "two\nthree"]);
+  assert.equal(r.pending, "\r");
+});
