@@ -45,6 +45,10 @@ class Pane:
                         PATH=f"{bindir}:{os.environ.get('PATH', '/usr/bin:/bin')}",
                         PS1="$ ", ENV="", HOME=str(tmp))
         self.env.pop("TMUX", None)
+        # A terminal program takes $COLUMNS/$LINES over the pane's real size (shutil, Textual):
+        # a test run that exports them (some runners do) must not shrink the pane's programs.
+        self.env.pop("COLUMNS", None)
+        self.env.pop("LINES", None)
         self._tmux("-f", "/dev/null", "new-session", "-d", "-s", "t", "-x", str(cols),
                    "-y", str(rows), "-c", str(cwd), "sh")
         self._tmux("set-option", "-g", "status", "off")
