@@ -7,7 +7,12 @@ the resize below makes a full-screen program draw itself again) and feeds the by
 and attributes, and the cursor in reverse. Output is fed and redrawn at most
 ``REDRAWS_PER_S`` times a second; bytes waiting to be fed are bounded (``PENDING_BOUND``: a
 flood faster than the emulator keeps its newest bytes). What pyte answers to the program's
-queries (device attributes, cursor position) goes back as input.
+queries (device attributes, cursor position) goes back as input. The emulator never takes
+the app down on a byte sequence: ``_Screen`` ignores private SGR (``ESC[>4;2m``, ``ESC[?4m``:
+xterm's modifyOtherKeys, which vim writes and pyte 0.8 refuses with a ``TypeError``), and
+``_TolerantStream`` logs any other exception of pyte's parser or screen, counts it
+(``emulator_errors``) and skips the bad sequence (pyte resets its parser): the bytes after it
+are still drawn.
 
 Every key goes to the command: ``keys_to_bytes`` turns a Textual key event into the bytes a
 terminal (xterm) sends -- printable characters as UTF-8, Enter ``\\r``, Backspace ``\\x7f``,
@@ -27,6 +32,7 @@ the next offset not received.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import pyte
@@ -45,6 +51,8 @@ from client.transport import ConnectionLost, DshClientError
 from protocol.rpc import RpcError
 
 __all__ = ["TerminalScreen", "TerminalView", "keys_to_bytes", "REPLAY_BYTES"]
+
+_log = logging.getLogger(__name__)
 
 #: How much of the retained output before its end is replayed into the emulator on attach.
 REPLAY_BYTES = 256 * 1024
@@ -100,6 +108,42 @@ def _colour(name: str) -> Color | None:
         return None
 
 
+class _Screen(pyte.Screen):
+    """pyte's screen, with private SGR (``CSI > ... m``, ``CSI ? ... m``) ignored."""
+
+    def select_graphic_rendition(self, *attrs: int, private: bool = False) -> None:
+        if not private:
+            super().select_graphic_rendition(*attrs)
+
+
+class _TolerantStream(pyte.ByteStream):
+    """pyte's byte stream that skips a sequence pyte fails on instead of raising."""
+
+    def __init__(self, screen: pyte.Screen) -> None:
+        self.errors = 0
+        super().__init__(screen)
+
+    def _send_to_parser(self, data: str) -> bool | None:
+        try:
+            return super()._send_to_parser(data)  # pyte resets its parser on an exception
+        except Exception:  # noqa: BLE001 - a program's bytes must not take the app down
+            self._failed()
+            return self._taking_plain_text
+
+    def feed(self, data: bytes) -> None:  # type: ignore[override]
+        try:
+            super().feed(data)
+        except Exception:  # noqa: BLE001 - e.g. draw() on a sequence pyte did not expect
+            self._failed()
+            self._initialize_parser()
+
+    def _failed(self) -> None:
+        self.errors += 1
+        if self.errors <= 10 or self.errors % 1000 == 0:
+            _log.warning("terminal emulator: a byte sequence was skipped (%d so far)",
+                         self.errors, exc_info=True)
+
+
 class TerminalView(Widget, can_focus=True):
     """A PTY call's screen, emulated by pyte (module doc)."""
 
@@ -119,9 +163,9 @@ class TerminalView(Widget, can_focus=True):
         super().__init__(id=id)
         self._client_source = client
         self.session_id, self.call_id = session_id, call_id
-        self.screen_model = pyte.Screen(80, 24)
+        self.screen_model = _Screen(80, 24)
         self.screen_model.write_process_input = self._answer  # the program's queries
-        self._stream = pyte.ByteStream(self.screen_model)
+        self._stream = _TolerantStream(self.screen_model)
         self._scanner = DetachScanner(detach_keys)
         self._pending = bytearray()
         self._tick_pending = False
@@ -200,8 +244,17 @@ class TerminalView(Widget, can_focus=True):
         if self._pending:
             data = bytes(self._pending)
             self._pending.clear()
-            self._stream.feed(data)
+            self.feed_output(data)
         self.refresh()
+
+    def feed_output(self, data: bytes) -> None:
+        """Feed the program's bytes to the emulator (a sequence it fails on is skipped)."""
+        self._stream.feed(data)
+
+    @property
+    def emulator_errors(self) -> int:
+        """How many byte sequences the emulator failed on and skipped."""
+        return self._stream.errors
 
     def _end(self, exit_code: int | None) -> None:
         self._tick()
