@@ -38,6 +38,7 @@ from client.cli.keys import DEFAULT_DETACH_KEYS, describe_keys, parse_detach_key
 from client.tui.calls import is_tty
 from client.tui.feed import DaemonFeed
 from client.tui.help import HelpScreen
+from client.tui.approvals import CommandScreen
 from client.tui.panes import ApprovalsBar, SessionPane, SessionsPane
 from client.tui.term import TerminalScreen
 from protocol.methods import SessionInfo
@@ -76,6 +77,7 @@ class DshApp(App[None], inherit_bindings=False):
         Binding("f2,y", "decide('once')", "allow once", show=False),
         Binding("f3,a", "decide('session')", "allow for session", show=False),
         Binding("f4,n", "decide('reject')", "reject", show=False),
+        Binding("v", "view_request", "view the whole request", show=False),
         Binding("ctrl+t", "toggle_chat", "chat mode"),
         Binding("ctrl+o,t", "attach", "attach PTY call"),
         Binding("ctrl+k,c", "cancel", "cancel call / turn"),
@@ -249,6 +251,14 @@ class DshApp(App[None], inherit_bindings=False):
         bar.approval = None  # one key, one decision: a second press waits for the next request
         bar.remove_class("asking")
         self.request("decide", lambda c: c.decide_full(session_id, approval_id, _DECISIONS[how]))
+
+    def action_view_request(self) -> None:
+        bar = self.query_one(ApprovalsBar)
+        if bar.approval is None or bar.full_text is None:
+            self.notify("nothing waits for an approval", severity="warning")
+            return
+        if not isinstance(self.screen, CommandScreen):
+            self.push_screen(CommandScreen(bar.full_text.copy()))
 
     def action_toggle_chat(self) -> None:
         self.chat_mode = not self.chat_mode

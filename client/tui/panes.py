@@ -9,8 +9,9 @@ one ``client.tui.calls.CallView`` per running call (mounted and removed as calls
 go; the ``LIVE_VIEWS`` newest follow their raw output live, the others show the tail of the
 lane's bounded window), the recent results, the
 result of the last command typed on the command line (its output, however fast it ended) and
-the turn's streaming text. :class:`ApprovalsBar` shows the oldest pending request of the lane's
-``approvals`` and is hidden when there is none; its buttons (mouse) do what its keys do.
+the turn's streaming text. :class:`ApprovalsBar` (``client.tui.approvals``, re-exported here)
+shows the oldest pending request of the lane's ``approvals``, whole, and is hidden when there
+is none; its buttons (mouse) do what its keys do.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from typing import Any, Callable
 from msgspec import UNSET
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.widgets import Button, DataTable, Static
+from textual.containers import Vertical, VerticalScroll
+from textual.widgets import DataTable, Static
 
+from client.tui.approvals import ApprovalsBar, oldest_approval
 from client.tui.calls import LIVE_VIEWS, CallView, tail
 from protocol.methods import SessionInfo
 
@@ -104,50 +106,6 @@ class SessionsPane(DataTable):
         except Exception:  # noqa: BLE001 - not listed (yet)
             return False
         return True
-
-
-def oldest_approval(lane: Any) -> tuple[str, dict[str, Any]] | None:
-    """The pending request asked first, of a lane view (``(approvalId, entry)``)."""
-    approvals = (lane or {}).get("approvals") or {}
-    if not approvals:
-        return None
-    approval_id = min(approvals, key=lambda a: (approvals[a].get("askedAt") or 0, a))
-    return approval_id, approvals[approval_id]
-
-
-class ApprovalsBar(Horizontal):
-    """``? <summary>`` with allow once / allow for session / reject."""
-
-    DEFAULT_CSS = """
-    ApprovalsBar { height: 3; background: $warning 30%; display: none; }
-    ApprovalsBar.asking { display: block; }
-    ApprovalsBar #approval-text { width: 1fr; padding: 1 1; }
-    ApprovalsBar Button { min-width: 16; }
-    """
-
-    def __init__(self) -> None:
-        super().__init__(id="approvals")
-        self.approval: tuple[str, dict[str, Any]] | None = None
-
-    def compose(self) -> ComposeResult:
-        yield Static(id="approval-text")
-        yield Button("allow once (y)", id="approve-once", variant="success")
-        yield Button("for session (a)", id="approve-session", variant="primary")
-        yield Button("reject (n)", id="reject", variant="error")
-
-    def show(self, lane: Any) -> None:
-        found = oldest_approval(lane)
-        self.approval = None if found is None else (found[0], dict(found[1]))
-        self.set_class(self.approval is not None, "asking")
-        if self.approval is None:
-            return
-        approval_id, entry = self.approval
-        more = len((lane or {}).get("approvals") or {}) - 1
-        text = Text(f"{entry.get('tool', '?')} asks: ", style="bold")
-        text.append(str(entry.get("summary", "")))
-        if more:
-            text.append(f"  (+{more} more)", style="dim")
-        self.query_one("#approval-text", Static).update(text)
 
 
 class SessionPane(Vertical):
