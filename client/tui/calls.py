@@ -20,6 +20,7 @@ from rich.console import Group
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
+from textual.css.query import NoMatches
 from textual.widgets import Static
 
 from client.tui.outputview import OutputView
@@ -96,10 +97,14 @@ class CallView(Vertical):
         shown = (entry.get("state"), call_command(entry), is_tty(entry), output_text(entry))
         if shown == self._shown or not self._ready:
             return
+        try:
+            command_row = self.query_one(".call-command", Static)
+        except NoMatches:
+            return  # removed (the call settled) before its rows were mounted
         self._shown = shown
         tty = " (pty: t attaches)" if shown[2] else ""
         self.border_title = f"{self.call_id} · {entry.get('name', '?')} · {shown[0]}{tty}"
-        self.query_one(".call-command", Static).update(Text("$ " + shown[1]))
+        command_row.update(Text("$ " + shown[1]))
         if self.live is None:
             body = Text.from_ansi(tail(shown[3])) if shown[3] else Text("(no output yet)",
                                                                         style="dim")
