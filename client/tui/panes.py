@@ -9,7 +9,8 @@ one ``client.tui.calls.CallView`` per running call (mounted and removed as calls
 go; the ``LIVE_VIEWS`` newest follow their raw output live, the others show the tail of the
 lane's bounded window), the recent results, the
 result of the last command typed on the command line (its output, however fast it ended) and
-the turn's streaming text. :class:`ApprovalsBar` (``client.tui.approvals``, re-exported here)
+the turn's streaming text (an ended turn's whole last text read back from the log:
+``client.tui.turnlog``). :class:`ApprovalsBar` (``client.tui.approvals``, re-exported here)
 shows the oldest pending request of the lane's ``approvals``, whole, and is hidden when there
 is none; its buttons (mouse) do what its keys do.
 """
@@ -27,6 +28,9 @@ from textual.widgets import DataTable, Static
 
 from client.tui.approvals import ApprovalsBar, oldest_approval
 from client.tui.calls import LIVE_VIEWS, CallView, tail
+from client.tui.turnlog import final_text
+from client.transport import ConnectionLost, DshClientError
+from protocol.rpc import RpcError
 from protocol.methods import SessionInfo
 
 __all__ = ["SessionsPane", "SessionPane", "ApprovalsBar", "session_row", "oldest_approval",
@@ -153,8 +157,29 @@ class SessionPane(Vertical):
             self.last_turn = (str(session_id), {**turn, "calls": calls})
             return turn_text(turn)
         if self.last_turn is not None and self.last_turn[0] == session_id:
+            self._read_final_text()
             return turn_text({**self.last_turn[1], "state": "ended"})
         return turn_text(None)
+
+    def _read_final_text(self) -> None:
+        """The lane dropped the ended turn with its last step's text: read it from the log
+        (once per turn, in a worker)."""
+        session_id, turn = self.last_turn
+        client = self.client() if self.client is not None else None
+        if client is None or turn.get("finalRead"):
+            return
+        turn["finalRead"] = True
+
+        async def read() -> None:
+            try:
+                text = await final_text(client, session_id, str(turn.get("turnId")))
+            except (ConnectionLost, RpcError, DshClientError):
+                return
+            if text is not None and self.last_turn is not None and self.last_turn[1] is turn:
+                turn["text"] = text
+                self.query_one("#turn", Static).update(turn_text({**turn, "state": "ended"}))
+
+        self.run_worker(read(), group="final-text", exit_on_error=False)
 
     def _show_calls(self, session_id: str | None, tools: dict[str, dict[str, Any]]) -> None:
         box = self.query_one("#calls", VerticalScroll)
