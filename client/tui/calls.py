@@ -23,6 +23,7 @@ from textual.containers import Vertical
 from textual.css.query import NoMatches
 from textual.widgets import Static
 
+from client.tui.ansi import strip_controls
 from client.tui.outputview import OutputView
 
 __all__ = ["CallView", "TAIL_LINES", "LIVE_VIEWS", "call_command", "output_text", "is_tty"]
@@ -106,8 +107,8 @@ class CallView(Vertical):
         self.border_title = f"{self.call_id} · {entry.get('name', '?')} · {shown[0]}{tty}"
         command_row.update(Text("$ " + shown[1]))
         if self.live is None:
-            body = Text.from_ansi(tail(shown[3])) if shown[3] else Text("(no output yet)",
-                                                                        style="dim")
+            body = (Text.from_ansi(strip_controls(tail(shown[3]))) if shown[3]
+                    else Text("(no output yet)", style="dim"))
             self.query_one(".call-tail", Static).update(Group(body))
 
     def resume(self, client: Any) -> None:
