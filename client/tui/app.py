@@ -35,7 +35,8 @@ from textual.widgets import Button, DataTable, Footer, Input, Static
 from client.api import Client
 from client.transport import ConnectionLost, DshClientError
 from client.cli.keys import DEFAULT_DETACH_KEYS, describe_keys, parse_detach_keys
-from client.tui.calls import is_tty
+from client.tui.calls import call_command, is_tty
+from client.tui.confirm import ConfirmScreen
 from client.tui.feed import DaemonFeed
 from client.tui.help import HelpScreen
 from client.tui.approvals import CommandScreen
@@ -80,7 +81,7 @@ class DshApp(App[None], inherit_bindings=False):
         Binding("v", "view_request", "view the whole request", show=False),
         Binding("ctrl+t", "toggle_chat", "chat mode"),
         Binding("ctrl+o,t", "attach", "attach PTY call"),
-        Binding("ctrl+k,c", "cancel", "cancel call / turn"),
+        Binding("ctrl+k,c", "cancel", "cancel the selected call / the turn (asks y/n)"),
         # Priority: the app takes these before it forwards the key, so the focus has moved
         # when the next key (typed right after, in the same read) is forwarded (check_action).
         Binding("colon,slash,i", "focus_input", "command line", show=False, priority=True),
@@ -287,18 +288,33 @@ class DshApp(App[None], inherit_bindings=False):
             self.push_screen(HelpScreen([DshApp, AttachKeys]))
 
     def action_cancel(self) -> None:
-        lane = self.query_one(SessionPane).lane or {}
+        """Cancel the turn (when one runs), else the selected call (the focused box), else
+        the newest: after a confirmation (y)."""
+        pane = self.query_one(SessionPane)
+        lane = pane.lane or {}
         session_id = self.feed.watched
         tools = lane.get("tools") or {}
         if session_id is None:
             return
         if lane.get("turn"):
-            self.request("cancel the turn", lambda c: c.cancel_turn(session_id))
+            question = f"cancel the turn {lane['turn'].get('turnId')}?"
+            body: Callable[[Client], Awaitable[Any]] = lambda c: c.cancel_turn(session_id)
+            what = "cancel the turn"
         elif tools:
-            newest = max(tools, key=lambda c: (tools[c].get("startedAt") or 0, c))
-            self.request("cancel the call", lambda c: c.cancel(session_id, newest))
+            call_id = pane.selected_call() or max(
+                tools, key=lambda c: (tools[c].get("startedAt") or 0, c))
+            command = call_command(tools[call_id])
+            question = f"cancel call {call_id} ($ {command[:200]})?"
+            body, what = (lambda c: c.cancel(session_id, call_id)), "cancel the call"
         else:
             self.notify("nothing runs in this session", severity="warning")
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.request(what, body)
+
+        self.push_screen(ConfirmScreen(question), answered)
 
     def action_attach(self) -> None:
         lane = self.query_one(SessionPane).lane or {}

@@ -10,6 +10,7 @@ press Page Up), resumed on a new connection (``resume``). Any other call -- beyo
 the last ``TAIL_LINES`` lines of the lane's own bounded output window (PROTOCOL.md §3.3,
 ``ToolOutput``) as rich text: what the lane already carries, never a history. The box keeps
 only strings of the lane's entry (the lane is the mirror's live value, changed in place).
+A box takes the focus (tab, click): the focused box is the selected call, which ``c`` cancels.
 """
 
 from __future__ import annotations
@@ -60,11 +61,12 @@ def tail(text: str, lines: int = TAIL_LINES) -> str:
     return "\n".join(text.rstrip("\n").rsplit("\n", lines)[-lines:])
 
 
-class CallView(Vertical):
+class CallView(Vertical, can_focus=True):
     """One running call (module doc). ``client``: the app's current client (None: none)."""
 
     DEFAULT_CSS = f"""
     CallView {{ border: round $primary; padding: 0 1; height: auto; margin-bottom: 1; }}
+    CallView:focus-within {{ border: double $accent; }}
     CallView .call-command {{ height: 1; text-style: bold; }}
     CallView .call-tail {{ height: auto; }}
     CallView OutputView {{ height: {TAIL_LINES}; }}

@@ -280,6 +280,15 @@ class SessionPane(Vertical):
         for view in self.query(CallView):
             view.resume(client)
 
+    def selected_call(self) -> str | None:
+        """The call whose box has the focus (or holds the focused widget), if any."""
+        node = self.app.focused
+        while node is not None and node is not self:
+            if isinstance(node, CallView):
+                return node.call_id if node.call_id in self.call_ids() else None
+            node = node.parent
+        return None
+
     def call_ids(self) -> list[str]:
         return list(((self.lane or {}).get("tools") or {}))
 
