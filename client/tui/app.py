@@ -53,6 +53,15 @@ CHAT_PREFIX = "> "
 _DECISIONS = {"once": "allow-once", "session": "allow-for-session", "reject": "reject"}
 
 
+def banner_text(reason: str, retry_in: float) -> str:
+    """One plain sentence: why dshd is away, how to start it (README), that the TUI retries."""
+    reason = reason.split("; start it with", 1)[0].replace("`", "").strip().rstrip(".")
+    when = f"next try in {retry_in:g} s" if retry_in else "trying now"
+    return (f"dshd is not reachable: {reason}; start it with dshd & or make start in a dsh "
+            f"clone, and this screen connects again by itself, {when}, while running calls "
+            "keep running.")
+
+
 class AttachKeys:
     """The keys of the attach screen (``client.tui.term.TerminalScreen``: every key but the
     detach sequence goes to the command), for the help screen."""
@@ -145,9 +154,7 @@ class DshApp(App[None], inherit_bindings=False):
     def feed_lost(self, reason: str, retry_in: float) -> None:
         self.lost_reason = reason
         banner = self.query_one("#banner", Static)
-        banner.update(f"dshd is not reachable ({reason}); reconnecting"
-                      + (f" in {retry_in:g} s…" if retry_in else "…")
-                      + " Running calls keep running.")
+        banner.update(banner_text(reason, retry_in))
         banner.add_class("lost")
 
     def feed_sessions(self, sessions: list[SessionInfo]) -> None:

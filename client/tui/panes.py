@@ -95,7 +95,9 @@ def _exit_word(last: Any) -> str:
 class SessionsPane(DataTable):
     """Every session, newest first; the cursor row is the watched session."""
 
-    DEFAULT_CSS = "SessionsPane { width: 2fr; height: 1fr; min-width: 30; border: round $accent; }"
+    DEFAULT_CSS = """
+    SessionsPane { width: 2fr; max-width: 40; height: 1fr; min-width: 30; border: round $accent; }
+    """
 
     def on_mount(self) -> None:
         self.cursor_type = "row"

@@ -26,7 +26,9 @@ it dismisses the screen with ``"detached"`` and leaves the call running. The wid
 goes to the PTY with ``tool.resize`` when it is mounted and on every resize, and pyte's
 screen takes the same size. When the call ends the screen says so and the next key
 dismisses it with ``"ended"``. ``resume(client)`` follows again on a new connection from
-the next offset not received.
+the next offset not received. A one-line footer under the terminal says how to detach (the
+PTY gets the rows above it); the "command ended" popup lasts 3 s and goes with the key that
+returns.
 """
 
 from __future__ import annotations
@@ -368,7 +370,10 @@ class TerminalView(Widget, can_focus=True):
 class TerminalScreen(Screen, inherit_bindings=False):
     """Full-screen attach to a PTY call; dismissed with ``"detached"`` or ``"ended"``."""
 
-    DEFAULT_CSS = "TerminalScreen { layout: vertical; }"
+    DEFAULT_CSS = """
+    TerminalScreen { layout: vertical; }
+    TerminalScreen #attach-footer { dock: bottom; height: 1; background: $primary 40%; }
+    """
 
     def __init__(self, client: Any, session_id: str, call_id: str, *,
                  detach_keys: bytes = parse_detach_keys(DEFAULT_DETACH_KEYS)) -> None:
@@ -377,22 +382,26 @@ class TerminalScreen(Screen, inherit_bindings=False):
         self.terminal = TerminalView(client, session_id, call_id, detach_keys=detach_keys)
 
     def compose(self) -> Any:
+        from textual.widgets import Static
+
+        how = (f"{describe_keys(self.detach_keys).lower()} detaches (the command goes on)"
+               if self.detach_keys else "no detach key: the screen returns when the call ends")
+        yield Static(how, id="attach-footer")
         yield self.terminal
 
     def on_mount(self) -> None:
         self.terminal.focus()
-        if self.detach_keys:
-            self.notify(f"{describe_keys(self.detach_keys)} detaches (the command goes on)",
-                        timeout=3)
 
     def resume(self, client: Any) -> None:
         self.terminal.resume(client)
 
     def on_terminal_view_detached(self, message: TerminalView.Detached) -> None:
         message.stop()
+        if self.terminal.ended:
+            self.app.clear_notifications()  # the "command ended" popup goes with the key
         self.dismiss("ended" if self.terminal.ended else "detached")
 
     def on_terminal_view_ended(self, message: TerminalView.Ended) -> None:
         message.stop()
         code = "?" if message.exit_code is None else message.exit_code
-        self.notify(f"the command ended (exit {code}); any key returns", timeout=30)
+        self.notify(f"the command ended (exit {code}); any key returns", timeout=3)
