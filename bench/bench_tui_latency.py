@@ -4,7 +4,9 @@
 Theory of operation: a real ``dshd`` (``bench.dshd_proc.BenchDaemon``) and, in this process
 on asyncio, a Textual app (headless: Textual's own test driver, which composes every frame
 as on a terminal and writes it nowhere) with two widgets: an ``OutputView`` following one
-call, and a counter that a key increments. A press is a ``Key`` event posted to the app;
+call, and a counter that a key increments (a repaint of its one line, as a keystroke in
+the command line is; it used to ask for a layout of the whole screen, ``Static.update``'s
+default, which no keystroke of ``dsh tui`` does). A press is a ``Key`` event posted to the app;
 its latency is the time until the app hands the frame that shows the new count to its
 driver (``App._display``, the step that writes to the terminal). Presses are spaced by a
 random 40-120 ms (not in step with the view's 30 redraws a second).
@@ -49,7 +51,9 @@ FLOOD = "head -c {size} /dev/urandom | base64"
 
 
 class Counter(Static, can_focus=True):
-    """Shows how many keys it got; each key bumps it."""
+    """Shows how many keys it got; each key bumps it. A repaint, not a layout (its size is
+    fixed), as a key typed into the command line (``Input``) is: ``Static.update`` would ask
+    Textual for a layout of the whole screen on every key by default."""
 
     def __init__(self) -> None:
         super().__init__("presses: 0")
@@ -58,7 +62,7 @@ class Counter(Static, can_focus=True):
     def on_key(self, event: events.Key) -> None:
         event.stop()
         self.count += 1
-        self.update(f"presses: {self.count}")
+        self.update(f"presses: {self.count}", layout=False)
 
 
 class LatencyApp(App):
