@@ -46,8 +46,9 @@ def test_a_calls_preview_has_no_title_leftovers(daemon, workdir):
             await until(pilot, lambda: "visible-line red-word" in screen_text(app),
                         "the line drawn")
             shown = screen_text(app)
-            row = next(line for line in shown.splitlines() if "visible-line" in line)
-            assert row.strip("│ ").startswith("visible-line red-word"), shown
+            rows = [line.strip("│ ") for line in shown.splitlines()
+                    if "visible-line red-word" in line]  # output rows (not the $ command)
+            assert rows and all(row.startswith("visible-line red-word") for row in rows), shown
         finally:
             gate.write_text("")
             proc.wait(timeout=60)
