@@ -52,7 +52,9 @@ class ApprovalsBar(Vertical):
     ApprovalsBar.asking { display: block; }
     ApprovalsBar #approval-text { width: 1fr; height: auto; padding: 0 1; }
     ApprovalsBar #approval-buttons { height: 1; width: 1fr; }
-    ApprovalsBar Button { min-width: 16; height: 1; border: none; margin: 0 1 0 0; }
+    ApprovalsBar #approval-buttons Button { min-width: 16; height: 1; min-height: 1;
+        border: none; border-top: none; border-bottom: none; padding: 0 1;
+        margin: 0 1 0 0; }
     """
 
     def __init__(self) -> None:
