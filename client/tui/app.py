@@ -90,7 +90,7 @@ class DshApp(App[None], inherit_bindings=False):
         Binding("v", "view_request", "view the whole request", show=False),
         Binding("ctrl+t", "toggle_chat", "chat mode"),
         Binding("ctrl+o,t", "attach", "attach PTY call"),
-        Binding("ctrl+k,c", "cancel", "cancel (asks y)"),
+        Binding("ctrl+k,c", "cancel", "cancel turn / selected call (asks y)"),
         # Priority: the app takes these before it forwards the key, so the focus has moved
         # when the next key (typed right after, in the same read) is forwarded (check_action).
         Binding("colon,slash,i", "focus_input", "command line", show=False, priority=True),
@@ -99,9 +99,7 @@ class DshApp(App[None], inherit_bindings=False):
     ]
     EXTRA_KEYS = (("up, down, enter, click", "sessions list: pick the session to watch"),
                   ("> text", "command line: a chat input (else: a bash command)"),
-                  ("y, a, n", "only outside the command line (f2, f3, f4 work everywhere)"),
-                  ("c, then y", "cancel: the turn when one runs, else the selected call box "
-                                "(tab, click), else the newest; any other key keeps it"))
+                  ("y, a, n", "only outside the command line (f2, f3, f4 work everywhere)"))
     CSS = """
     #banner { height: auto; background: $error; color: $text; padding: 0 1; display: none; }
     #banner.lost { display: block; }
