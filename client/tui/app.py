@@ -35,9 +35,11 @@ from textual.widgets import Button, DataTable, Footer, Input, Static
 from client.api import Client
 from client.transport import ConnectionLost, DshClientError
 from client.cli.keys import DEFAULT_DETACH_KEYS, describe_keys, parse_detach_keys
-from client.tui.calls import is_tty
+from client.tui.calls import call_command, is_tty
+from client.tui.confirm import ConfirmScreen
 from client.tui.feed import DaemonFeed
 from client.tui.help import HelpScreen
+from client.tui.approvals import CommandScreen
 from client.tui.panes import ApprovalsBar, SessionPane, SessionsPane
 from client.tui.term import TerminalScreen
 from protocol.methods import SessionInfo
@@ -49,6 +51,15 @@ __all__ = ["DshApp", "CHAT_PREFIX"]
 CHAT_PREFIX = "> "
 
 _DECISIONS = {"once": "allow-once", "session": "allow-for-session", "reject": "reject"}
+
+
+def banner_text(reason: str, retry_in: float) -> str:
+    """One plain sentence: why dshd is away, how to start it (README), that the TUI retries."""
+    reason = reason.split("; start it with", 1)[0].replace("`", "").strip().rstrip(".")
+    when = f"next try in {retry_in:g} s" if retry_in else "trying now"
+    return (f"dshd is not reachable: {reason}; start it with dshd & or make start in a dsh "
+            f"clone, and this screen connects again by itself, {when}, while running calls "
+            "keep running.")
 
 
 class AttachKeys:
@@ -76,9 +87,10 @@ class DshApp(App[None], inherit_bindings=False):
         Binding("f2,y", "decide('once')", "allow once", show=False),
         Binding("f3,a", "decide('session')", "allow for session", show=False),
         Binding("f4,n", "decide('reject')", "reject", show=False),
+        Binding("v", "view_request", "view the whole request", show=False),
         Binding("ctrl+t", "toggle_chat", "chat mode"),
         Binding("ctrl+o,t", "attach", "attach PTY call"),
-        Binding("ctrl+k,c", "cancel", "cancel call / turn"),
+        Binding("ctrl+k,c", "cancel", "cancel turn / selected call (asks y)"),
         # Priority: the app takes these before it forwards the key, so the focus has moved
         # when the next key (typed right after, in the same read) is forwarded (check_action).
         Binding("colon,slash,i", "focus_input", "command line", show=False, priority=True),
@@ -142,9 +154,7 @@ class DshApp(App[None], inherit_bindings=False):
     def feed_lost(self, reason: str, retry_in: float) -> None:
         self.lost_reason = reason
         banner = self.query_one("#banner", Static)
-        banner.update(f"dshd is not reachable ({reason}); reconnecting"
-                      + (f" in {retry_in:g} s…" if retry_in else "…")
-                      + " Running calls keep running.")
+        banner.update(banner_text(reason, retry_in))
         banner.add_class("lost")
 
     def feed_sessions(self, sessions: list[SessionInfo]) -> None:
@@ -250,6 +260,14 @@ class DshApp(App[None], inherit_bindings=False):
         bar.remove_class("asking")
         self.request("decide", lambda c: c.decide_full(session_id, approval_id, _DECISIONS[how]))
 
+    def action_view_request(self) -> None:
+        bar = self.query_one(ApprovalsBar)
+        if bar.approval is None or bar.full_text is None:
+            self.notify("nothing waits for an approval", severity="warning")
+            return
+        if not isinstance(self.screen, CommandScreen):
+            self.push_screen(CommandScreen(bar.full_text.copy()))
+
     def action_toggle_chat(self) -> None:
         self.chat_mode = not self.chat_mode
         self.query_one("#command", Input).placeholder = self._placeholder()
@@ -277,18 +295,33 @@ class DshApp(App[None], inherit_bindings=False):
             self.push_screen(HelpScreen([DshApp, AttachKeys]))
 
     def action_cancel(self) -> None:
-        lane = self.query_one(SessionPane).lane or {}
+        """Cancel the turn (when one runs), else the selected call (the focused box), else
+        the newest: after a confirmation (y)."""
+        pane = self.query_one(SessionPane)
+        lane = pane.lane or {}
         session_id = self.feed.watched
         tools = lane.get("tools") or {}
         if session_id is None:
             return
         if lane.get("turn"):
-            self.request("cancel the turn", lambda c: c.cancel_turn(session_id))
+            question = f"cancel the turn {lane['turn'].get('turnId')}?"
+            body: Callable[[Client], Awaitable[Any]] = lambda c: c.cancel_turn(session_id)
+            what = "cancel the turn"
         elif tools:
-            newest = max(tools, key=lambda c: (tools[c].get("startedAt") or 0, c))
-            self.request("cancel the call", lambda c: c.cancel(session_id, newest))
+            call_id = pane.selected_call() or max(
+                tools, key=lambda c: (tools[c].get("startedAt") or 0, c))
+            command = call_command(tools[call_id])
+            question = f"cancel call {call_id} ($ {command[:200]})?"
+            body, what = (lambda c: c.cancel(session_id, call_id)), "cancel the call"
         else:
             self.notify("nothing runs in this session", severity="warning")
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.request(what, body)
+
+        self.push_screen(ConfirmScreen(question), answered)
 
     def action_attach(self) -> None:
         lane = self.query_one(SessionPane).lane or {}

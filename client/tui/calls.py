@@ -10,6 +10,7 @@ press Page Up), resumed on a new connection (``resume``). Any other call -- beyo
 the last ``TAIL_LINES`` lines of the lane's own bounded output window (PROTOCOL.md §3.3,
 ``ToolOutput``) as rich text: what the lane already carries, never a history. The box keeps
 only strings of the lane's entry (the lane is the mirror's live value, changed in place).
+A box takes the focus (tab, click): the focused box is the selected call, which ``c`` cancels.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from rich.console import Group
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
+from textual.css.query import NoMatches
 from textual.widgets import Static
 
+from client.tui.ansi import strip_controls
 from client.tui.outputview import OutputView
 
 __all__ = ["CallView", "TAIL_LINES", "LIVE_VIEWS", "call_command", "output_text", "is_tty"]
@@ -58,11 +61,12 @@ def tail(text: str, lines: int = TAIL_LINES) -> str:
     return "\n".join(text.rstrip("\n").rsplit("\n", lines)[-lines:])
 
 
-class CallView(Vertical):
+class CallView(Vertical, can_focus=True):
     """One running call (module doc). ``client``: the app's current client (None: none)."""
 
     DEFAULT_CSS = f"""
     CallView {{ border: round $primary; padding: 0 1; height: auto; margin-bottom: 1; }}
+    CallView:focus-within {{ border: double $accent; }}
     CallView .call-command {{ height: 1; text-style: bold; }}
     CallView .call-tail {{ height: auto; }}
     CallView OutputView {{ height: {TAIL_LINES}; }}
@@ -96,13 +100,17 @@ class CallView(Vertical):
         shown = (entry.get("state"), call_command(entry), is_tty(entry), output_text(entry))
         if shown == self._shown or not self._ready:
             return
+        try:
+            command_row = self.query_one(".call-command", Static)
+        except NoMatches:
+            return  # removed (the call settled) before its rows were mounted
         self._shown = shown
         tty = " (pty: t attaches)" if shown[2] else ""
         self.border_title = f"{self.call_id} · {entry.get('name', '?')} · {shown[0]}{tty}"
-        self.query_one(".call-command", Static).update(Text("$ " + shown[1]))
+        command_row.update(Text("$ " + shown[1]))
         if self.live is None:
-            body = Text.from_ansi(tail(shown[3])) if shown[3] else Text("(no output yet)",
-                                                                        style="dim")
+            body = (Text.from_ansi(strip_controls(tail(shown[3]))) if shown[3]
+                    else Text("(no output yet)", style="dim"))
             self.query_one(".call-tail", Static).update(Group(body))
 
     def resume(self, client: Any) -> None:

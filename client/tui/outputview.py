@@ -55,6 +55,7 @@ from textual.strip import Strip
 
 from client.raw import READ_LIMIT, Broken, Chunk, End, Gap
 from client.transport import ConnectionLost, DshClientError
+from client.tui.ansi import strip_controls
 from client.tui.tailbuffer import MAX_WINDOW_BYTES, MAX_WINDOW_LINES, LineWindow
 from protocol.rpc import RpcError
 
@@ -92,7 +93,7 @@ assert SCROLLBACK_READ <= READ_LIMIT and INITIAL_REPLAY <= READ_LIMIT
 def _line_text(line: str) -> Text:
     if "\r" in line:
         line = line.rstrip("\r").rsplit("\r", 1)[-1]
-    text = Text.from_ansi(line, no_wrap=True, end="")
+    text = Text.from_ansi(strip_controls(line), no_wrap=True, end="")  # SGR only
     if "\t" in line:
         text.expand_tabs()
     return text

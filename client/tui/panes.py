@@ -7,31 +7,47 @@ by creation, so rows do not jump while sessions work).
 :class:`SessionPane` takes one lane view (PROTOCOL.md §3.3) and shows the session's header,
 one ``client.tui.calls.CallView`` per running call (mounted and removed as calls come and
 go; the ``LIVE_VIEWS`` newest follow their raw output live, the others show the tail of the
-lane's bounded window), the recent results, the
+lane's bounded window), the recent results (status word first, then the command: kept from
+the ``tools`` entry while the call ran, else read from the log's ``tool/call`` in a worker,
+bounded by ``COMMANDS_KEPT``), the
 result of the last command typed on the command line (its output, however fast it ended) and
-the turn's streaming text. :class:`ApprovalsBar` shows the oldest pending request of the lane's
-``approvals`` and is hidden when there is none; its buttons (mouse) do what its keys do.
+the turn's streaming text (an ended turn's whole last text read back from the log:
+``client.tui.turnlog``). :class:`ApprovalsBar` (``client.tui.approvals``, re-exported here)
+shows the oldest pending request of the lane's ``approvals``, whole, and is hidden when there
+is none; its buttons (mouse) do what its keys do.
 """
 
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from typing import Any, Callable
 
 from msgspec import UNSET
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.widgets import Button, DataTable, Static
+from textual.containers import Vertical, VerticalScroll
+from textual.widgets import DataTable, Static
 
-from client.tui.calls import LIVE_VIEWS, CallView, tail
+from client.tui.approvals import ApprovalsBar, oldest_approval
+from client.tui.calls import LIVE_VIEWS, CallView, call_command, tail
+from client.tui.turnlog import call_commands, final_text
+from client.transport import ConnectionLost, DshClientError
+from protocol.rpc import RpcError
 from protocol.methods import SessionInfo
 
 __all__ = ["SessionsPane", "SessionPane", "ApprovalsBar", "session_row", "oldest_approval",
-           "RECENT_SHOWN"]
+           "RECENT_SHOWN", "status_word"]
 
 #: Recent results listed in the session pane (the lane keeps ≤ 20).
 RECENT_SHOWN = 8
+#: Commands of calls remembered (seen running, or read from the log) for the recent list.
+COMMANDS_KEPT = 512
+#: Short words for the error codes (EXEC.md), so a narrow column stays readable.
+STATUS_WORDS = {"APPROVAL_REJECTED": "rejected", "APPROVAL_CANCELLED": "cancelled",
+                "APPROVAL_UNAVAILABLE": "no answer", "TOOL_CANCELLED": "cancelled",
+                "TOOL_FAILED": "failed", "TOOL_NOT_STARTED": "not started",
+                "TOOL_OUTCOME_UNKNOWN": "unknown", "TOOL_TIMEOUT": "timed out"}
 #: The sessions pane's columns: the counts before the cwd, so a long path never hides them.
 COLUMNS = ("name", "run", "ask", "exit", "cwd")
 #: The widest cwd shown (cells): longer ones keep their end, after "…".
@@ -57,14 +73,31 @@ def session_row(info: SessionInfo) -> tuple[str, ...]:
     running = _v(info.running, 0)
     pending = _v(info.pending_approvals, 0)
     return (_v(info.name, info.session_id), str(running) if running else "",
-            str(pending) if pending else "", str(_v(info.last_exit, "")),
+            str(pending) if pending else "", _exit_word(_v(info.last_exit, "")),
             short_path(_v(info.cwd, "")))
+
+
+def status_word(entry: dict[str, Any]) -> str:
+    """A result's status in a few letters: ``exit N``, or a word for its error code."""
+    code = entry.get("errorCode")
+    if code:
+        return STATUS_WORDS.get(str(code), str(code).lower().replace("_", " "))
+    return f"exit {entry.get('exitCode')}"
+
+
+def _exit_word(last: Any) -> str:
+    """A session's last exit (an exit code, or an error code: its word)."""
+    if isinstance(last, str) and last and not last.lstrip("-").isdigit():
+        return STATUS_WORDS.get(last, last.lower().replace("_", " "))
+    return str(last)
 
 
 class SessionsPane(DataTable):
     """Every session, newest first; the cursor row is the watched session."""
 
-    DEFAULT_CSS = "SessionsPane { width: 2fr; height: 1fr; min-width: 30; border: round $accent; }"
+    DEFAULT_CSS = """
+    SessionsPane { width: 2fr; max-width: 40; height: 1fr; min-width: 30; border: round $accent; }
+    """
 
     def on_mount(self) -> None:
         self.cursor_type = "row"
@@ -106,50 +139,6 @@ class SessionsPane(DataTable):
         return True
 
 
-def oldest_approval(lane: Any) -> tuple[str, dict[str, Any]] | None:
-    """The pending request asked first, of a lane view (``(approvalId, entry)``)."""
-    approvals = (lane or {}).get("approvals") or {}
-    if not approvals:
-        return None
-    approval_id = min(approvals, key=lambda a: (approvals[a].get("askedAt") or 0, a))
-    return approval_id, approvals[approval_id]
-
-
-class ApprovalsBar(Horizontal):
-    """``? <summary>`` with allow once / allow for session / reject."""
-
-    DEFAULT_CSS = """
-    ApprovalsBar { height: 3; background: $warning 30%; display: none; }
-    ApprovalsBar.asking { display: block; }
-    ApprovalsBar #approval-text { width: 1fr; padding: 1 1; }
-    ApprovalsBar Button { min-width: 16; }
-    """
-
-    def __init__(self) -> None:
-        super().__init__(id="approvals")
-        self.approval: tuple[str, dict[str, Any]] | None = None
-
-    def compose(self) -> ComposeResult:
-        yield Static(id="approval-text")
-        yield Button("allow once (y)", id="approve-once", variant="success")
-        yield Button("for session (a)", id="approve-session", variant="primary")
-        yield Button("reject (n)", id="reject", variant="error")
-
-    def show(self, lane: Any) -> None:
-        found = oldest_approval(lane)
-        self.approval = None if found is None else (found[0], dict(found[1]))
-        self.set_class(self.approval is not None, "asking")
-        if self.approval is None:
-            return
-        approval_id, entry = self.approval
-        more = len((lane or {}).get("approvals") or {}) - 1
-        text = Text(f"{entry.get('tool', '?')} asks: ", style="bold")
-        text.append(str(entry.get("summary", "")))
-        if more:
-            text.append(f"  (+{more} more)", style="dim")
-        self.query_one("#approval-text", Static).update(text)
-
-
 class SessionPane(Vertical):
     """The watched session: header, running calls, recent results, the turn."""
 
@@ -169,6 +158,8 @@ class SessionPane(Vertical):
         self.lane: Any = None
         #: The last turn seen (session id, turn): its text stays shown after it ends.
         self.last_turn: tuple[str, dict[str, Any]] | None = None
+        self._commands: OrderedDict[str, str] = OrderedDict()  # callId -> command (bounded)
+        self._asked: set[str] = set()  # callIds whose command was asked of the log
 
     def compose(self) -> ComposeResult:
         yield Static(id="session-header")
@@ -185,8 +176,44 @@ class SessionPane(Vertical):
             f"{session.get('cwd', '')}  policy {session.get('approvalPolicy', '?')}  "
             f"sandbox {session.get('sandbox', '?')}", style="dim"))
         self._show_calls(session.get("sessionId"), (lane or {}).get("tools") or {})
-        self.query_one("#recent", Static).update(recent_text((lane or {}).get("recent") or []))
+        recent = (lane or {}).get("recent") or []
+        self._remember_commands((lane or {}).get("tools") or {})
+        self._read_commands(session.get("sessionId"), recent)
+        self.query_one("#recent", Static).update(recent_text(recent, self._commands))
         self.query_one("#turn", Static).update(self._turn(session.get("sessionId"), lane))
+
+    def _remember_commands(self, tools: dict[str, dict[str, Any]]) -> None:
+        """The lane's ``recent`` has no args: keep the command of each call seen running."""
+        for call_id, entry in tools.items():
+            if call_id not in self._commands:
+                self._commands[call_id] = call_command(entry)
+        while len(self._commands) > COMMANDS_KEPT:
+            self._commands.popitem(last=False)
+
+    def _read_commands(self, session_id: str | None, recent: list[dict[str, Any]]) -> None:
+        """Read from the log the commands of recent calls never seen running (once each)."""
+        client = self.client() if self.client is not None else None
+        missing = {str(e.get("callId")) for e in recent[:RECENT_SHOWN]
+                   if e.get("callId") and e.get("callId") not in self._commands
+                   and e.get("callId") not in self._asked}
+        if client is None or session_id is None or not missing:
+            return
+        self._asked.update(missing)
+        if len(self._asked) > COMMANDS_KEPT:
+            self._asked = set(missing)
+
+        async def read() -> None:
+            try:
+                found = await call_commands(client, session_id, missing)
+            except (ConnectionLost, RpcError, DshClientError):
+                self._asked.difference_update(missing)  # asked again on the next batch
+                return
+            self._commands.update(found)
+            if (self.lane or {}).get("session", {}).get("sessionId") == session_id:
+                self.query_one("#recent", Static).update(
+                    recent_text(self.lane.get("recent") or [], self._commands))
+
+        self.run_worker(read(), group="recent-commands", exit_on_error=False)
 
     def _turn(self, session_id: str | None, lane: Any) -> Text:
         turn = (lane or {}).get("turn")
@@ -195,8 +222,29 @@ class SessionPane(Vertical):
             self.last_turn = (str(session_id), {**turn, "calls": calls})
             return turn_text(turn)
         if self.last_turn is not None and self.last_turn[0] == session_id:
+            self._read_final_text()
             return turn_text({**self.last_turn[1], "state": "ended"})
         return turn_text(None)
+
+    def _read_final_text(self) -> None:
+        """The lane dropped the ended turn with its last step's text: read it from the log
+        (once per turn, in a worker)."""
+        session_id, turn = self.last_turn
+        client = self.client() if self.client is not None else None
+        if client is None or turn.get("finalRead"):
+            return
+        turn["finalRead"] = True
+
+        async def read() -> None:
+            try:
+                text = await final_text(client, session_id, str(turn.get("turnId")))
+            except (ConnectionLost, RpcError, DshClientError):
+                return
+            if text is not None and self.last_turn is not None and self.last_turn[1] is turn:
+                turn["text"] = text
+                self.query_one("#turn", Static).update(turn_text({**turn, "state": "ended"}))
+
+        self.run_worker(read(), group="final-text", exit_on_error=False)
 
     def _show_calls(self, session_id: str | None, tools: dict[str, dict[str, Any]]) -> None:
         box = self.query_one("#calls", VerticalScroll)
@@ -234,19 +282,32 @@ class SessionPane(Vertical):
         for view in self.query(CallView):
             view.resume(client)
 
+    def selected_call(self) -> str | None:
+        """The call whose box has the focus (or holds the focused widget), if any."""
+        node = self.app.focused
+        while node is not None and node is not self:
+            if isinstance(node, CallView):
+                return node.call_id if node.call_id in self.call_ids() else None
+            node = node.parent
+        return None
+
     def call_ids(self) -> list[str]:
         return list(((self.lane or {}).get("tools") or {}))
 
 
-def recent_text(recent: list[dict[str, Any]]) -> Text:
-    text = Text("recent: ", style="bold")
+def recent_text(recent: list[dict[str, Any]], commands: dict[str, str] | None = None) -> Text:
+    """The last results, one line each: the status first (always seen), then the command
+    (else the tool's name and call id), cut at the pane's edge."""
+    text = Text("recent: ", style="bold", no_wrap=True, overflow="ellipsis")
     if not recent:
         return text.append("none", style="dim")
     for entry in recent[:RECENT_SHOWN]:
-        status = entry.get("errorCode") or f"exit {entry.get('exitCode')}"
+        command = (commands or {}).get(str(entry.get("callId")))
         style = "red" if entry.get("isError") else "green"
-        text.append(f"\n  {entry.get('callId')} {entry.get('name')} ")
-        text.append(str(status), style=style)
+        text.append("\n  ")
+        text.append(f"{status_word(entry):<10}", style=style)
+        text.append(command.replace("\n", " ") if command
+                    else f"{entry.get('name')} {entry.get('callId')}")
     return text
 
 

@@ -7,7 +7,12 @@ the resize below makes a full-screen program draw itself again) and feeds the by
 and attributes, and the cursor in reverse. Output is fed and redrawn at most
 ``REDRAWS_PER_S`` times a second; bytes waiting to be fed are bounded (``PENDING_BOUND``: a
 flood faster than the emulator keeps its newest bytes). What pyte answers to the program's
-queries (device attributes, cursor position) goes back as input.
+queries (device attributes, cursor position) goes back as input. The emulator never takes
+the app down on a byte sequence: ``_Screen`` ignores private SGR (``ESC[>4;2m``, ``ESC[?4m``:
+xterm's modifyOtherKeys, which vim writes and pyte 0.8 refuses with a ``TypeError``), and
+``_TolerantStream`` logs any other exception of pyte's parser or screen, counts it
+(``emulator_errors``) and skips the bad sequence (pyte resets its parser): the bytes after it
+are still drawn.
 
 Every key goes to the command: ``keys_to_bytes`` turns a Textual key event into the bytes a
 terminal (xterm) sends -- printable characters as UTF-8, Enter ``\\r``, Backspace ``\\x7f``,
@@ -21,12 +26,15 @@ it dismisses the screen with ``"detached"`` and leaves the call running. The wid
 goes to the PTY with ``tool.resize`` when it is mounted and on every resize, and pyte's
 screen takes the same size. When the call ends the screen says so and the next key
 dismisses it with ``"ended"``. ``resume(client)`` follows again on a new connection from
-the next offset not received.
+the next offset not received. A one-line footer under the terminal says how to detach (the
+PTY gets the rows above it); the "command ended" popup lasts 3 s and goes with the key that
+returns.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import pyte
@@ -45,6 +53,8 @@ from client.transport import ConnectionLost, DshClientError
 from protocol.rpc import RpcError
 
 __all__ = ["TerminalScreen", "TerminalView", "keys_to_bytes", "REPLAY_BYTES"]
+
+_log = logging.getLogger(__name__)
 
 #: How much of the retained output before its end is replayed into the emulator on attach.
 REPLAY_BYTES = 256 * 1024
@@ -100,6 +110,42 @@ def _colour(name: str) -> Color | None:
         return None
 
 
+class _Screen(pyte.Screen):
+    """pyte's screen, with private SGR (``CSI > ... m``, ``CSI ? ... m``) ignored."""
+
+    def select_graphic_rendition(self, *attrs: int, private: bool = False) -> None:
+        if not private:
+            super().select_graphic_rendition(*attrs)
+
+
+class _TolerantStream(pyte.ByteStream):
+    """pyte's byte stream that skips a sequence pyte fails on instead of raising."""
+
+    def __init__(self, screen: pyte.Screen) -> None:
+        self.errors = 0
+        super().__init__(screen)
+
+    def _send_to_parser(self, data: str) -> bool | None:
+        try:
+            return super()._send_to_parser(data)  # pyte resets its parser on an exception
+        except Exception:  # noqa: BLE001 - a program's bytes must not take the app down
+            self._failed()
+            return self._taking_plain_text
+
+    def feed(self, data: bytes) -> None:  # type: ignore[override]
+        try:
+            super().feed(data)
+        except Exception:  # noqa: BLE001 - e.g. draw() on a sequence pyte did not expect
+            self._failed()
+            self._initialize_parser()
+
+    def _failed(self) -> None:
+        self.errors += 1
+        if self.errors <= 10 or self.errors % 1000 == 0:
+            _log.warning("terminal emulator: a byte sequence was skipped (%d so far)",
+                         self.errors, exc_info=True)
+
+
 class TerminalView(Widget, can_focus=True):
     """A PTY call's screen, emulated by pyte (module doc)."""
 
@@ -119,9 +165,9 @@ class TerminalView(Widget, can_focus=True):
         super().__init__(id=id)
         self._client_source = client
         self.session_id, self.call_id = session_id, call_id
-        self.screen_model = pyte.Screen(80, 24)
+        self.screen_model = _Screen(80, 24)
         self.screen_model.write_process_input = self._answer  # the program's queries
-        self._stream = pyte.ByteStream(self.screen_model)
+        self._stream = _TolerantStream(self.screen_model)
         self._scanner = DetachScanner(detach_keys)
         self._pending = bytearray()
         self._tick_pending = False
@@ -200,8 +246,17 @@ class TerminalView(Widget, can_focus=True):
         if self._pending:
             data = bytes(self._pending)
             self._pending.clear()
-            self._stream.feed(data)
+            self.feed_output(data)
         self.refresh()
+
+    def feed_output(self, data: bytes) -> None:
+        """Feed the program's bytes to the emulator (a sequence it fails on is skipped)."""
+        self._stream.feed(data)
+
+    @property
+    def emulator_errors(self) -> int:
+        """How many byte sequences the emulator failed on and skipped."""
+        return self._stream.errors
 
     def _end(self, exit_code: int | None) -> None:
         self._tick()
@@ -315,7 +370,10 @@ class TerminalView(Widget, can_focus=True):
 class TerminalScreen(Screen, inherit_bindings=False):
     """Full-screen attach to a PTY call; dismissed with ``"detached"`` or ``"ended"``."""
 
-    DEFAULT_CSS = "TerminalScreen { layout: vertical; }"
+    DEFAULT_CSS = """
+    TerminalScreen { layout: vertical; }
+    TerminalScreen #attach-footer { dock: bottom; height: 1; background: $primary 40%; }
+    """
 
     def __init__(self, client: Any, session_id: str, call_id: str, *,
                  detach_keys: bytes = parse_detach_keys(DEFAULT_DETACH_KEYS)) -> None:
@@ -324,22 +382,26 @@ class TerminalScreen(Screen, inherit_bindings=False):
         self.terminal = TerminalView(client, session_id, call_id, detach_keys=detach_keys)
 
     def compose(self) -> Any:
+        from textual.widgets import Static
+
+        how = (f"{describe_keys(self.detach_keys).lower()} detaches (the command goes on)"
+               if self.detach_keys else "no detach key: the screen returns when the call ends")
+        yield Static(how, id="attach-footer")
         yield self.terminal
 
     def on_mount(self) -> None:
         self.terminal.focus()
-        if self.detach_keys:
-            self.notify(f"{describe_keys(self.detach_keys)} detaches (the command goes on)",
-                        timeout=3)
 
     def resume(self, client: Any) -> None:
         self.terminal.resume(client)
 
     def on_terminal_view_detached(self, message: TerminalView.Detached) -> None:
         message.stop()
+        if self.terminal.ended:
+            self.app.clear_notifications()  # the "command ended" popup goes with the key
         self.dismiss("ended" if self.terminal.ended else "detached")
 
     def on_terminal_view_ended(self, message: TerminalView.Ended) -> None:
         message.stop()
         code = "?" if message.exit_code is None else message.exit_code
-        self.notify(f"the command ended (exit {code}); any key returns", timeout=30)
+        self.notify(f"the command ended (exit {code}); any key returns", timeout=3)

@@ -76,22 +76,23 @@ def test_size_reaches_the_pty_on_mount_and_on_resize(daemon, workdir):
                 client, workdir, "printf 'ready\\n'; while read -r l; do "
                                  "echo \"size:$(stty size)\"; done")
             screen = TerminalScreen(client, sid, cid)
+            # The attach screen's last row is its footer (how to detach): the PTY gets the rest.
             async with ScreenHostApp(screen).run_test(size=(100, 30)) as pilot:
                 view = screen.terminal
                 await until(lambda: "ready" in terminal_text(view), "ready", pilot=pilot)
-                await until(lambda: view.size_sent == (100, 30), "the size sent", pilot=pilot)
+                await until(lambda: view.size_sent == (100, 29), "the size sent", pilot=pilot)
                 await pilot.pause(0.3)
                 await pilot.press("enter")
-                await until(lambda: "size:30 100" in terminal_text(view), "size:30 100",
+                await until(lambda: "size:29 100" in terminal_text(view), "size:29 100",
                             pilot=pilot)
                 await pilot.resize_terminal(120, 40)
-                await until(lambda: view.size_sent == (120, 40), "the new size sent",
+                await until(lambda: view.size_sent == (120, 39), "the new size sent",
                             pilot=pilot)
                 await pilot.pause(0.3)
                 await pilot.press("enter")
-                await until(lambda: "size:40 120" in terminal_text(view), "size:40 120",
+                await until(lambda: "size:39 120" in terminal_text(view), "size:39 120",
                             pilot=pilot)
-                assert (view.screen_model.columns, view.screen_model.lines) == (120, 40)
+                assert (view.screen_model.columns, view.screen_model.lines) == (120, 39)
                 await client.cancel(sid, cid)
     run_async(main)
 

@@ -27,7 +27,7 @@ def test_attach_types_into_a_pty_call_and_detaches(daemon, workdir):
         await until(pilot, lambda: not isinstance(app.screen, TerminalScreen), "detached")
         await pilot.pause(0.5)
         assert call_id in call_texts(app)  # detaching left the call running
-        await pilot.press("c")
+        await pilot.press("c", "y")  # cancel, confirmed
         await until(pilot, lambda: call_id not in call_texts(app), "the call cancelled")
         recent = app.query_one("SessionPane").lane["recent"]
         assert recent[0]["callId"] == call_id

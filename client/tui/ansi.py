@@ -1,0 +1,33 @@
+"""What of a program's output a preview may draw: text and SGR colours, nothing else.
+
+Theory of operation: a call's preview (``client.tui.calls``, ``client.tui.outputview``) draws
+output lines with ``rich.text.Text.from_ansi``, which knows SGR but prints the body of other
+sequences: a window title (OSC ``ESC ] 0;title BEL``) showed as ``0;title``, a DCS as its
+parameters. :func:`strip_controls` removes, in one regex pass, OSC (ended by BEL or ST, or
+unended: to the end of the text), DCS/SOS/PM/APC strings, every CSI that is not a plain SGR
+(``ESC [ digits;… m``: cursor movement, erase, modes, private SGR such as ``ESC[>4;2m``),
+other escapes (``ESC ( B``, ``ESC 7``), 8-bit C1 controls and C0 controls but tab, line feed
+and carriage return (the line view handles ``\\r``). A full terminal is the attach screen.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["strip_controls"]
+
+_CONTROLS = re.compile(
+    r"\x1b\][^\x07\x1b]*(?:\x07|\x1b\\|$)"      # OSC
+    r"|\x1b[PX^_][^\x1b]*(?:\x1b\\|$)"         # DCS, SOS, PM, APC
+    r"|(\x1b\[[0-9;:]*m)"                      # SGR: kept (group 1)
+    r"|\x1b\[[0-?]*[ -/]*[@-~]"                # any other CSI
+    r"|\x1b[ -/]*[0-~]"                        # other escapes
+    r"|\x1b$"                                  # a lone ESC at the end
+    r"|[\x00-\x08\x0b\x0c\x0e-\x1a\x1c-\x1f\x7f\x80-\x9f]")
+
+
+def strip_controls(text: str) -> str:
+    """``text`` with every control sequence but SGR removed (module doc)."""
+    if "\x1b" not in text and text.isprintable():
+        return text
+    return _CONTROLS.sub(lambda m: m.group(1) or "", text)

@@ -1,0 +1,42 @@
+"""``ConfirmScreen``: a one-line question that only ``y`` answers yes.
+
+Theory of operation: a small modal over the main screen (e.g. "cancel call c-… ($ make)?");
+``y`` dismisses it with True, any other key (or a click outside) with False. It consumes
+every key, so no binding below it acts on the key that answered it.
+"""
+
+from __future__ import annotations
+
+from textual import events
+from textual.app import ComposeResult
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+__all__ = ["ConfirmScreen"]
+
+
+class ConfirmScreen(ModalScreen[bool]):
+    """``question`` (y: yes; any other key: no)."""
+
+    HELP_NAME = "confirm"
+    DEFAULT_CSS = """
+    ConfirmScreen { align: center middle; }
+    ConfirmScreen Static { width: 80%; height: auto; border: round $error; padding: 0 1;
+                           background: $surface; }
+    """
+
+    def __init__(self, question: str) -> None:
+        super().__init__()
+        self.question = question
+
+    def compose(self) -> ComposeResult:
+        yield Static(f"{self.question}\ny: yes · any other key: no", id="question")
+
+    def on_key(self, event: events.Key) -> None:
+        event.stop()
+        event.prevent_default()
+        self.dismiss(event.key == "y")
+
+    def on_click(self, event: events.Click) -> None:
+        event.stop()
+        self.dismiss(False)

@@ -1,0 +1,62 @@
+"""``c`` cancels the selected call, after a confirmation (issue 17, tuifix2 item 6): it
+cancelled the newest call at once, with no way to choose. Now a call box is selected by
+focus (tab, click), ``c`` asks "cancel …? y/n" and only ``y`` cancels; any other key keeps
+the call running."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from client.tui.app import DshApp
+from client.tui.calls import CallView
+from tests.tui.conftest import run_app, until
+from tests.tui.helpers import call_texts
+
+START = r"""
+import sys, trio
+from client.api import connect
+async def main(session, command):
+    async with connect(None) as c:
+        print((await c.start_tool(session, command, approved=True)).call_id, flush=True)
+trio.run(main, sys.argv[1], sys.argv[2])
+"""
+
+
+def start_call(daemon, session: str, command: str) -> str:
+    r = subprocess.run([sys.executable, "-c", START, session, command], env=daemon.env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def test_c_asks_then_cancels_the_selected_call(daemon, workdir):
+    assert daemon.dsh("run", "--name", "can", "--", "true", cwd=str(workdir)).returncode == 0
+    app = DshApp(socket=daemon.socket, session="can")
+
+    async def scenario(pilot):
+        await until(pilot, lambda: app.query_one("SessionPane").lane, "the lane")
+        older = start_call(daemon, app.feed.watched, "sleep 120; echo older")
+        newer = start_call(daemon, app.feed.watched, "sleep 120; echo newer")
+        await until(pilot, lambda: {older, newer} <= set(call_texts(app)), "both listed")
+        await pilot.press("c")  # nothing selected: it asks about the newest
+        await pilot.pause(0.3)
+        await pilot.press("escape")  # not y: nothing is cancelled
+        await pilot.pause(1.0)
+        assert {older, newer} <= set(call_texts(app))
+        box = app.query_one(f"#call-{older}", CallView)
+        await pilot.click(f"#call-{older}")
+        await until(pilot, lambda: app.query_one("SessionPane").selected_call() == older,
+                    "the older call selected")
+        assert box.has_focus or box.has_focus_within
+        await pilot.press("c")
+        await pilot.pause(0.3)
+        assert {older, newer} <= set(call_texts(app)), "cancelled before the confirmation"
+        await pilot.press("y")
+        await until(pilot, lambda: older not in call_texts(app), "the selected call cancelled")
+        await pilot.pause(0.5)
+        assert newer in call_texts(app), "the other call was cancelled too"
+        await pilot.press("escape", "c", "y")  # from the sessions list: the newest
+        await until(pilot, lambda: newer not in call_texts(app), "the newest cancelled")
+
+    run_app(app, scenario)
