@@ -3,7 +3,8 @@
 Theory of operation: each pane is fed a plain value and renders it; none of them talks to
 dshd. :class:`SessionsPane` takes the ``session.list`` answer (``SessionInfo`` structs) and
 keeps its cursor on the same session across updates (rows keyed by session id, newest first
-by creation, so rows do not jump while sessions work).
+by creation, so rows do not jump while sessions work); a poll updates only the cells that
+changed, so an unchanged list (the usual 1 s poll) repaints nothing.
 :class:`SessionPane` takes one lane view (PROTOCOL.md §3.3) and shows the session's header,
 one ``client.tui.calls.CallView`` per running call (mounted and removed as calls come and
 go; the ``LIVE_VIEWS`` newest follow their raw output live, the others show the tail of the
@@ -83,10 +84,11 @@ class SessionsPane(DataTable):
             for info in ordered:
                 self.add_row(*session_row(info), key=info.session_id)
         else:
-            for info in ordered:
+            for info in ordered:  # only changed cells: an unchanged poll repaints nothing
                 for column, cell in zip(COLUMNS, session_row(info)):
-                    self.update_cell(info.session_id, column, cell)
-        if current in wanted:
+                    if self.get_cell(info.session_id, column) != cell:
+                        self.update_cell(info.session_id, column, cell)
+        if current in wanted and self.cursor_row != wanted.index(current):
             self.move_cursor(row=wanted.index(current))
 
     def selected_id(self) -> str | None:
