@@ -1,12 +1,15 @@
 """The sessions pane's 1 s poll repaints nothing when nothing changed (issue 17, the keypress
-latency: a repaint of the pane every second lands in some key's frame); a changed cell still
-shows. The pane is fed plain ``SessionInfo`` values, as the app feeds it ``session.list``'s."""
+latency: a repaint of the pane every second lands in some key's frame), nor does a lane batch
+that changes nothing the session pane shows (its texts were laid out again on every batch); a
+change still shows. The panes are fed plain values, as the app feeds them ``session.list``'s
+answer and the lane view."""
 
 from __future__ import annotations
 
 from textual.app import App, ComposeResult
+from textual.widgets import Static
 
-from client.tui.panes import SessionsPane
+from client.tui.panes import ApprovalsBar, SessionPane, SessionsPane
 from protocol.methods import SessionInfo
 from tests.tui.termsupport import run_async
 
@@ -40,4 +43,39 @@ def test_an_unchanged_poll_repaints_nothing_and_a_change_shows():
             assert pane._repaint_required, "a changed cell was not redrawn"
             await pilot.pause()
             assert pane.get_cell("s-new", "run") == "3" and pane.selected_id() == "s-old"
+    run_async(main)
+
+
+def _lane(code: int) -> dict:
+    return {"session": {"sessionId": "s-new", "cwd": "/srv/b", "approvalPolicy": "never",
+                        "sandbox": "none"},
+            "tools": {}, "approvals": {}, "turn": None,
+            "recent": [{"callId": "c1", "name": "bash", "exitCode": code}]}
+
+
+class SessionApp(App):
+    def compose(self) -> ComposeResult:
+        yield SessionPane()
+        yield ApprovalsBar()
+
+
+def test_an_unchanged_lane_batch_lays_out_and_repaints_nothing():
+    async def main() -> None:
+        app = SessionApp()
+        async with app.run_test(size=(80, 24)) as pilot:
+            pane = app.query_one(SessionPane)
+            pane.show(_lane(0))
+            app.query_one(ApprovalsBar).show(_lane(0))
+            await pilot.pause()
+            assert not app.screen._layout_required and not app.screen._dirty_widgets
+            pane.show(_lane(0))  # a batch that changes nothing the pane shows
+            app.query_one(ApprovalsBar).show(_lane(0))
+            statics = list(pane.query(Static))
+            assert not [s.id for s in statics if s._layout_required or s._repaint_required], \
+                "an unchanged batch laid out or repainted the pane's texts"
+            pane.show(_lane(7))
+            recent = pane.query_one("#recent", Static)
+            assert recent._repaint_required, "a changed result was not redrawn"
+            await pilot.pause()
+            assert "7" in str(recent.content)
     run_async(main)
