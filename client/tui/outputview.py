@@ -11,7 +11,8 @@ the window at most ``REDRAWS_PER_S`` times a second, so a flood costs a bounded 
 work per frame and a keypress waits at most one such step. That step yields to input: while
 the app holds unhandled messages (keys) or the screen has another widget's change to draw
 (a key's effect), it waits a frame (``YIELD_FRAMES`` at most in a row), so the key's frame is
-drawn without this view's repaint in it. Once bytes had to be skipped (a
+drawn without this view's repaint in it, and a redraw repaints only this view: the
+scrollable size is set without a layout of the screen (``_size_virtual``). Once bytes had to be skipped (a
 flood), the view stops following: ``FLOOD_REDRAWS_PER_S`` times a second it reads the last
 ``FLOOD_SAMPLE`` bytes before the end (``tool.read``), so what a flood costs this process no
 longer grows with its rate; when the output grows by less than ``PENDING_BOUND`` between two
@@ -148,6 +149,7 @@ class OutputView(ScrollView, can_focus=True):
         self._busy = False  # a tool.read for scroll-back or End is under way
         self._cache: OrderedDict[tuple[int, int], Strip] = OrderedDict()
         self._style: Any = None  # the widget's rich style of the redraw under way
+        self._width: int | None = None  # and its width in cells
 
     # -- the client and the follow ----------------------------------------------------------
     @property
@@ -312,7 +314,14 @@ class OutputView(ScrollView, can_focus=True):
         self.refresh()
 
     def _size_virtual(self) -> None:
-        self.virtual_size = Size(self.scrollable_content_region.width, len(self.window))
+        """The scrollable size follows the window's line count. Set without a layout: the
+        view's own size (CSS) does not depend on it, and a layout of the whole screen on
+        every redraw of new output (the reactive's default) costs a flood's frames tens of
+        ms, which a key's frame waits behind; the scrollbars are updated here instead."""
+        size = Size(self.scrollable_content_region.width, len(self.window))
+        if size != self.virtual_size:
+            self.set_reactive(ScrollView.virtual_size, size)
+            self._scroll_update(size)
 
     def _to_bottom(self) -> None:
         self.following = True
@@ -321,11 +330,17 @@ class OutputView(ScrollView, can_focus=True):
 
     # -- drawing ----------------------------------------------------------------------------
     def render_lines(self, crop: Any) -> list[Strip]:
-        self._style = self.rich_style  # once per redraw, not per line (it is not cheap)
-        return super().render_lines(crop)
+        # Once per redraw, not per line (neither is cheap: Textual computes them each time).
+        self._style = self.rich_style
+        self._width = self.scrollable_content_region.width
+        try:
+            return super().render_lines(crop)
+        finally:
+            self._style = self._width = None
 
     def render_line(self, y: int) -> Strip:
-        width = self.scrollable_content_region.width
+        width = self._width if self._width is not None \
+            else self.scrollable_content_region.width
         index = self.scroll_offset.y + y
         style = self._style if self._style is not None else self.rich_style
         if index >= len(self.window):

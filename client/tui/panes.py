@@ -3,7 +3,10 @@
 Theory of operation: each pane is fed a plain value and renders it; none of them talks to
 dshd. :class:`SessionsPane` takes the ``session.list`` answer (``SessionInfo`` structs) and
 keeps its cursor on the same session across updates (rows keyed by session id, newest first
-by creation, so rows do not jump while sessions work).
+by creation, so rows do not jump while sessions work); a poll updates only the cells that
+changed, so an unchanged list (the usual 1 s poll) repaints nothing; likewise the other
+panes update a text only when it changed (``update_static``: ``Static.update`` lays out the
+whole screen, and a key's frame would wait behind it).
 :class:`SessionPane` takes one lane view (PROTOCOL.md §3.3) and shows the session's header,
 one ``client.tui.calls.CallView`` per running call (mounted and removed as calls come and
 go; the ``LIVE_VIEWS`` newest follow their raw output live, the others show the tail of the
@@ -37,7 +40,7 @@ from protocol.rpc import RpcError
 from protocol.methods import SessionInfo
 
 __all__ = ["SessionsPane", "SessionPane", "ApprovalsBar", "session_row", "oldest_approval",
-           "RECENT_SHOWN", "status_word"]
+           "RECENT_SHOWN", "status_word", "update_static"]
 
 #: Recent results listed in the session pane (the lane keeps ≤ 20).
 RECENT_SHOWN = 8
@@ -116,10 +119,11 @@ class SessionsPane(DataTable):
             for info in ordered:
                 self.add_row(*session_row(info), key=info.session_id)
         else:
-            for info in ordered:
+            for info in ordered:  # only changed cells: an unchanged poll repaints nothing
                 for column, cell in zip(COLUMNS, session_row(info)):
-                    self.update_cell(info.session_id, column, cell)
-        if current in wanted:
+                    if self.get_cell(info.session_id, column) != cell:
+                        self.update_cell(info.session_id, column, cell)
+        if current in wanted and self.cursor_row != wanted.index(current):
             self.move_cursor(row=wanted.index(current))
 
     def selected_id(self) -> str | None:
@@ -137,6 +141,17 @@ class SessionsPane(DataTable):
         except Exception:  # noqa: BLE001 - not listed (yet)
             return False
         return True
+
+
+def update_static(static: Static, content: Any) -> bool:
+    """``static.update(content)`` unless it shows that already (a str or a rich ``Text``
+    compares by value): a lane batch that changes nothing repaints, and lays out, nothing
+    (``Static.update`` lays out the whole screen). True when it was updated."""
+    if type(static.content) is type(content) and static.content == content:
+        return False
+    static.update(content)
+    return True
+
 
 
 class SessionPane(Vertical):
@@ -172,15 +187,15 @@ class SessionPane(Vertical):
         self.lane = lane
         session = (lane or {}).get("session") or {}
         self.border_title = session.get("name") or session.get("sessionId") or "session"
-        self.query_one("#session-header", Static).update(Text(
+        update_static(self.query_one("#session-header", Static), Text(
             f"{session.get('cwd', '')}  policy {session.get('approvalPolicy', '?')}  "
             f"sandbox {session.get('sandbox', '?')}", style="dim"))
         self._show_calls(session.get("sessionId"), (lane or {}).get("tools") or {})
         recent = (lane or {}).get("recent") or []
         self._remember_commands((lane or {}).get("tools") or {})
         self._read_commands(session.get("sessionId"), recent)
-        self.query_one("#recent", Static).update(recent_text(recent, self._commands))
-        self.query_one("#turn", Static).update(self._turn(session.get("sessionId"), lane))
+        update_static(self.query_one("#recent", Static), recent_text(recent, self._commands))
+        update_static(self.query_one("#turn", Static), self._turn(session.get("sessionId"), lane))
 
     def _remember_commands(self, tools: dict[str, dict[str, Any]]) -> None:
         """The lane's ``recent`` has no args: keep the command of each call seen running."""
@@ -261,8 +276,9 @@ class SessionPane(Vertical):
             else:
                 box.mount(CallView(str(session_id), call_id, tools[call_id],
                                    client=self.client if call_id in live else None))
-        self.query_one("#no-calls", Static).display = not tools
-        self.query_one("#no-calls", Static).update("no running calls")
+        no_calls = self.query_one("#no-calls", Static)
+        no_calls.display = not tools
+        update_static(no_calls, "no running calls")
 
     def show_result(self, session_id: str, command: str, result: Any) -> None:
         """The result of a command typed on the command line: ``$ command → exit N`` and the
