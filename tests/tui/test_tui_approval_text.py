@@ -8,6 +8,8 @@ one longer than the bar's bound ends with "… N more lines: v shows the whole c
 
 from __future__ import annotations
 
+import asyncio
+
 from client.tui.app import DshApp
 from client.tui.panes import ApprovalsBar
 from tests.tui.conftest import run_app, screen_text, until
@@ -39,7 +41,7 @@ def test_a_long_command_is_shown_whole_at_80x24(daemon, workdir):
             await pilot.pause(0.3)
             await until(pilot, lambda: TAIL + '"' in _flat(app), "the command's tail on screen")
             await pilot.press("n")
-            asker.communicate(timeout=60)
+            await asyncio.to_thread(asker.communicate, timeout=60)  # off the loop: the app decides
         finally:
             if asker.poll() is None:
                 asker.kill()
@@ -67,7 +69,7 @@ def test_a_command_longer_than_the_bar_says_so_and_v_shows_it_all(daemon, workdi
             await pilot.press("escape")
             await until(pilot, lambda: TAIL not in _flat(app), "back to the main screen")
             await pilot.press("n")
-            asker.communicate(timeout=60)
+            await asyncio.to_thread(asker.communicate, timeout=60)  # off the loop: the app decides
         finally:
             if asker.poll() is None:
                 asker.kill()

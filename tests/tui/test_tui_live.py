@@ -3,6 +3,8 @@ answered by a key and runs once, the daemon restarts and the TUI recovers."""
 
 from __future__ import annotations
 
+import asyncio
+
 from client.tui.app import DshApp
 from client.tui.panes import ApprovalsBar, SessionsPane, short_path
 from tests.tui.conftest import run_app, until
@@ -73,7 +75,8 @@ def test_an_approval_is_answered_by_a_key_and_runs_once(daemon, workdir):
             assert bar.has_class("asking") and f"echo ran >> {count}" in str(
                 bar.approval[1]["summary"])
             await pilot.press("y")
-            out, err = asker.communicate(timeout=60)
+            # Off the loop: the app's worker must send the decision while the asker waits.
+            out, err = await asyncio.to_thread(asker.communicate, timeout=60)
         finally:
             if asker.poll() is None:
                 asker.kill()
@@ -188,7 +191,8 @@ def test_reject_never_runs_and_allow_for_session_stops_asking(daemon, workdir):
             if key is not None:
                 await until(pilot, lambda: bar.approval is not None, "asked")
                 await pilot.press(key)
-            out, err = asker.communicate(timeout=60)
+            # Off the loop: the app's worker must send the decision while the asker waits.
+            out, err = await asyncio.to_thread(asker.communicate, timeout=60)
         finally:
             if asker.poll() is None:
                 asker.kill()
