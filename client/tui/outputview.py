@@ -43,7 +43,7 @@ received: no byte is lost, none shown twice. The follow ends with the call's end
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from typing import Any, Callable
+from typing import Any
 
 import anyio
 from rich.segment import Segment

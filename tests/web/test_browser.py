@@ -10,7 +10,6 @@ measured delay is printed.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
