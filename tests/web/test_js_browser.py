@@ -13,29 +13,16 @@ cookie and Origin, initializes and lists sessions. Debian's ``/usr/bin/chromium`
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
+from tests.web.browser_support import chrome, chromium_missing
+
 ROOT = Path(__file__).resolve().parents[2]
 VECTORS = ROOT / "conformance" / "ops-v1.json"
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMEDRIVER = Path("/usr/bin/chromedriver")
-
-
-def _missing() -> str | None:
-    for path, package in ((CHROMIUM, "chromium"), (CHROMEDRIVER, "chromium-driver")):
-        if not (path.is_file() and os.access(path, os.X_OK)):
-            return f"{path} is missing: install Debian's {package} (apt-get install -y {package})"
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        return "selenium is not installed: pip install -e '.[test]'"
-    return None
-
-
-pytestmark = pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
+pytestmark = pytest.mark.skipif(chromium_missing() is not None,
+                                reason=str(chromium_missing()))
 
 RUN_VECTORS = r"""
 const [text, done] = arguments;
@@ -100,15 +87,7 @@ Promise.all([import("/static/rpc.js"), import("/static/security.js")]).then(([rp
 
 @pytest.fixture
 def driver():
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--no-first-run", "--disable-extensions", "--disable-background-networking"):
-        options.add_argument(arg)
-    d = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
+    d = chrome()
     d.set_script_timeout(60)
     try:
         yield d
