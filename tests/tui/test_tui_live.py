@@ -210,3 +210,22 @@ def test_reject_never_runs_and_allow_for_session_stops_asking(daemon, workdir):
     run_app(app, scenario)
     assert not bad.exists()
     assert good.read_text() == "yes\nyes\n"
+
+
+def test_the_session_named_at_start_is_the_one_watched(daemon, workdir):
+    """`dsh tui build` watches build even when newer sessions exist (a new user's
+    `dsh tui build` watched the newest session instead: the first poll moved the cursor, read
+    it back before the move took effect, and never tried again)."""
+    for name in ("build", "docs", "newest"):
+        assert daemon.dsh("run", "--name", name, "--", "true", cwd=str(workdir)).returncode == 0
+    app = DshApp(socket=daemon.socket, session="build")
+
+    async def scenario(pilot):
+        await until(pilot, lambda: (app.query_one("SessionPane").lane or {}).get("session"),
+                    "a lane shown")
+        await pilot.pause(1.5)  # a second poll: the choice must hold
+        pane = app.query_one("SessionPane")
+        assert pane.lane["session"]["name"] == "build"
+        assert app.query_one(SessionsPane).selected_id() == app.feed.watched
+
+    run_app(app, scenario)
