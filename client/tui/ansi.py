@@ -8,13 +8,16 @@ unended: to the end of the text), DCS/SOS/PM/APC strings, every CSI that is not 
 (``ESC [ digits;… m``: cursor movement, erase, modes, private SGR such as ``ESC[>4;2m``),
 other escapes (``ESC ( B``, ``ESC 7``), 8-bit C1 controls and C0 controls but tab, line feed
 and carriage return (the line view handles ``\\r``). A full terminal is the attach screen.
+:func:`visible_text` is for text a person decides on (an approval's command): every character
+that reorders or hides text (bidi overrides and isolates, zero-width ones, controls) becomes a
+``\\uXXXX`` escape, as ``dsh approvals`` shows it.
 """
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["strip_controls"]
+__all__ = ["strip_controls", "visible_text"]
 
 _CONTROLS = re.compile(
     r"\x1b\][^\x07\x1b]*(?:\x07|\x1b\\|$)"      # OSC
@@ -31,3 +34,14 @@ def strip_controls(text: str) -> str:
     if "\x1b" not in text and text.isprintable():
         return text
     return _CONTROLS.sub(lambda m: m.group(1) or "", text)
+
+
+# Bidi embeddings, overrides, isolates and marks, zero-width characters, controls but \n and \t.
+_INVISIBLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u202a-\u202e"
+                        "\u2060-\u2069\ufeff]")
+
+
+def visible_text(text: str) -> str:
+    """``text`` with every invisible or reordering character as a ``\\uXXXX`` escape (module doc):
+    what a person approves must read as what runs."""
+    return _INVISIBLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)

@@ -20,6 +20,8 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
+from client.tui.ansi import visible_text
+
 __all__ = ["ApprovalsBar", "CommandScreen", "oldest_approval", "BAR_LINES"]
 
 #: The most rows of the command the bar shows (more: "… N more lines", v shows all).
@@ -38,7 +40,7 @@ def oldest_approval(lane: Any) -> tuple[str, dict[str, Any]] | None:
 def request_text(entry: dict[str, Any], more: int = 0) -> Text:
     """``tool asks: <command>`` (+N more requests)."""
     text = Text(f"{entry.get('tool', '?')} asks: ", style="bold")
-    text.append(str(entry.get("summary", "")))
+    text.append(visible_text(str(entry.get("summary", ""))))
     if more:
         text.append(f"  (+{more} more)", style="dim")
     return text

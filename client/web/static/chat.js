@@ -16,7 +16,7 @@
 // keeps MAX_ENTRIES entries. Send starts a turn, steer queues input for the running turn's
 // next step, cancel ends the turn.
 
-import { el, commandOf } from "./dom.js";
+import { el, commandOf, visibleText } from "./dom.js";
 
 const MAX_ENTRIES = 200;
 const HISTORY = 2000;
@@ -240,7 +240,7 @@ export class ChatPanel {
 function argumentsCommand(raw) {
   try {
     const args = typeof raw === "string" ? JSON.parse(raw) : raw;
-    return args && typeof args.command === "string" ? args.command : null;
+    return args && typeof args.command === "string" ? visibleText(args.command) : null;
   } catch {
     return null;
   }

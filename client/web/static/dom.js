@@ -59,12 +59,23 @@ export function age(ms, now = Date.now()) {
   return `${Math.round(s / 86400)} d`;
 }
 
-/** The command of a bash call's lane `args` (an object, or a cut JSON string). */
+// Characters that change how the text around them reads without being seen: bidi embeddings,
+// overrides and isolates, marks, zero-width ones, and controls other than newline and tab.
+const INVISIBLE = /[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u061c\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff]/g;
+
+/** `text` with every invisible or reordering character shown as a `\uXXXX` escape: what a
+ * person approves must read as what runs (a U+202E override can make `; touch x # ohce` read
+ * as an `echo`). Newlines and tabs stay. */
+export function visibleText(text) {
+  return String(text).replace(INVISIBLE, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`);
+}
+
+/** The command of a bash call's lane `args` (an object, or a cut JSON string), made visible. */
 export function commandOf(args) {
-  if (args && typeof args === "object") return String(args.command ?? JSON.stringify(args));
+  if (args && typeof args === "object") return visibleText(args.command ?? JSON.stringify(args));
   if (typeof args === "string") {
     const m = /"command"\s*:\s*"((?:[^"\\]|\\.)*)/.exec(args);
-    return m ? m[1].replace(/\\n/g, "\n").replace(/\\"/g, '"') + "…" : args;
+    return visibleText(m ? m[1].replace(/\\n/g, "\n").replace(/\\"/g, '"') + "…" : args);
   }
   return "";
 }

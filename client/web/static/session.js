@@ -10,7 +10,7 @@
 // box runs `tool.run bash {command}` with `approved: true`: the person typed it. `mirror()`
 // is what window.dshMirror() returns: a copy of the lane value.
 
-import { el, reconcile, age } from "./dom.js";
+import { el, reconcile, age, visibleText } from "./dom.js";
 import { CallsView } from "./calls.js";
 import { TerminalPanel } from "./terminal.js";
 import { ChatPanel } from "./chat.js";
@@ -97,7 +97,7 @@ export class SessionView {
     const row = el("div", { testid: "approval", class: "approval", data: { approvalId: id, callId: entry.callId } },
       el("div", { class: "approval-head" },
         el("strong", {}, `${entry.tool} asks to run`), el("span", { class: "age" }, age(entry.askedAt))),
-      el("pre", { class: "approval-summary" }, entry.summary),
+      el("pre", { class: "approval-summary" }, visibleText(entry.summary)),
       el("div", { class: "approval-buttons" },
         el("button", { testid: "approve-once", on: { click: decide("allow-once") } }, "allow once"),
         el("button", { testid: "approve-session", title: "allow this exact command for the rest of the session (an exact rule; other commands still ask)",
