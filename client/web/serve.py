@@ -49,7 +49,7 @@ class RemoteRefused(Exception):
 def parse_listen(listen: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[v6]:PORT`` for IPv6) -> (host, port); port 0 = pick a free one."""
     host, sep, port_text = listen.rpartition(":")
-    host = host.strip()
+    host = host.strip().lower()  # a host name in any case (LOCALHOST is localhost)
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     if not sep or not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:

@@ -276,3 +276,16 @@ def test_a_refused_websocket_handshake_carries_the_headers_too(bridge):
     for name, value in SECURITY_HEADERS.items():
         assert headers.get(name) == value, (name, headers)
     assert headers.get("cache-control") == "no-cache", headers
+
+
+def test_the_listen_host_is_a_host_name_in_any_case():
+    """`--listen LOCALHOST:P` is localhost (both loopbacks bound, not refused as remote, and not
+    127.0.0.1 alone with --allow-remote, which let a squatter on [::1] take the token: an
+    outside attacker's finding). Host names compare case-insensitively."""
+    from client.web.auth import is_loopback
+    from client.web.serve import parse_listen
+
+    assert parse_listen("LOCALHOST:8470") == ("localhost", 8470)
+    assert parse_listen("[::1]:0") == ("::1", 0)
+    host, _ = parse_listen("LocalHost:0")
+    assert is_loopback(host)
