@@ -22,6 +22,7 @@ reflows the panes (Textual's layout); nothing is cached by size.
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Any, Awaitable, Callable
@@ -30,6 +31,7 @@ from textual import on
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
+from textual.css.query import NoMatches
 from textual.widgets import Button, DataTable, Footer, Input, Static
 
 from client.api import Client
@@ -49,6 +51,19 @@ __all__ = ["DshApp", "CHAT_PREFIX"]
 
 #: A command line that starts with this is a chat input, whatever the mode.
 CHAT_PREFIX = "> "
+
+def while_mounted(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A feed callback or cursor event that comes while the app tears its screen down (the
+    feed's worker and DataTable's messages outlive the widgets by a message or two) does
+    nothing, instead of raising NoMatches out of the app."""
+    @functools.wraps(method)
+    def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except NoMatches:
+            return None
+    return guarded
+
 
 _DECISIONS = {"once": "allow-once", "session": "allow-for-session", "reject": "reject"}
 
@@ -141,6 +156,7 @@ class DshApp(App[None], inherit_bindings=False):
         return "bash command to run in this session ('> text' or ctrl+t: chat)"
 
     # -- what the feed tells -------------------------------------------------------------
+    @while_mounted
     def feed_connected(self) -> None:
         self.lost_reason = None
         self.query_one("#banner", Static).remove_class("lost")
@@ -151,12 +167,14 @@ class DshApp(App[None], inherit_bindings=False):
                     screen.resume(self.feed.client)
         self.feed.watch(self.watched_id())
 
+    @while_mounted
     def feed_lost(self, reason: str, retry_in: float) -> None:
         self.lost_reason = reason
         banner = self.query_one("#banner", Static)
         banner.update(banner_text(reason, retry_in))
         banner.add_class("lost")
 
+    @while_mounted
     def feed_sessions(self, sessions: list[SessionInfo]) -> None:
         self._sessions = sessions
         pane = self.query_one(SessionsPane)
@@ -168,6 +186,7 @@ class DshApp(App[None], inherit_bindings=False):
                         self.wanted_session = None
         self.feed.watch(self.watched_id())
 
+    @while_mounted
     def feed_lane(self, session_id: str, lane: Any) -> None:
         if session_id != self.feed.watched:
             return
@@ -177,10 +196,12 @@ class DshApp(App[None], inherit_bindings=False):
     def feed_error(self, message: str) -> None:
         self.notify(message, severity="error")
 
+    @while_mounted
     def watched_id(self) -> str | None:
         return self.query_one(SessionsPane).selected_id()
 
     @on(DataTable.RowHighlighted, "#sessions")
+    @while_mounted
     def _row_highlighted(self, _event: DataTable.RowHighlighted) -> None:
         self.feed.watch(self.watched_id())
 

@@ -107,3 +107,22 @@ def test_the_help_at_80x24_shows_every_description_whole():
             assert keys in text, (keys, "\n".join(seen))
 
     run_app(app, scenario, size=(80, 24))
+
+
+def test_a_feed_callback_after_the_screen_is_gone_does_nothing():
+    """The feed's worker (and DataTable's cursor messages) can call the app a message after its
+    widgets are gone; in CI that raised NoMatches out of the app ('SessionsPane' on
+    Screen(_default)). Now such a late call does nothing."""
+    app = DshApp(connect=False)
+
+    async def scenario(pilot):
+        await pilot.pause()
+        for widget in list(app.screen.children):
+            await widget.remove()
+        app.feed_sessions([])
+        app.feed_lane("s-1", {"session": {"sessionId": "s-1"}})
+        app.feed_lost("gone", 1.0)
+        app.feed_connected()
+        assert app.watched_id() is None
+
+    run_app(app, scenario)

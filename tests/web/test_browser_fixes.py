@@ -150,8 +150,11 @@ def test_03_a_flood_settles_in_the_page_soon_after_tool_wait(world, driver):
     print(f"\nsettled in the page {time.monotonic() - answered:.2f} s after tool.wait answered")
     out = until(lambda: "2600000" in text_of(q(driver, sel)[0]) and text_of(q(driver, sel)[0]),
                 WAIT_S, what="the flood's last line")
+    # The skip note comes only when the follower fell > 1 MiB behind while the call ran; a page
+    # that first follows the call near its end (CI under load) starts at end - 256 KiB with
+    # nothing to skip. Either way the window is bounded and ends at the last line.
     note = q(driver, f"{sel} [data-testid=call-output]")[0].get_attribute("data-skipped") or ""
-    assert "bytes skipped" in note, note
+    assert note == "" or "bytes skipped" in note, note
     assert len(out) < 300_000 and out.count("\n") <= 2000  # a bounded window
     world["shots"].take(driver, "flood-settled", show=q(driver, sel)[0])
 
