@@ -19,9 +19,11 @@ import json
 import os
 import shutil
 import threading
+import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import trio
 
@@ -178,3 +180,29 @@ class LaneWatcher:
                         with self._lock:
                             self._value = json.dumps(view)
                         self._ready.set()
+
+
+@contextmanager
+def browser_world(prefix: str, model_command: str, shots_dir: Path) -> Iterator[dict[str, Any]]:
+    """A browser module's world: dshd with a scripted model (one step proposing
+    ``model_command``, then "Done: it ran."), its bridge, a work directory and the screenshots."""
+    from tests.e2e.conftest import running_daemon  # the e2e and web harnesses, loaded on use
+    from tests.web.conftest import WebBridge
+
+    root = Path(tempfile.mkdtemp(prefix=f"{prefix}-"))
+    work = root / "work"
+    work.mkdir()
+    script = root / "script.jsonl"
+    script.write_text(
+        json.dumps({"text": "I will run it.", "toolCalls": [
+            {"name": "bash", "arguments": {"command": model_command}}], "paceMs": 5}) + "\n"
+        + json.dumps({"text": "Done: it ran.", "paceMs": 5}) + "\n")
+    config = f'[model]\nprovider = "scripted"\nscript = "{script}"\n'
+    with running_daemon(config, prefix=f"{prefix}d-") as daemon:
+        bridge = WebBridge(daemon.socket, root / "tok" / "web-token")
+        bridge.start()
+        try:
+            yield {"daemon": daemon, "bridge": bridge, "work": work, "shots": Shots(shots_dir)}
+        finally:
+            bridge.close()
+            shutil.rmtree(root, ignore_errors=True)

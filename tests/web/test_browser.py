@@ -11,19 +11,14 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import running_daemon
-from tests.web.browser_support import (LaneWatcher, Shots, artifacts_dir, chrome,
+from tests.web.browser_support import (LaneWatcher, artifacts_dir, browser_world, chrome,
                                        chromium_missing, console, dshd_call, until)
-from tests.web.conftest import WebBridge
 
 _missing = chromium_missing()
 pytestmark = pytest.mark.skipif(_missing is not None, reason=f"browser tests: {_missing}")
@@ -37,24 +32,8 @@ MODEL_COMMAND = "echo model-ran >> model.txt; echo ran-by-the-model"
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """dshd (scripted model), its bridge, a work directory and the screenshots."""
-    root = Path(tempfile.mkdtemp(prefix="dsh-webp-"))
-    work = root / "work"
-    work.mkdir()
-    script = root / "script.jsonl"
-    script.write_text(
-        json.dumps({"text": "I will run it.", "toolCalls": [
-            {"name": "bash", "arguments": {"command": MODEL_COMMAND}}], "paceMs": 5}) + "\n"
-        + json.dumps({"text": "Done: it ran.", "paceMs": 5}) + "\n")
-    config = f'[model]\nprovider = "scripted"\nscript = "{script}"\n'
-    with running_daemon(config, prefix="dsh-webd-") as daemon:
-        bridge = WebBridge(daemon.socket, root / "tok" / "web-token")
-        bridge.start()
-        try:
-            yield {"daemon": daemon, "bridge": bridge, "work": work,
-                   "shots": Shots(artifacts_dir(tmp_path_factory))}
-        finally:
-            bridge.close()
-            shutil.rmtree(root, ignore_errors=True)
+    with browser_world("dsh-webp", MODEL_COMMAND, artifacts_dir(tmp_path_factory)) as world:
+        yield world
 
 
 @pytest.fixture(scope="module")

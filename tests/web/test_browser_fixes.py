@@ -10,21 +10,15 @@ liveness bounds, never speed assertions.
 
 from __future__ import annotations
 
-import json
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import running_daemon
-from tests.web.browser_support import (Shots, artifacts_dir, chrome, chromium_missing, console,
-                                       dshd_call, until)
-from tests.web.conftest import WebBridge
+from tests.web.browser_support import (artifacts_dir, browser_world, chrome, chromium_missing,
+                                       console, dshd_call, until)
 
 _missing = chromium_missing()
 pytestmark = pytest.mark.skipif(_missing is not None, reason=f"browser tests: {_missing}")
@@ -35,24 +29,8 @@ SESSION = "fixes"
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    root = Path(tempfile.mkdtemp(prefix="dsh-webf-"))
-    work = root / "work"
-    work.mkdir()
-    script = root / "script.jsonl"
-    script.write_text(
-        json.dumps({"text": "I will run it.", "toolCalls": [
-            {"name": "bash", "arguments": {"command": "echo chat-ran"}}], "paceMs": 5}) + "\n"
-        + json.dumps({"text": "Done: it ran.", "paceMs": 5}) + "\n")
-    config = f'[model]\nprovider = "scripted"\nscript = "{script}"\n'
-    with running_daemon(config, prefix="dsh-webfd-") as daemon:
-        bridge = WebBridge(daemon.socket, root / "tok" / "web-token")
-        bridge.start()
-        try:
-            yield {"daemon": daemon, "bridge": bridge, "work": work,
-                   "shots": Shots(artifacts_dir(tmp_path_factory) / "fixes")}
-        finally:
-            bridge.close()
-            shutil.rmtree(root, ignore_errors=True)
+    with browser_world("dsh-webf", "echo chat-ran", artifacts_dir(tmp_path_factory) / "fixes") as world:
+        yield world
 
 
 @pytest.fixture(scope="module")
