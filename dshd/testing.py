@@ -23,6 +23,19 @@ import time
 from pathlib import Path
 
 
+def end_process(proc: subprocess.Popen, sig: int, timeout: float) -> int:
+    """Send ``sig`` to a live ``proc``, wait ``timeout`` s, then SIGKILL (waited 10 s); its
+    exit status."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+    return proc.returncode
+
+
 class DshdProcess:
     """One ``dshd`` subprocess on ``<root>/run/dshd.sock`` (short path: sun_path is 107 bytes)
     with its state in ``state_dir`` (default ``<root>/state``) and its log in ``<root>/dshd.log``.
@@ -97,14 +110,7 @@ class DshdProcess:
         """Signal (graceful by default), wait bounded, SIGKILL if needed; the exit status."""
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        rc, self.proc = self.proc.returncode, None
+        rc, self.proc = end_process(self.proc, sig, timeout), None
         return rc
 
     def log_tail(self, lines: int = 30) -> str:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from dshd.testing import end_process
 from tests.e2e.conftest import running_daemon, until  # noqa: F401 - until: for web tests
 
 URL_RE = re.compile(r"(http://\S+/\?token=\S+)")
@@ -100,17 +101,11 @@ class WebBridge:
     def _end(self, sig: int, timeout: float) -> int | None:
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        rc = end_process(self.proc, sig, timeout)
         if self._reader is not None:
             self._reader.join(5)
         self.proc.stdout.close()
-        return self.proc.returncode
+        return rc
 
     def close(self) -> None:
         if self.running:
