@@ -38,8 +38,10 @@ from client.api import Client
 from client.transport import ConnectionLost, DshClientError
 from client.cli.keys import DEFAULT_DETACH_KEYS, describe_keys, parse_detach_keys
 from client.tui.calls import call_command, is_tty
+from client.tui.commandline import CommandLine
 from client.tui.confirm import ConfirmScreen
 from client.tui.feed import DaemonFeed
+from client.tui.frames import freeze_long_lived, thaw_long_lived
 from client.tui.help import HelpScreen
 from client.tui.approvals import CommandScreen
 from client.tui.panes import ApprovalsBar, SessionPane, SessionsPane
@@ -141,14 +143,18 @@ class DshApp(App[None], inherit_bindings=False):
             yield SessionsPane(id="sessions")
             yield SessionPane(client=(lambda: self.feed.client) if self._connect else None)
         yield ApprovalsBar()
-        yield Input(placeholder=self._placeholder(), id="command")
+        yield CommandLine(placeholder=self._placeholder(), id="command")
         yield Footer()
 
     def on_mount(self) -> None:
         self.query_one(SessionsPane).focus()
+        self.call_after_refresh(freeze_long_lived)  # the screen is up: client.tui.frames
         if self._connect:
             self.feed_lost("connecting…", 0)
             self.run_worker(self.feed.run(), group="feed", exit_on_error=True)
+
+    def on_unmount(self) -> None:
+        thaw_long_lived()
 
     def _placeholder(self) -> str:
         if self.chat_mode:
