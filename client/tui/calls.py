@@ -97,18 +97,24 @@ class CallView(Vertical, can_focus=True):
     def update_entry(self, entry: dict[str, Any]) -> None:
         """Show ``entry`` (the lane's live value: only its strings are kept to compare)."""
         self.entry = entry
-        shown = (entry.get("state"), call_command(entry), is_tty(entry), output_text(entry))
+        # A live view draws the output itself: the lane's window (which every batch of a
+        # busy call changes) is not compared then, and the header is drawn again only when
+        # it changed -- without a layout (its row's height is fixed), as a layout of the
+        # whole screen per batch is what a key typed meanwhile would wait for.
+        shown = (entry.get("state"), call_command(entry), is_tty(entry),
+                 output_text(entry) if self.live is None else None)
         if shown == self._shown or not self._ready:
             return
         try:
             command_row = self.query_one(".call-command", Static)
         except NoMatches:
             return  # removed (the call settled) before its rows were mounted
-        self._shown = shown
-        tty = " (pty: t attaches)" if shown[2] else ""
-        self.border_title = f"{self.call_id} · {entry.get('name', '?')} · {shown[0]}{tty}"
-        command_row.update(Text("$ " + shown[1]))
-        if self.live is None:
+        before, self._shown = self._shown, shown
+        if before is None or before[:3] != shown[:3]:
+            tty = " (pty: t attaches)" if shown[2] else ""
+            self.border_title = f"{self.call_id} · {entry.get('name', '?')} · {shown[0]}{tty}"
+            command_row.update(Text("$ " + shown[1]), layout=False)
+        if self.live is None and (before is None or before[3] != shown[3]):
             body = (Text.from_ansi(strip_controls(tail(shown[3]))) if shown[3]
                     else Text("(no output yet)", style="dim"))
             self.query_one(".call-tail", Static).update(Group(body))

@@ -175,6 +175,7 @@ class SessionPane(Vertical):
         self.last_turn: tuple[str, dict[str, Any]] | None = None
         self._commands: OrderedDict[str, str] = OrderedDict()  # callId -> command (bounded)
         self._asked: set[str] = set()  # callIds whose command was asked of the log
+        self._title: str | None = None
 
     def compose(self) -> ComposeResult:
         yield Static(id="session-header")
@@ -186,7 +187,9 @@ class SessionPane(Vertical):
     def show(self, lane: Any) -> None:
         self.lane = lane
         session = (lane or {}).get("session") or {}
-        self.border_title = session.get("name") or session.get("sessionId") or "session"
+        title = session.get("name") or session.get("sessionId") or "session"
+        if title != self._title:  # setting it repaints the pane, same value or not
+            self._title = self.border_title = title
         update_static(self.query_one("#session-header", Static), Text(
             f"{session.get('cwd', '')}  policy {session.get('approvalPolicy', '?')}  "
             f"sandbox {session.get('sandbox', '?')}", style="dim"))
