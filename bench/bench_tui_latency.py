@@ -5,14 +5,15 @@ Theory of operation: a real ``dshd`` (``bench.dshd_proc.BenchDaemon``) and, in t
 on asyncio, a Textual app (headless: Textual's own test driver, which composes every frame
 as on a terminal and writes it nowhere) with two widgets: an ``OutputView`` following one
 call, and a counter that a key increments (a repaint of its one line, as a keystroke in
-the command line is; it used to ask for a layout of the whole screen, ``Static.update``'s
-default, which no keystroke of ``dsh tui`` does). A press is a ``Key`` event posted to the app;
+``dsh tui``'s command line is since ``client.tui.commandline``: Textual's ``Input`` asked
+for a layout of the whole screen on every key, which the tui-* conditions below showed and
+the minimal app had hidden). A press is a ``Key`` event posted to the app;
 its latency is the time until the app hands the frame that shows the new count to its
 driver (``App._display``, the step that writes to the terminal). Presses are spaced by a
 random 40-120 ms (not in step with the view's 30 redraws a second).
 
-Five conditions, rounds interleaved (baseline, unseen, unseen-nice, flood, flood-nice,
-baseline, ...):
+Seven conditions, rounds interleaved (baseline, unseen, unseen-nice, flood, flood-nice,
+tui-baseline, tui-flood, baseline, ...):
 
 * baseline: the view shows a finished call's short output; nothing streams;
 * unseen: the same view while ``head -c SIZE /dev/urandom | base64`` (1 GiB of random bytes
@@ -23,7 +24,15 @@ baseline, ...):
 * unseen-nice, flood-nice: the same two with the flood's command (``head`` and ``base64``)
   at ``nice -n 10``, the call host and dshd as they are: how much of what is left above a
   frame is the machine's scheduling (the flood filling both cores) rather than the TUI.
-  These are extra conditions: the plain ones are measured as before.
+  These are extra conditions: the plain ones are measured as before;
+* tui-baseline, tui-flood: ``dsh tui`` itself (``client.tui.app.DshApp`` on the same daemon,
+  watching a session of its own), a press being a character typed into its command line,
+  shown when the frame whose command line holds it goes to the driver; with tui-flood the
+  watched session runs the flood, whose live output the session pane's call box shows.
+
+Both apps set up their frames as ``dsh tui`` does (``client.tui.frames``: Textual's frame cap,
+imported through ``client.tui`` before Textual; the collector's long-lived objects frozen once
+the screen is up); the cap is printed.
 
 Each round's flood call is cancelled after its presses.
 
@@ -44,13 +53,18 @@ import statistics
 import time
 from typing import Any
 
-from textual import events
-from textual.app import App, ComposeResult
-from textual.widgets import Static
-
+# client.tui before Textual: the package sets Textual's frame cap as dsh tui does, which
+# Textual reads when it is first imported (client.tui.frames).
 from bench.dshd_proc import BenchDaemon
 from client.api import connect
+from client.tui.app import DshApp
+from client.tui.frames import freeze_long_lived, thaw_long_lived
 from client.tui.outputview import OutputView
+
+import textual.constants
+from textual import events
+from textual.app import App, ComposeResult
+from textual.widgets import Input, Static
 
 FRAME_S = 1 / 60
 FLOOD = "head -c {size} /dev/urandom | base64"
@@ -61,8 +75,8 @@ NICE_FLOOD = "nice -n 10 sh -c '" + FLOOD + "'"
 
 class Counter(Static, can_focus=True):
     """Shows how many keys it got; each key bumps it. A repaint, not a layout (its size is
-    fixed), as a key typed into the command line (``Input``) is: ``Static.update`` would ask
-    Textual for a layout of the whole screen on every key by default."""
+    fixed), as a key typed into the command line (``CommandLine``) is: ``Static.update``
+    would ask Textual for a layout of the whole screen on every key by default."""
 
     def __init__(self) -> None:
         super().__init__("presses: 0")
@@ -88,6 +102,10 @@ class LatencyApp(App):
 
     def on_mount(self) -> None:
         self.counter.focus()
+        self.call_after_refresh(freeze_long_lived)  # as DshApp does (client.tui.frames)
+
+    def on_unmount(self) -> None:
+        thaw_long_lived()
 
     def _display(self, screen: Any, renderable: Any) -> None:
         super()._display(screen, renderable)
@@ -150,6 +168,74 @@ async def one_round(client: Any, session: str, condition: str, presses: int,
             "dropped": dropped, "ended_early": ended_early}
 
 
+class TuiLatencyApp(DshApp):
+    """``dsh tui`` itself, its command line focused; a press is one character typed there,
+    shown when the app hands the frame whose command line holds it to its driver."""
+
+    def __init__(self, socket: Any, session: str) -> None:
+        super().__init__(socket=socket, session=session)
+        self.waiting: tuple[int, float, asyncio.Future] | None = None
+
+    def typed(self) -> int:
+        return len(self.query_one("#command", Input).value)
+
+    def _display(self, screen: Any, renderable: Any) -> None:
+        super()._display(screen, renderable)
+        waiting = self.waiting
+        if waiting is not None and renderable is not None and not waiting[2].done() \
+                and self.typed() >= waiting[0]:
+            waiting[2].set_result(time.perf_counter() - waiting[1])
+
+
+async def type_one(app: TuiLatencyApp) -> float:
+    """One character into the command line → the frame that shows it: seconds."""
+    future: asyncio.Future = asyncio.get_running_loop().create_future()
+    app.waiting = (app.typed() + 1, time.perf_counter(), future)
+    app.post_message(events.Key("x", "x"))
+    try:
+        return await asyncio.wait_for(future, 30)
+    finally:
+        app.waiting = None
+
+
+async def tui_round(client: Any, socket: Any, session: str, condition: str, presses: int,
+                    size: int) -> dict[str, Any]:
+    """``tui-baseline``: ``dsh tui`` watching a session with finished calls; ``tui-flood``:
+    the same session running the flood, its live output in the session pane's call box."""
+    flood_call = None
+    if condition == "tui-flood":
+        flood_call = await client.run_tool(session, FLOOD.format(size=size))
+    app = TuiLatencyApp(socket, session)
+    samples: list[float] = []
+    async with app.run_test(size=(120, 40)) as pilot:
+        view: OutputView | None = None
+        if flood_call is None:
+            await asyncio.sleep(1.0)  # the first polls answered, the session shown
+        while flood_call is not None and (view is None or (view.position or 0) < 1 << 20):
+            await asyncio.sleep(0.02)  # the flood's call box shown, streaming in earnest
+            view = next((v for v in app.query(OutputView) if v.call_id == flood_call), None)
+        app.query_one("#command", Input).focus()
+        await pilot.pause()
+        start = time.perf_counter()
+        cpu_start = time.process_time()
+        start_bytes = view.position or 0 if view is not None else 0
+        for _ in range(presses):
+            if view is not None and view.ended:
+                break
+            await asyncio.sleep(random.uniform(0.04, 0.12))
+            samples.append(await type_one(app))
+        elapsed = time.perf_counter() - start
+        cpu = (time.process_time() - cpu_start) / elapsed if elapsed else 0.0
+        received = (view.position or 0) - start_bytes if view is not None else 0
+        dropped = view.dropped_bytes if view is not None else 0
+        ended_early = view is not None and view.ended
+    if flood_call is not None:
+        await client.cancel(session, flood_call)
+        await client.wait(session, flood_call)
+    return {"samples": samples, "rate": received / elapsed if elapsed else 0.0, "cpu": cpu,
+            "dropped": dropped, "ended_early": ended_early}
+
+
 def _p(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -163,7 +249,9 @@ CONDITIONS = (("baseline", "baseline (no flood)"),
               ("unseen", "1 GiB flood in another call, not shown"),
               ("unseen-nice", "the same, the flood's command at nice -n 10"),
               ("flood", "1 GiB flood shown in the OutputView"),
-              ("flood-nice", "the same, the flood's command at nice -n 10"))
+              ("flood-nice", "the same, the flood's command at nice -n 10"),
+              ("tui-baseline", "dsh tui, a key typed in its command line, no flood"),
+              ("tui-flood", "dsh tui, the same while its session pane shows the 1 GiB flood"))
 
 
 def report(rounds: dict[str, list[dict[str, Any]]]) -> int:
@@ -182,7 +270,7 @@ def report(rounds: dict[str, list[dict[str, Any]]]) -> int:
         for r in rounds[condition]:
             print(f"  round: the TUI used {r['cpu']:.0%} of a core"
                   + (f"; the output advanced {r['rate'] / 2**20:.0f} MiB/s, the view skipped "
-                     f"{r['dropped'] / 2**20:.0f} MiB" if condition.startswith("flood") else "")
+                     f"{r['dropped'] / 2**20:.0f} MiB" if "flood" in condition else "")
                   + ("; the flood ended before the presses did" if r["ended_early"] else ""))
     base, unseen, flood = figures["baseline"], figures["unseen"], figures["flood"]
     print(f"ratio shown flood/baseline: median {flood[0] / base[0]:.2f}x, p99 "
@@ -192,7 +280,13 @@ def report(rounds: dict[str, list[dict[str, Any]]]) -> int:
     print(f"with the flood at nice -n 10: shown/baseline median {nice[0] / base[0]:.2f}x, "
           f"p99 {nice[1] / base[1]:.2f}x; shown/unseen median {nice[0] / unseen_nice[0]:.2f}x, "
           f"p99 {nice[1] / unseen_nice[1]:.2f}x")
-    for condition, what in (("flood", "the flood"), ("flood-nice", "the flood at nice -n 10")):
+    tui, tui_flood = figures["tui-baseline"], figures["tui-flood"]
+    print(f"dsh tui: shown flood/no flood median {tui_flood[0] / tui[0]:.2f}x, p99 "
+          f"{tui_flood[1] / tui[1]:.2f}x")
+    print(f"Textual's frame cap: {textual.constants.MAX_FPS} frames a second "
+          "(client.tui.frames)")
+    for condition, what in (("flood", "the flood"), ("flood-nice", "the flood at nice -n 10"),
+                            ("tui-flood", "the flood, in dsh tui")):
         p99 = figures[condition][1]
         print(f"goal: a keypress redraws within one frame (16.7 ms) under {what}, p99: "
               f"{'met' if p99 <= FRAME_S else 'NOT met'} ({_ms(p99)})")
@@ -204,10 +298,17 @@ async def run(args: argparse.Namespace) -> int:
     with BenchDaemon({"approval_policy": "never"}, prefix="dsb-tui-") as daemon:
         async with connect(daemon.socket) as client:
             session = await client.create_session(daemon.work)
+            tui_session = await client.create_session(daemon.work, name="tui")
+            short = await client.run_tool(tui_session, "seq 1 100")
+            await client.wait(tui_session, short)
             for index in range(args.rounds):
                 for condition, _ in CONDITIONS:
-                    result = await one_round(client, session, condition, args.presses,
-                                             args.size)
+                    if condition.startswith("tui-"):
+                        result = await tui_round(client, daemon.socket, tui_session,
+                                                 condition, args.presses, args.size)
+                    else:
+                        result = await one_round(client, session, condition, args.presses,
+                                                 args.size)
                     rounds[condition].append(result)
                     print(f"round {index + 1} {condition}: "
                           f"median {statistics.median(result['samples']) * 1000:.1f} ms"
