@@ -4,7 +4,8 @@ Theory of operation: the app owns a ``client.tui.feed.DaemonFeed`` run in a Text
 the app's asyncio loop; the feed is the one connection to dshd (an approval answerer) and
 calls back ``feed_*`` on this app, which hand the values to the panes
 (``client.tui.panes``): the session list polled each second, the watched session's lane view
-(the sessions pane's cursor row picks it; ``session`` given at start picks it by id or name),
+(the sessions pane's cursor row picks it, held by session id across polls; ``session``
+given at start picks it once, by id or else by name),
 the banner when dshd is gone and while the feed connects again. Everything the person asks
 for -- run a command, send a chat input, answer an approval, cancel, write to a PTY call --
 is one request on the feed's live client in a worker, so the UI loop never waits on dshd; an
@@ -63,6 +64,19 @@ def while_mounted(method: Callable[..., Any]) -> Callable[..., Any]:
         except NoMatches:
             return None
     return guarded
+
+
+def wanted_id(sessions: list[SessionInfo], wanted: str) -> str | None:
+    """The id of the session ``wanted`` names: an id first, else a name (never an unnamed
+    session's missing name: the loop once matched ``None`` against every unnamed session
+    after the one found, and watched the last of them)."""
+    for info in sessions:
+        if info.session_id == wanted:
+            return info.session_id
+    for info in sessions:
+        if isinstance(info.name, str) and info.name == wanted:
+            return info.session_id
+    return None
 
 
 _DECISIONS = {"once": "allow-once", "session": "allow-for-session", "reject": "reject"}
@@ -180,10 +194,9 @@ class DshApp(App[None], inherit_bindings=False):
         pane = self.query_one(SessionsPane)
         pane.show(sessions)
         if self.wanted_session is not None:
-            for info in sessions:
-                if self.wanted_session in (info.session_id, info.name):
-                    if pane.select(info.session_id):
-                        self.wanted_session = None
+            found = wanted_id(sessions, self.wanted_session)
+            if found is not None and pane.select(found):
+                self.wanted_session = None
         self.feed.watch(self.watched_id())
 
     @while_mounted

