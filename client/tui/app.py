@@ -45,7 +45,7 @@ from client.tui.help import HelpScreen
 from client.tui.approvals import CommandScreen
 from client.tui.panes import ApprovalsBar, SessionPane, SessionsPane
 from client.tui.term import TerminalScreen
-from protocol.methods import SessionInfo
+from protocol.methods import MAX_TITLE_CHARS, SessionInfo
 from protocol.rpc import RpcError
 
 __all__ = ["DshApp", "CHAT_PREFIX"]
@@ -249,7 +249,7 @@ class DshApp(App[None], inherit_bindings=False):
         turn = lane.get("turn") if lane.get("session", {}).get("sessionId") == session_id else None
 
         async def body(client: Client) -> None:
-            sid = session_id or await self._new_session(client)
+            sid = session_id or await self._new_session(client, text)
             if not chat:
                 started = await client.start_tool(sid, text, approved=True)
                 try:
@@ -264,8 +264,10 @@ class DshApp(App[None], inherit_bindings=False):
 
         self.request("chat" if chat else "run the command", body)
 
-    async def _new_session(self, client: Client) -> str:
-        session_id = await client.create_session(os.getcwd())
+    async def _new_session(self, client: Client, first_input: str) -> str:
+        """A new session, titled by its first input (as ``dsh run`` titles by the command)."""
+        session_id = await client.create_session(os.getcwd(),
+                                                 title=first_input[:MAX_TITLE_CHARS])
         self.wanted_session = session_id
         self.feed.watch(session_id)
         return session_id

@@ -1,8 +1,9 @@
 """The TUI's panes: the sessions list, the watched session, the approvals bar, the banner.
 
 Theory of operation: each pane is fed a plain value and renders it; none of them talks to
-dshd. :class:`SessionsPane` takes the ``session.list`` answer (``SessionInfo`` structs) and
-keeps its cursor on the same session across updates (rows keyed by session id, newest first
+dshd. :class:`SessionsPane` takes the ``session.list`` answer (``SessionInfo`` structs), labels
+each session as the web page does (name, else title, else id: ``session_label``; the session
+pane's header carries the id) and keeps its cursor on the same session across updates (rows keyed by session id, newest first
 by creation, so rows do not jump while sessions work); a poll updates only the cells that
 changed, so an unchanged list (the usual 1 s poll) repaints nothing; likewise the other
 panes update a text only when it changed (``update_static``: ``Static.update`` lays out the
@@ -32,6 +33,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import DataTable, Static
 
+from client.tui.ansi import strip_controls
 from client.tui.approvals import ApprovalsBar, oldest_approval
 from client.tui.calls import LIVE_VIEWS, CallView, call_command, tail
 from client.tui.turnlog import call_commands, final_text
@@ -39,7 +41,8 @@ from client.transport import ConnectionLost, DshClientError
 from protocol.rpc import RpcError
 from protocol.methods import SessionInfo
 
-__all__ = ["SessionsPane", "SessionPane", "ApprovalsBar", "session_row", "oldest_approval",
+__all__ = ["SessionsPane", "SessionPane", "ApprovalsBar", "session_row", "session_label",
+           "oldest_approval",
            "RECENT_SHOWN", "status_word", "update_static"]
 
 #: Recent results listed in the session pane (the lane keeps ≤ 20).
@@ -55,6 +58,8 @@ STATUS_WORDS = {"APPROVAL_REJECTED": "rejected", "APPROVAL_CANCELLED": "cancelle
 COLUMNS = ("name", "run", "ask", "exit", "cwd")
 #: The widest cwd shown (cells): longer ones keep their end, after "…".
 CWD_CELLS = 32
+#: The widest title shown as an unnamed session's label (cells): longer ones end in "…".
+LABEL_CELLS = 24
 
 
 def _v(value: Any, default: Any = None) -> Any:
@@ -69,13 +74,28 @@ def short_path(path: str, cells: int = CWD_CELLS) -> str:
     return path if len(path) <= cells else "…" + path[-(cells - 1):]
 
 
+def session_label(name: Any, title: Any, session_id: str) -> str:
+    """What names a session for a person, as the web page does (``sessions.js``): its name,
+    else its title (``dsh run`` titles a new session by its command; one line, controls
+    stripped, cut to ``LABEL_CELLS``), else its id."""
+    name, title = _v(name), _v(title)
+    if isinstance(name, str) and name:
+        return name
+    if isinstance(title, str) and title.strip():
+        line = " ".join(strip_controls(title).split())
+        return line if len(line) <= LABEL_CELLS else line[:LABEL_CELLS - 1] + "…"
+    return session_id
+
+
 def session_row(info: SessionInfo) -> tuple[str, ...]:
-    """The cells of one session: name (else id), running, pending approvals, last exit, cwd."""
+    """The cells of one session: name (else title, else id), running, pending approvals,
+    last exit, cwd."""
     if info.damaged is not UNSET:
         return (info.session_id, "", "", "", f"damaged: {info.damaged}")
     running = _v(info.running, 0)
     pending = _v(info.pending_approvals, 0)
-    return (_v(info.name, info.session_id), str(running) if running else "",
+    return (session_label(info.name, info.title, info.session_id),
+            str(running) if running else "",
             str(pending) if pending else "", _exit_word(_v(info.last_exit, "")),
             short_path(_v(info.cwd, "")))
 
@@ -186,10 +206,13 @@ class SessionPane(Vertical):
     def show(self, lane: Any) -> None:
         self.lane = lane
         session = (lane or {}).get("session") or {}
-        self.border_title = session.get("name") or session.get("sessionId") or "session"
+        session_id = session.get("sessionId")
+        self.border_title = (session_label(session.get("name"), session.get("title"),
+                                           str(session_id)) if session_id else "session")
         update_static(self.query_one("#session-header", Static), Text(
-            f"{session.get('cwd', '')}  policy {session.get('approvalPolicy', '?')}  "
-            f"sandbox {session.get('sandbox', '?')}", style="dim"))
+            f"{session_id or ''}  {session.get('cwd', '')}  policy "
+            f"{session.get('approvalPolicy', '?')}  sandbox {session.get('sandbox', '?')}",
+            style="dim"))
         self._show_calls(session.get("sessionId"), (lane or {}).get("tools") or {})
         recent = (lane or {}).get("recent") or []
         self._remember_commands((lane or {}).get("tools") or {})
