@@ -16,9 +16,12 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import trio
 
 from tests.e2e.conftest import running_daemon
 from tests.e2e.tmux import Pane, have_tmux
+from client.api import connect
+from tests.tui.helpers import ask_from_outside
 from tests.tui.test_tmux_tui import fits, visible
 
 pytestmark = pytest.mark.skipif(not have_tmux(), reason="tmux is not installed")
@@ -40,6 +43,13 @@ def world():
                 pane.close()
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def session_id(daemon, name: str) -> str:
+    async def find() -> str:
+        async with connect(daemon.socket) as client:
+            return (await client.find_session(name))[0]
+    return trio.run(find)
 
 
 def session_title(pane: Pane) -> str:
@@ -67,3 +77,26 @@ def test_the_session_named_at_start_stays_watched_across_polls(world):
     made = daemon.dsh("run", "--session", "later", "--", "false", cwd=str(work))
     pane.until(r"│ later .* 1 ")  # later's last exit shows: another poll
     assert session_title(pane) == "build", pane.screen()
+
+
+def test_every_approvals_bar_action_reads_whole_at_80_columns(world):
+    daemon, pane, work = world
+    made = daemon.dsh("run", "--name", "asks", "--", "true", cwd=str(work))
+    assert made.returncode == 0, made.stderr
+    pane.line("dsh tui asks")
+    pane.until(r"╭─+ asks ─")  # watched: the TUI answers the session's requests
+    asking = ask_from_outside(daemon, session_id(daemon, "asks"), "echo asked-from-outside")
+    try:
+        pane.until(r"asks: echo asked-from-outside")
+        pane.until(r"allow once")  # the buttons, drawn
+        lines = fits(pane, COLS, ROWS)
+        screen = "\n".join(lines)
+        buttons = next(line for line in lines if "allow once" in line)
+        for action in ("y allow once", "a for session", "n reject", "v view all"):
+            assert action in buttons, screen  # each key and its whole word
+        footer = lines[-1]
+        for action in ("f1 help", "^q quit", "^t chat", "^o attach", "^k cancel"):
+            assert action in footer, screen
+    finally:
+        asking.kill()
+        asking.wait()
