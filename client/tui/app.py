@@ -114,7 +114,7 @@ class DshApp(App[None], inherit_bindings=False):
     HELP_NAME = "main"
     ENABLE_COMMAND_PALETTE = False
     # The footer shows the short ``description`` (every word whole at 80 columns); the help
-    # screen the ``tooltip`` when there is one.
+    # screen the ``tooltip`` when there is one (it holds the description: one line at 80).
     BINDINGS = [
         Binding("f1,question_mark", "help", "help"),
         Binding("ctrl+q", "quit", "quit"),
@@ -123,11 +123,10 @@ class DshApp(App[None], inherit_bindings=False):
         Binding("f4,n", "decide('reject')", "reject", show=False),
         Binding("v", "view_request", "view the whole request", show=False),
         Binding("f5,j", "watch_asking", "watch it", show=False,
-                tooltip="watch the other session that asks (the bar names it), to answer it"),
+                tooltip="watch it: the other session that asks"),
         Binding("ctrl+t", "toggle_chat", "chat", tooltip="chat mode on/off"),
-        Binding("ctrl+o,t", "attach", "attach", tooltip="attach the newest PTY call"),
-        Binding("ctrl+k,c", "cancel", "cancel",
-                tooltip="cancel the turn, else the selected call, else the newest (asks y)"),
+        Binding("ctrl+o,t", "attach", "attach", tooltip="attach PTY call"),
+        Binding("ctrl+k,c", "cancel", "cancel", tooltip="cancel turn / selected call (asks y)"),
         # Priority: the app takes these before it forwards the key, so the focus has moved
         # when the next key (typed right after, in the same read) is forwarded (check_action).
         Binding("colon,slash,i", "focus_input", "command line", show=False, priority=True),

@@ -16,7 +16,8 @@ the ``tools`` entry while the call ran, else read from the log's ``tool/call`` i
 bounded by ``COMMANDS_KEPT``), the
 result of the last command typed on the command line (its output, however fast it ended) and
 the turn's streaming text (an ended turn's whole last text read back from the log:
-``client.tui.turnlog``). :class:`ApprovalsBar` (``client.tui.approvals``, re-exported here)
+``client.tui.turnlog``); its rows are shared by priority (``client.tui.fit``: the running
+calls' output and the turn first, the recent list shrinks first) on each batch and resize. :class:`ApprovalsBar` (``client.tui.approvals``, re-exported here)
 shows the oldest pending request of the lane's ``approvals``, whole, and is hidden when there
 is none; its buttons (mouse) do what its keys do.
 """
@@ -35,7 +36,8 @@ from textual.widgets import DataTable, Static
 
 from client.tui.ansi import strip_controls
 from client.tui.approvals import ApprovalsBar, oldest_approval
-from client.tui.calls import LIVE_VIEWS, CallView, call_command, tail
+from client.tui.calls import LIVE_VIEWS, TAIL_LINES, CallView, call_command, tail
+from client.tui.fit import CALL_CHROME, share
 from client.tui.turnlog import call_commands, final_text
 from client.transport import ConnectionLost, DshClientError
 from protocol.rpc import RpcError
@@ -195,6 +197,11 @@ class SessionPane(Vertical):
         self.last_turn: tuple[str, dict[str, Any]] | None = None
         self._commands: OrderedDict[str, str] = OrderedDict()  # callId -> command (bounded)
         self._asked: set[str] = set()  # callIds whose command was asked of the log
+        #: What the rows are shared by (``client.tui.fit``): the texts as made, before a cut.
+        self._header = Text()
+        self._turn_full = Text()
+        self._result_full: Text | None = None
+        self._fitted: dict[str, Any] = {}
 
     def compose(self) -> ComposeResult:
         yield Static(id="session-header")
@@ -209,16 +216,62 @@ class SessionPane(Vertical):
         session_id = session.get("sessionId")
         self.border_title = (session_label(session.get("name"), session.get("title"),
                                            str(session_id)) if session_id else "session")
-        update_static(self.query_one("#session-header", Static), Text(
+        self._header = Text(
             f"{session_id or ''}  {session.get('cwd', '')}  policy "
             f"{session.get('approvalPolicy', '?')}  sandbox {session.get('sandbox', '?')}",
-            style="dim"))
+            style="dim")
+        update_static(self.query_one("#session-header", Static), self._header)
         self._show_calls(session.get("sessionId"), (lane or {}).get("tools") or {})
         recent = (lane or {}).get("recent") or []
         self._remember_commands((lane or {}).get("tools") or {})
         self._read_commands(session.get("sessionId"), recent)
         update_static(self.query_one("#recent", Static), recent_text(recent, self._commands))
-        update_static(self.query_one("#turn", Static), self._turn(session.get("sessionId"), lane))
+        self._turn_full = self._turn(session.get("sessionId"), lane)
+        self.fit()
+
+    def on_resize(self) -> None:
+        self.fit()
+
+    def _rows(self, text: Text | None) -> list[Text]:
+        if text is None:
+            return []
+        return list(text.wrap(self.app.console, max(1, self.size.width), overflow="fold"))
+
+    def _set(self, widget: Any, key: str, value: Any) -> None:
+        """Set a style only when it changes (a same value set again would lay out again)."""
+        if self._fitted.get(key) != value:
+            self._fitted[key] = value
+            setattr(widget.styles, key.split(":")[0], value)
+
+    def fit(self) -> None:
+        """Share the rows (``client.tui.fit.share``): the running calls' output and the turn
+        first, then the last result, then the recent list (which shrinks first)."""
+        height = self.size.height
+        if height <= 0:
+            update_static(self.query_one("#turn", Static), self._turn_full)
+            return
+        views = list(self.query(CallView))
+        result_box = self.query_one("#last-result", Static)
+        result = len(self._rows(self._result_full)) + 1 if result_box.has_class("shown") else 0
+        recent_box = self.query_one("#recent", Static)
+        recent = 1 + min(RECENT_SHOWN, len((self.lane or {}).get("recent") or []))
+        turn_lines = self._rows(self._turn_full)
+        got = share(height, len(self._rows(self._header)), bool(views), result, recent,
+                    len(turn_lines) + 1)
+        self._set(result_box, "max_height:result", got.result)
+        self._set(recent_box, "max_height:recent", got.recent)
+        self._set(recent_box, "display:recent", "block" if got.recent else "none")
+        keep = max(1, got.turn - 1)  # less its border
+        if len(turn_lines) > keep:  # its header and the end of its streaming text
+            turn_lines = turn_lines[:1] + turn_lines[len(turn_lines) - keep + 1:]
+            update_static(self.query_one("#turn", Static), Text("\n").join(turn_lines))
+        else:
+            update_static(self.query_one("#turn", Static), self._turn_full)
+        self._set(self.query_one("#turn", Static), "max_height:turn", got.turn)
+        if views:
+            body = max(3, min(TAIL_LINES, got.calls // len(views) - CALL_CHROME))
+            for view in views:
+                view.set_body_rows(body)
 
     def _remember_commands(self, tools: dict[str, dict[str, Any]]) -> None:
         """The lane's ``recent`` has no args: keep the command of each call seen running."""
@@ -313,8 +366,10 @@ class SessionPane(Vertical):
                     else "bold")
         text.append_text(Text.from_ansi(tail(result.content or result.message or "")))
         box = self.query_one("#last-result", Static)
+        self._result_full = text
         box.update(text)
         box.add_class("shown")
+        self.fit()
 
     def resume(self, client: Any) -> None:
         """A new connection: every live output view follows again."""

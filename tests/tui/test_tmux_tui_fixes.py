@@ -100,3 +100,27 @@ def test_every_approvals_bar_action_reads_whole_at_80_columns(world):
     finally:
         asking.kill()
         asking.wait()
+
+
+def test_a_running_calls_output_shows_beside_a_typed_result_at_80x24(world):
+    daemon, pane, work = world
+    made = daemon.dsh("run", "--name", "busy", "--", "true", cwd=str(work))
+    assert made.returncode == 0, made.stderr
+    for word in range(6):  # recent results to fill their list
+        done = daemon.dsh("run", "--session", "busy", "--", "echo", f"old-{word}",
+                          cwd=str(work))
+        assert done.returncode == 0, done.stderr
+    pane.line("dsh tui busy")
+    pane.until(r"f1 help")
+    pane.until(r"╭─+ busy ─")
+    pane.type(":for i in $(seq 1 1000); do echo line$i; sleep 0.1; done", literal=True)
+    pane.type("Enter")
+    pane.until(r"│ *line\d+ ")  # its output in its box
+    pane.type("echo typed-result", literal=True)  # the command line kept the focus
+    pane.type("Enter")
+    pane.until(r"\$ echo typed-result → exit 0")
+    pane.until(r"│ *line[2-9]\d ")  # a later poll: still shown, and going on
+    lines = fits(pane, COLS, ROWS)
+    output = [line for line in lines if re.search(r"│ *line\d+ ", line)]
+    assert len(output) >= 3, "\n".join(lines)  # a few lines of the running call's output
+    assert any("typed-result" in line for line in lines), "\n".join(lines)
