@@ -4,7 +4,8 @@ Theory of operation: the app owns a ``client.tui.feed.DaemonFeed`` run in a Text
 the app's asyncio loop; the feed is the one connection to dshd (an approval answerer) and
 calls back ``feed_*`` on this app, which hand the values to the panes
 (``client.tui.panes``): the session list polled each second, the watched session's lane view
-(the sessions pane's cursor row picks it; ``session`` given at start picks it by id or name),
+(the sessions pane's cursor row picks it, held by session id across polls; ``session``
+given at start picks it once, by id or else by name),
 the banner when dshd is gone and while the feed connects again. Everything the person asks
 for -- run a command, send a chat input, answer an approval, cancel, write to a PTY call --
 is one request on the feed's live client in a worker, so the UI loop never waits on dshd; an
@@ -13,10 +14,12 @@ a message (nothing is queued to run later by surprise).
 
 The command line runs ``tool.run`` of ``bash {command}`` pre-approved (``approved: true``: the
 person typed it) in the watched session -- with none, a new session in the app's working
-directory -- then waits for its result (``tool.wait``, in the worker) and shows it in the
+directory, titled by the line -- then waits for its result (``tool.wait``, in the worker) and shows it in the
 session pane. In chat mode (ctrl+t) or with the ``> `` prefix the line is a chat input instead:
 ``turn.start``, or ``turn.steer`` while the lane shows a turn. The approvals bar answers the
-oldest pending request of the watched session with ``approval.decide``. A terminal resize
+oldest pending request of the watched session with ``approval.decide``; while another session
+has one (the feed asks ``approval.list`` then), the bar names it and ``j`` watches that
+session, so it can be answered. A terminal resize
 reflows the panes (Textual's layout); nothing is cached by size.
 """
 
@@ -44,9 +47,10 @@ from client.tui.feed import DaemonFeed
 from client.tui.frames import freeze_long_lived, thaw_long_lived
 from client.tui.help import HelpScreen
 from client.tui.approvals import CommandScreen
-from client.tui.panes import ApprovalsBar, SessionPane, SessionsPane
+from client.tui.panes import ApprovalsBar, SessionPane, SessionsPane, session_label
 from client.tui.term import TerminalScreen
-from protocol.methods import SessionInfo
+from protocol.approvals import PendingApproval
+from protocol.methods import MAX_TITLE_CHARS, SessionInfo
 from protocol.rpc import RpcError
 
 __all__ = ["DshApp", "CHAT_PREFIX"]
@@ -65,6 +69,19 @@ def while_mounted(method: Callable[..., Any]) -> Callable[..., Any]:
         except NoMatches:
             return None
     return guarded
+
+
+def wanted_id(sessions: list[SessionInfo], wanted: str) -> str | None:
+    """The id of the session ``wanted`` names: an id first, else a name (never an unnamed
+    session's missing name: the loop once matched ``None`` against every unnamed session
+    after the one found, and watched the last of them)."""
+    for info in sessions:
+        if info.session_id == wanted:
+            return info.session_id
+    for info in sessions:
+        if isinstance(info.name, str) and info.name == wanted:
+            return info.session_id
+    return None
 
 
 _DECISIONS = {"once": "allow-once", "session": "allow-for-session", "reject": "reject"}
@@ -98,6 +115,8 @@ class DshApp(App[None], inherit_bindings=False):
     TITLE = "dsh tui"
     HELP_NAME = "main"
     ENABLE_COMMAND_PALETTE = False
+    # The footer shows the short ``description`` (every word whole at 80 columns); the help
+    # screen the ``tooltip`` when there is one (it holds the description: one line at 80).
     BINDINGS = [
         Binding("f1,question_mark", "help", "help"),
         Binding("ctrl+q", "quit", "quit"),
@@ -105,9 +124,11 @@ class DshApp(App[None], inherit_bindings=False):
         Binding("f3,a", "decide('session')", "allow for session", show=False),
         Binding("f4,n", "decide('reject')", "reject", show=False),
         Binding("v", "view_request", "view the whole request", show=False),
-        Binding("ctrl+t", "toggle_chat", "chat mode"),
-        Binding("ctrl+o,t", "attach", "attach PTY call"),
-        Binding("ctrl+k,c", "cancel", "cancel turn / selected call (asks y)"),
+        Binding("f5,j", "watch_asking", "watch it", show=False,
+                tooltip="watch it: the other session that asks"),
+        Binding("ctrl+t", "toggle_chat", "chat", tooltip="chat mode on/off"),
+        Binding("ctrl+o,t", "attach", "attach", tooltip="attach PTY call"),
+        Binding("ctrl+k,c", "cancel", "cancel", tooltip="cancel turn / selected call (asks y)"),
         # Priority: the app takes these before it forwards the key, so the focus has moved
         # when the next key (typed right after, in the same read) is forwarded (check_action).
         Binding("colon,slash,i", "focus_input", "command line", show=False, priority=True),
@@ -116,7 +137,7 @@ class DshApp(App[None], inherit_bindings=False):
     ]
     EXTRA_KEYS = (("up, down, enter, click", "sessions list: pick the session to watch"),
                   ("> text", "command line: a chat input (else: a bash command)"),
-                  ("y, a, n", "only outside the command line (f2, f3, f4 work everywhere)"))
+                  ("y, a, n, v, j", "only outside the command line (f2-f5 work everywhere)"))
     CSS = """
     #banner { height: auto; background: $error; color: $text; padding: 0 1; display: none; }
     #banner.lost { display: block; }
@@ -186,10 +207,9 @@ class DshApp(App[None], inherit_bindings=False):
         pane = self.query_one(SessionsPane)
         pane.show(sessions)
         if self.wanted_session is not None:
-            for info in sessions:
-                if self.wanted_session in (info.session_id, info.name):
-                    if pane.select(info.session_id):
-                        self.wanted_session = None
+            found = wanted_id(sessions, self.wanted_session)
+            if found is not None and pane.select(found):
+                self.wanted_session = None
         self.feed.watch(self.watched_id())
 
     @while_mounted
@@ -198,6 +218,21 @@ class DshApp(App[None], inherit_bindings=False):
             return
         self.query_one(SessionPane).show(lane)
         self.query_one(ApprovalsBar).show(lane)
+
+    @while_mounted
+    def feed_approvals(self, pending: list[PendingApproval]) -> None:
+        """Every pending request (``approval.list``): the oldest of another session is named
+        on the bar, to be watched (``j``) and answered."""
+        others = sorted((p for p in pending if p.session_id != self.feed.watched),
+                        key=lambda p: (p.asked_at, p.approval_id))
+        found = None
+        if others:
+            oldest = others[0]
+            info = next((s for s in self._sessions if s.session_id == oldest.session_id), None)
+            label = session_label(oldest.session_name, info.title if info else None,
+                                  oldest.session_id)
+            found = (oldest.session_id, label, oldest.summary, len(others) - 1)
+        self.query_one(ApprovalsBar).show_elsewhere(found)
 
     def feed_error(self, message: str) -> None:
         self.notify(message, severity="error")
@@ -242,7 +277,7 @@ class DshApp(App[None], inherit_bindings=False):
         turn = lane.get("turn") if lane.get("session", {}).get("sessionId") == session_id else None
 
         async def body(client: Client) -> None:
-            sid = session_id or await self._new_session(client)
+            sid = session_id or await self._new_session(client, text)
             if not chat:
                 started = await client.start_tool(sid, text, approved=True)
                 try:
@@ -257,8 +292,10 @@ class DshApp(App[None], inherit_bindings=False):
 
         self.request("chat" if chat else "run the command", body)
 
-    async def _new_session(self, client: Client) -> str:
-        session_id = await client.create_session(os.getcwd())
+    async def _new_session(self, client: Client, first_input: str) -> str:
+        """A new session, titled by its first input (as ``dsh run`` titles by the command)."""
+        session_id = await client.create_session(os.getcwd(),
+                                                 title=first_input[:MAX_TITLE_CHARS])
         self.wanted_session = session_id
         self.feed.watch(session_id)
         return session_id
@@ -275,6 +312,14 @@ class DshApp(App[None], inherit_bindings=False):
     def _reject(self) -> None:
         self.action_decide("reject")
 
+    @on(Button.Pressed, "#view-request")
+    def _view(self) -> None:
+        self.action_view_request()
+
+    @on(Button.Pressed, "#watch-asking")
+    def _watch_asking(self) -> None:
+        self.action_watch_asking()
+
     # -- actions ---------------------------------------------------------------------------
     def action_decide(self, how: str) -> None:
         bar = self.query_one(ApprovalsBar)
@@ -284,8 +329,21 @@ class DshApp(App[None], inherit_bindings=False):
             return
         approval_id = bar.approval[0]
         bar.approval = None  # one key, one decision: a second press waits for the next request
-        bar.remove_class("asking")
+        bar.update_shown()
         self.request("decide", lambda c: c.decide_full(session_id, approval_id, _DECISIONS[how]))
+
+    def action_watch_asking(self) -> None:
+        """Watch the other session the bar says asks, so its request can be answered."""
+        bar = self.query_one(ApprovalsBar)
+        if bar.elsewhere is None:
+            self.notify("no other session waits for an approval", severity="warning")
+            return
+        session_id = bar.elsewhere[0]
+        bar.show_elsewhere(None)  # the next poll names the next one, if any
+        if self.query_one(SessionsPane).select(session_id):
+            self.feed.watch(session_id)
+        else:
+            self.wanted_session = session_id  # not listed yet: picked when it is
 
     def action_view_request(self) -> None:
         bar = self.query_one(ApprovalsBar)

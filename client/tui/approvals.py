@@ -1,8 +1,15 @@
-"""The approvals bar: the oldest pending request of the watched session, shown whole.
+"""The approvals bar: the oldest pending request of the watched session, shown whole, and
+the oldest one of any other session.
 
 Theory of operation: :class:`ApprovalsBar` is fed the lane view (PROTOCOL.md §3.3) and shows
 the oldest request of its ``approvals`` -- ``tool asks: <exact command>`` -- above the
-buttons allow once (y) / for session (a) / reject (n); it is hidden when nothing is asked.
+buttons ``y allow once`` / ``a for session`` / ``n reject`` / ``v view all`` (each key first,
+then its word: they fit 80 columns whole); it is also fed the oldest pending request of the
+other sessions (``approval.list``, which the app asks while the list shows one:
+``show_elsewhere``) and then shows ``<session> asks: <command>`` with ``j watch it`` -- only
+the watched session's requests can be answered here (the TUI answers the session it
+subscribes to), so the person is told and taken there with one key. It is hidden when
+nothing is asked anywhere.
 A person must see what they approve, so the command is never cut silently: it wraps to the
 bar's width, up to ``BAR_LINES`` rows; a longer one shows its first rows and then
 "… N more lines: press v to view the whole command", and ``v`` opens :class:`CommandScreen`
@@ -53,28 +60,55 @@ class ApprovalsBar(Vertical):
     ApprovalsBar { height: auto; background: $warning 30%; display: none; }
     ApprovalsBar.asking { display: block; }
     ApprovalsBar #approval-text { width: 1fr; height: auto; padding: 0 1; }
-    ApprovalsBar #approval-buttons { height: 1; width: 1fr; }
-    ApprovalsBar #approval-buttons Button { min-width: 16; height: 1; min-height: 1;
+    ApprovalsBar #approval-buttons, ApprovalsBar #elsewhere-row { height: 1; width: 1fr; }
+    ApprovalsBar.mine-none #approval-text, ApprovalsBar.mine-none #approval-buttons,
+    ApprovalsBar.elsewhere-none #elsewhere-row { display: none; }
+    ApprovalsBar #approval-buttons Button, ApprovalsBar #elsewhere-row Button { min-width: 0; width: auto; height: 1; min-height: 1;
         border: none; border-top: none; border-bottom: none; padding: 0 1;
         margin: 0 1 0 0; }
+    ApprovalsBar #elsewhere-text { width: 1fr; height: 1; padding: 0 1; }
     """
 
     def __init__(self) -> None:
-        super().__init__(id="approvals")
+        super().__init__(id="approvals", classes="mine-none elsewhere-none")
         self.approval: tuple[str, dict[str, Any]] | None = None
         self.full_text: Text | None = None
+        #: The oldest request of another session: (session id, label, command), or None.
+        self.elsewhere: tuple[str, str, str] | None = None
 
     def compose(self) -> ComposeResult:
         yield Static(id="approval-text")
         with Horizontal(id="approval-buttons"):
-            yield Button("allow once (y)", id="approve-once", variant="success")
-            yield Button("for session (a)", id="approve-session", variant="primary")
-            yield Button("reject (n)", id="reject", variant="error")
+            yield Button("y allow once", id="approve-once", variant="success")
+            yield Button("a for session", id="approve-session", variant="primary")
+            yield Button("n reject", id="reject", variant="error")
+            yield Button("v view all", id="view-request")
+        with Horizontal(id="elsewhere-row"):
+            yield Static(id="elsewhere-text")
+            yield Button("j watch it", id="watch-asking", variant="warning")
+
+    def update_shown(self) -> None:
+        self.set_class(self.approval is None, "mine-none")
+        self.set_class(self.elsewhere is None, "elsewhere-none")
+        self.set_class(self.approval is not None or self.elsewhere is not None, "asking")
+
+    def show_elsewhere(self, found: tuple[str, str, str, int] | None) -> None:
+        """``(session id, session label, command, more)`` of the oldest request of another
+        session (``more``: how many others wait besides), or None."""
+        self.elsewhere = None if found is None else found[:3]
+        if found is not None:
+            _, label, command, more = found
+            text = Text(f"{label} asks: ", style="bold", no_wrap=True, overflow="ellipsis")
+            text.append(visible_text(command).replace("\n", " "))
+            if more:
+                text.append(f"  (+{more} more)", style="dim")
+            self.query_one("#elsewhere-text", Static).update(text)
+        self.update_shown()
 
     def show(self, lane: Any) -> None:
         found = oldest_approval(lane)
         self.approval = None if found is None else (found[0], dict(found[1]))
-        self.set_class(self.approval is not None, "asking")
+        self.update_shown()
         if self.approval is None:
             self.full_text = None
             return

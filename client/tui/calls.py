@@ -1,7 +1,8 @@
 """How the TUI shows one running call: a header, and its output live (raw) or the lane's tail.
 
 Theory of operation: a :class:`CallView` is a bordered box titled ``callId · tool · state``
-with the call's command and a body of ``TAIL_LINES`` rows. When the app is connected and the
+with the call's command and a body of ``TAIL_LINES`` rows (fewer when the session pane has
+fewer to give: ``set_body_rows``). When the app is connected and the
 call is one of the ``LIVE_VIEWS`` newest running calls of the session, the body is the tuiterm
 room's ``client.tui.outputview.OutputView``: the call's raw output followed with
 ``tool.follow`` in a bounded window, ANSI colours, scroll-back by ``tool.read`` (focus it and
@@ -85,6 +86,8 @@ class CallView(Vertical, can_focus=True):
             self.live = OutputView(client, session_id, call_id)
         self._entry_at_start = entry
         self._ready = False
+        #: Output rows shown (``TAIL_LINES`` unless the session pane has fewer to give).
+        self.body_rows = TAIL_LINES
 
     def compose(self) -> ComposeResult:
         yield Static(classes="call-command")
@@ -115,9 +118,20 @@ class CallView(Vertical, can_focus=True):
             self.border_title = f"{self.call_id} · {entry.get('name', '?')} · {shown[0]}{tty}"
             command_row.update(Text("$ " + shown[1]), layout=False)
         if self.live is None and (before is None or before[3] != shown[3]):
-            body = (Text.from_ansi(strip_controls(tail(shown[3]))) if shown[3]
+            body = (Text.from_ansi(strip_controls(tail(shown[3], self.body_rows))) if shown[3]
                     else Text("(no output yet)", style="dim"))
             self.query_one(".call-tail", Static).update(Group(body))
+
+    def set_body_rows(self, rows: int) -> None:
+        """Show ``rows`` lines of output (the session pane shares its rows: ``fit``)."""
+        if rows == self.body_rows:
+            return
+        self.body_rows = rows
+        if self.live is not None:
+            self.live.styles.height = rows
+        else:
+            self._shown = None
+            self.update_entry(self.entry or self._entry_at_start)
 
     def resume(self, client: Any) -> None:
         """A new connection: the live view follows again from the next byte it lacks."""

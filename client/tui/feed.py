@@ -4,7 +4,8 @@ Theory of operation: :class:`DaemonFeed` owns ONE long-lived ``client.api`` conn
 approval answerer: ``approvals=True``) and runs on whatever loop runs the caller -- Textual's
 asyncio loop, through a worker (anyio is the client library's runtime). While connected two
 tasks share it: one polls ``session.list`` every ``POLL_S`` (there is no list subscription)
-and hands the list to the sink; one holds a ``client.subscription.Subscription`` (which mirrors
+and hands the list to the sink -- and, while a session other than the watched one has a
+pending approval, ``approval.list`` too (``feed_approvals``; an empty list once none has); one holds a ``client.subscription.Subscription`` (which mirrors
 the lane with ``protocol.mirror.Mirror`` and resubscribes on a gap) to the *watched* session
 and hands each new view to the sink -- the mirror's own value, which the next batch changes in
 place: the sink renders it at once (the callback runs before the next batch is applied) and
@@ -33,6 +34,7 @@ import anyio
 from client.api import Client, connect
 from client.exits import leaves
 from client.transport import DshClientError
+from protocol.approvals import PendingApproval
 from protocol.methods import SessionInfo
 from protocol.rpc import RpcError
 
@@ -56,6 +58,7 @@ class FeedSink(Protocol):
     def feed_lost(self, reason: str, retry_in: float) -> None: ...
     def feed_sessions(self, sessions: list[SessionInfo]) -> None: ...
     def feed_lane(self, session_id: str, lane: Any) -> None: ...
+    def feed_approvals(self, pending: list[PendingApproval]) -> None: ...
     def feed_error(self, message: str) -> None: ...
 
 
@@ -120,8 +123,16 @@ class DaemonFeed:
             wait = min(wait * 2, BACKOFF_MAX_S)
 
     async def _poll(self, client: Client) -> None:
+        asked_elsewhere = False
         while True:
-            self.sink.feed_sessions(await client.list_sessions())
+            sessions = await client.list_sessions()
+            self.sink.feed_sessions(sessions)
+            if any(s.pending_approvals and s.session_id != self.watched for s in sessions):
+                self.sink.feed_approvals(await client.approvals())
+                asked_elsewhere = True
+            elif asked_elsewhere:
+                self.sink.feed_approvals([])
+                asked_elsewhere = False
             await anyio.sleep(POLL_S)
 
     async def _watch_loop(self, client: Client) -> None:

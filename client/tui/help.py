@@ -2,7 +2,8 @@
 
 Theory of operation: :func:`key_rows` walks the ``BINDINGS`` of the classes it is given (the
 app, the attach screen's keys, this screen) and returns one ``(where, keys, what)`` row per binding,
-with the key names as Textual displays them; keys that are not bindings (the attach screen's
+with the key names as Textual displays them and what it does (the binding's ``tooltip``, the
+long form, else the footer's short ``description``); keys that are not bindings (the attach screen's
 two-key detach, the command line's prefix) are declared as ``EXTRA_KEYS`` next to the code
 that handles them and listed too. :class:`HelpScreen` shows the rows in a ``rich`` table whose
 "what" column wraps to the width there is (at 80 columns a description takes two lines, never
@@ -33,7 +34,8 @@ def key_rows(owners: Iterable[type]) -> list[tuple[str, str, str]]:
         where = getattr(owner, "HELP_NAME", owner.__name__)
         for binding in getattr(owner, "BINDINGS", []):
             if isinstance(binding, Binding):
-                keys, what = binding.key, binding.description or binding.action
+                keys = binding.key
+                what = binding.tooltip or binding.description or binding.action
             else:
                 keys, what = binding[0], binding[2] if len(binding) > 2 else binding[1]
             names = (_SHOWN.get(k.strip(), k.strip()) for k in keys.split(","))

@@ -1,8 +1,9 @@
 """The TUI's panes: the sessions list, the watched session, the approvals bar, the banner.
 
 Theory of operation: each pane is fed a plain value and renders it; none of them talks to
-dshd. :class:`SessionsPane` takes the ``session.list`` answer (``SessionInfo`` structs) and
-keeps its cursor on the same session across updates (rows keyed by session id, newest first
+dshd. :class:`SessionsPane` takes the ``session.list`` answer (``SessionInfo`` structs), labels
+each session as the web page does (name, else title, else id: ``session_label``; the session
+pane's header carries the id) and keeps its cursor on the same session across updates (rows keyed by session id, newest first
 by creation, so rows do not jump while sessions work); a poll updates only the cells that
 changed, so an unchanged list (the usual 1 s poll) repaints nothing; likewise the other
 panes update a text only when it changed (``update_static``: ``Static.update`` lays out the
@@ -15,7 +16,8 @@ the ``tools`` entry while the call ran, else read from the log's ``tool/call`` i
 bounded by ``COMMANDS_KEPT``), the
 result of the last command typed on the command line (its output, however fast it ended) and
 the turn's streaming text (an ended turn's whole last text read back from the log:
-``client.tui.turnlog``). :class:`ApprovalsBar` (``client.tui.approvals``, re-exported here)
+``client.tui.turnlog``); its rows are shared by priority (``client.tui.fit``: the running
+calls' output and the turn first, the recent list shrinks first) on each batch and resize. :class:`ApprovalsBar` (``client.tui.approvals``, re-exported here)
 shows the oldest pending request of the lane's ``approvals``, whole, and is hidden when there
 is none; its buttons (mouse) do what its keys do.
 """
@@ -32,14 +34,17 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import DataTable, Static
 
+from client.tui.ansi import strip_controls
 from client.tui.approvals import ApprovalsBar, oldest_approval
-from client.tui.calls import LIVE_VIEWS, CallView, call_command, tail
+from client.tui.calls import LIVE_VIEWS, TAIL_LINES, CallView, call_command, tail
+from client.tui.fit import CALL_CHROME, share
 from client.tui.turnlog import call_commands, final_text
 from client.transport import ConnectionLost, DshClientError
 from protocol.rpc import RpcError
 from protocol.methods import SessionInfo
 
-__all__ = ["SessionsPane", "SessionPane", "ApprovalsBar", "session_row", "oldest_approval",
+__all__ = ["SessionsPane", "SessionPane", "ApprovalsBar", "session_row", "session_label",
+           "oldest_approval",
            "RECENT_SHOWN", "status_word", "update_static"]
 
 #: Recent results listed in the session pane (the lane keeps ≤ 20).
@@ -55,6 +60,8 @@ STATUS_WORDS = {"APPROVAL_REJECTED": "rejected", "APPROVAL_CANCELLED": "cancelle
 COLUMNS = ("name", "run", "ask", "exit", "cwd")
 #: The widest cwd shown (cells): longer ones keep their end, after "…".
 CWD_CELLS = 32
+#: The widest title shown as an unnamed session's label (cells): longer ones end in "…".
+LABEL_CELLS = 24
 
 
 def _v(value: Any, default: Any = None) -> Any:
@@ -69,13 +76,28 @@ def short_path(path: str, cells: int = CWD_CELLS) -> str:
     return path if len(path) <= cells else "…" + path[-(cells - 1):]
 
 
+def session_label(name: Any, title: Any, session_id: str) -> str:
+    """What names a session for a person, as the web page does (``sessions.js``): its name,
+    else its title (``dsh run`` titles a new session by its command; one line, controls
+    stripped, cut to ``LABEL_CELLS``), else its id."""
+    name, title = _v(name), _v(title)
+    if isinstance(name, str) and name:
+        return name
+    if isinstance(title, str) and title.strip():
+        line = " ".join(strip_controls(title).split())
+        return line if len(line) <= LABEL_CELLS else line[:LABEL_CELLS - 1] + "…"
+    return session_id
+
+
 def session_row(info: SessionInfo) -> tuple[str, ...]:
-    """The cells of one session: name (else id), running, pending approvals, last exit, cwd."""
+    """The cells of one session: name (else title, else id), running, pending approvals,
+    last exit, cwd."""
     if info.damaged is not UNSET:
         return (info.session_id, "", "", "", f"damaged: {info.damaged}")
     running = _v(info.running, 0)
     pending = _v(info.pending_approvals, 0)
-    return (_v(info.name, info.session_id), str(running) if running else "",
+    return (session_label(info.name, info.title, info.session_id),
+            str(running) if running else "",
             str(pending) if pending else "", _exit_word(_v(info.last_exit, "")),
             short_path(_v(info.cwd, "")))
 
@@ -176,6 +198,11 @@ class SessionPane(Vertical):
         self._commands: OrderedDict[str, str] = OrderedDict()  # callId -> command (bounded)
         self._asked: set[str] = set()  # callIds whose command was asked of the log
         self._title: str | None = None
+        #: What the rows are shared by (``client.tui.fit``): the texts as made, before a cut.
+        self._header = Text()
+        self._turn_full = Text()
+        self._result_full: Text | None = None
+        self._fitted: dict[str, Any] = {}
 
     def compose(self) -> ComposeResult:
         yield Static(id="session-header")
@@ -187,18 +214,67 @@ class SessionPane(Vertical):
     def show(self, lane: Any) -> None:
         self.lane = lane
         session = (lane or {}).get("session") or {}
-        title = session.get("name") or session.get("sessionId") or "session"
+        session_id = session.get("sessionId")
+        title = (session_label(session.get("name"), session.get("title"), str(session_id))
+                 if session_id else "session")
         if title != self._title:  # setting it repaints the pane, same value or not
             self._title = self.border_title = title
-        update_static(self.query_one("#session-header", Static), Text(
-            f"{session.get('cwd', '')}  policy {session.get('approvalPolicy', '?')}  "
-            f"sandbox {session.get('sandbox', '?')}", style="dim"))
+        self._header = Text(
+            f"{session_id or ''}  {session.get('cwd', '')}  policy "
+            f"{session.get('approvalPolicy', '?')}  sandbox {session.get('sandbox', '?')}",
+            style="dim")
+        update_static(self.query_one("#session-header", Static), self._header)
         self._show_calls(session.get("sessionId"), (lane or {}).get("tools") or {})
         recent = (lane or {}).get("recent") or []
         self._remember_commands((lane or {}).get("tools") or {})
         self._read_commands(session.get("sessionId"), recent)
         update_static(self.query_one("#recent", Static), recent_text(recent, self._commands))
-        update_static(self.query_one("#turn", Static), self._turn(session.get("sessionId"), lane))
+        self._turn_full = self._turn(session.get("sessionId"), lane)
+        self.fit()
+
+    def on_resize(self) -> None:
+        self.fit()
+
+    def _rows(self, text: Text | None) -> list[Text]:
+        if text is None:
+            return []
+        return list(text.wrap(self.app.console, max(1, self.size.width), overflow="fold"))
+
+    def _set(self, widget: Any, key: str, value: Any) -> None:
+        """Set a style only when it changes (a same value set again would lay out again)."""
+        if self._fitted.get(key) != value:
+            self._fitted[key] = value
+            setattr(widget.styles, key.split(":")[0], value)
+
+    def fit(self) -> None:
+        """Share the rows (``client.tui.fit.share``): the running calls' output and the turn
+        first, then the last result, then the recent list (which shrinks first)."""
+        height = self.size.height
+        if height <= 0:
+            update_static(self.query_one("#turn", Static), self._turn_full)
+            return
+        views = list(self.query(CallView))
+        result_box = self.query_one("#last-result", Static)
+        result = len(self._rows(self._result_full)) + 1 if result_box.has_class("shown") else 0
+        recent_box = self.query_one("#recent", Static)
+        recent = 1 + min(RECENT_SHOWN, len((self.lane or {}).get("recent") or []))
+        turn_lines = self._rows(self._turn_full)
+        got = share(height, len(self._rows(self._header)), bool(views), result, recent,
+                    len(turn_lines) + 1)
+        self._set(result_box, "max_height:result", got.result)
+        self._set(recent_box, "max_height:recent", got.recent)
+        self._set(recent_box, "display:recent", "block" if got.recent else "none")
+        keep = max(1, got.turn - 1)  # less its border
+        if len(turn_lines) > keep:  # its header and the end of its streaming text
+            turn_lines = turn_lines[:1] + turn_lines[len(turn_lines) - keep + 1:]
+            update_static(self.query_one("#turn", Static), Text("\n").join(turn_lines))
+        else:
+            update_static(self.query_one("#turn", Static), self._turn_full)
+        self._set(self.query_one("#turn", Static), "max_height:turn", got.turn)
+        if views:
+            body = max(3, min(TAIL_LINES, got.calls // len(views) - CALL_CHROME))
+            for view in views:
+                view.set_body_rows(body)
 
     def _remember_commands(self, tools: dict[str, dict[str, Any]]) -> None:
         """The lane's ``recent`` has no args: keep the command of each call seen running."""
@@ -293,8 +369,10 @@ class SessionPane(Vertical):
                     else "bold")
         text.append_text(Text.from_ansi(tail(result.content or result.message or "")))
         box = self.query_one("#last-result", Static)
+        self._result_full = text
         box.update(text)
         box.add_class("shown")
+        self.fit()
 
     def resume(self, client: Any) -> None:
         """A new connection: every live output view follows again."""
