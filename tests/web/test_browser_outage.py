@@ -104,6 +104,9 @@ def test_01_a_foreign_fragment_token_is_ignored_and_the_good_one_kept(world, dri
     until(lambda: "token=" not in driver.current_url, WAIT_S, what="the fragment removed")
     until(lambda: status(driver) == "connected", WAIT_S, what="still signed in")
     assert stored_token(driver) == bridge.token
+    driver.execute_script(f"location.hash = '#token={JUNK}'")  # the same, to an open page
+    until(lambda: "token=" not in driver.current_url, WAIT_S, what="removed from an open page")
+    assert stored_token(driver) == bridge.token and status(driver) == "connected"
     world["shots"].take(driver, "foreign-fragment-ignored")
 
 

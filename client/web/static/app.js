@@ -89,6 +89,7 @@ class App {
     window.addEventListener("storage", (ev) => { if (ev.key === TOKEN_KEY) retry(); });
     window.dshMirror = () => this.view?.mirror() ?? null;
     window.addEventListener("hashchange", () => {
+      if (/(^#|&)token=/.test(location.hash)) takeToken(); // checked like at load: a link's is dropped
       const id = selectedFromHash();
       if (id && id !== this.view?.sessionId) this.select(id);
     });
