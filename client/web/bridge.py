@@ -9,7 +9,12 @@ plain ASGI layer that sees every request before any route does (auth.py has the 
 * no valid cookie -> 401 with a sentence telling to open the URL ``dsh web`` printed;
 * ``?token=T`` redirects to the same path (only a path that cannot name another server: one
   leading ``/``, no backslash; else ``/``) with ``#token=T``: the page keeps the token in its
-  origin's ``localStorage``;
+  origin's ``localStorage``. The 303 also sets a one-time sign-in marker, an HttpOnly cookie
+  ``dsh-web-PORT-signin`` (a random nonce the guard remembers for :data:`SIGNIN_TTL_S`,
+  ``Path=/signin``); the page stores a fragment's token only after ``POST /signin`` with the
+  token in ``X-Dsh-Token`` answers ``204``: marker known and unspent, token right. The marker
+  is spent by that call, right or wrong (``403``). So a fragment a foreign page put in the
+  address bar (``/#token=JUNK``) is never stored over the good token;
 * a WebSocket without the cookie, whose ``Origin`` is absent or not ``http://<Host>``, or that
   does not offer the subprotocols ``dsh.v1`` and ``dsh.token.<token>`` -> refused ``403`` at
   the handshake (the cookie reaches every port of the host, the page's storage does not);
@@ -39,8 +44,9 @@ A message from the browser over the bound is refused by the server (hypercorn's
 from __future__ import annotations
 
 import logging
+import secrets
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import quote
 
 import trio
@@ -57,7 +63,7 @@ from client.web.auth import SUBPROTOCOL, AuthRules
 from protocol.framing import NEED_DATA, LineBuffer, Oversize
 
 __all__ = ["CLOSE_DSHD_CLOSED", "CLOSE_DSHD_UNREACHABLE", "MAX_CLIENTS", "MAX_MESSAGE_BYTES",
-           "SECURITY_HEADERS", "STATIC_DIR",
+           "SECURITY_HEADERS", "SIGNIN_TTL_S", "STATIC_DIR",
            "Guard", "build_app", "relay"]
 
 log = logging.getLogger("dsh.web")
@@ -77,11 +83,16 @@ CLOSE_TRY_LATER = 1013
 MAX_CLIENTS = 64
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 _READ_CHUNK = 64 * 1024
+#: How long a token exchange's sign-in marker may be spent by the page's ``POST /signin``.
+SIGNIN_TTL_S = 60.0
+_MAX_MARKERS = 16  # unspent sign-in markers remembered (the oldest is forgotten first)
 
 _NEED_URL = ("dsh web: not signed in. Open the URL that `dsh web` printed "
              "(http://127.0.0.1:PORT/?token=...); it sets the cookie this page needs.\n")
 _BAD_TOKEN = "dsh web: wrong token. Open the URL that `dsh web` printed last.\n"
 _BAD_HOST = "dsh web: this Host is not the bridge's address (DNS rebinding is refused).\n"
+_NOT_EXCHANGED = ("dsh web: this token did not come from this bridge's sign-in (or it was "
+                  "already used); the page keeps the token it had.\n")
 _NO_PAGE = "dsh web: the page is not installed (client/web/static/index.html is missing).\n"
 
 
@@ -100,9 +111,12 @@ _OURS = frozenset(name for name, _ in SECURITY_HEADERS)
 class Guard:
     """The ASGI layer in front of every route: Host, token, cookie, Origin (module doc)."""
 
-    def __init__(self, app: ASGIApp, rules: AuthRules) -> None:
+    def __init__(self, app: ASGIApp, rules: AuthRules,
+                 clock: Callable[[], float] = trio.current_time) -> None:
         self.app = app
         self.rules = rules
+        self.clock = clock
+        self.markers: dict[str, float] = {}  # unspent sign-in marker -> its deadline
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -127,7 +141,26 @@ class Guard:
         if not signed_in:
             log.info("refused %s %s: not signed in", scope.get("method"), path)
             return await _plain(_NEED_URL, 401)(scope, receive, send)
+        if path == "/signin" and scope.get("method") == "POST":
+            return await self._signin(headers, scope, receive, send)
         await self.app(scope, receive, send)
+
+    @property
+    def marker_name(self) -> str:
+        return f"{self.rules.cookie_name}-signin"
+
+    async def _signin(self, headers: Headers, scope: Scope, receive: Receive, send: Send) -> None:
+        """``POST /signin``: 204 when the marker cookie is one this guard handed out, unspent
+        and in time, and ``X-Dsh-Token`` is the token; else 403. The marker is spent either way."""
+        marker = cookie_parser(headers.get("cookie", "")).get(self.marker_name, "")
+        deadline = self.markers.pop(marker, None)
+        fresh = deadline is not None and self.clock() <= deadline
+        ok = fresh and self.rules.token_ok(headers.get("x-dsh-token", ""))
+        log.info("sign-in check: %s", "accepted" if ok else "refused")
+        response = Response(status_code=204) if ok else _plain(_NOT_EXCHANGED, 403)
+        response.set_cookie(self.marker_name, "", max_age=0, path="/signin", httponly=True,
+                            samesite="strict")
+        await response(scope, receive, send)
 
     def _ws_refusal(self, scope: Scope, headers: Headers, host: str | None,
                     signed_in: bool) -> str:
@@ -151,8 +184,14 @@ class Guard:
             return await _plain(_BAD_TOKEN, 401)(scope, receive, send)
         cookie = (f"{self.rules.cookie_name}={self.rules.cookie_value}; HttpOnly; "
                   "SameSite=Strict; Path=/")
+        marker = secrets.token_urlsafe(16)
+        while len(self.markers) >= _MAX_MARKERS:
+            self.markers.pop(next(iter(self.markers)))
+        self.markers[marker] = self.clock() + SIGNIN_TTL_S
         response = Response(status_code=303, headers={
             "Location": f"{_local_path(scope)}#token={self.rules.token}", "Set-Cookie": cookie})
+        response.set_cookie(self.marker_name, marker, max_age=int(SIGNIN_TTL_S), path="/signin",
+                            httponly=True, samesite="strict")
         log.info("signed in: %s", path)
         await response(scope, receive, send)
 

@@ -59,6 +59,37 @@ def test_the_token_exchange_hands_the_token_to_the_page_in_the_fragment(bridge):
     assert r.headers["location"] == f"/#token={bridge.token}", r.headers["location"]
 
 
+def _exchange_cookies(bridge) -> tuple[str, str]:
+    """The token exchange's two cookies as ``name=value``: the sign-in and its one-time marker."""
+    r = httpx.get(bridge.url, follow_redirects=False, timeout=LIVENESS_S)
+    assert r.status_code == 303, r
+    found = {c.split("=", 1)[0]: c.split(";", 1)[0] for c in r.headers.get_list("set-cookie")}
+    marker = found[f"dsh-web-{bridge.port}-signin"]
+    assert "HttpOnly" in r.headers.get_list("set-cookie")[1]
+    return found[f"dsh-web-{bridge.port}"], marker
+
+
+def _signin_check(bridge, cookies: str, token: str) -> int:
+    r = httpx.post(bridge.base + "/signin", headers={"Cookie": cookies, "X-Dsh-Token": token},
+                   timeout=LIVENESS_S)
+    return r.status_code
+
+
+def test_a_fragment_token_counts_only_right_after_the_token_exchange(bridge):
+    """An attacker's page sends the browser to /#token=JUNK: the page asks POST /signin before
+    storing a fragment's token, and only the exchange's one-time marker with the right token
+    is accepted; a fragment alone (no marker), a spent marker or a wrong token is refused."""
+    cookie, marker = _exchange_cookies(bridge)
+    both = f"{cookie}; {marker}"
+    assert _signin_check(bridge, cookie, bridge.token) == 403  # no marker: not an exchange
+    assert _signin_check(bridge, both, "A" * len(bridge.token)) == 403  # wrong token...
+    assert _signin_check(bridge, both, bridge.token) == 403  # ...and the marker is spent
+    cookie, marker = _exchange_cookies(bridge)
+    assert _signin_check(bridge, f"{cookie}; {marker}", bridge.token) == 204
+    assert _signin_check(bridge, f"{cookie}; {marker}", bridge.token) == 403  # one time only
+    assert bridge.token not in bridge.log
+
+
 @pytest.mark.trio
 async def test_a_stolen_cookie_with_a_forged_origin_is_refused_without_the_token(bridge):
     cookie = await trio.to_thread.run_sync(sign_in, bridge)

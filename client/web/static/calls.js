@@ -10,7 +10,8 @@
 // resumes from the next byte offset after a reconnect (no byte lost, none twice), rendered
 // by an AnsiView (colours as styled spans, data-testid "call-output"). When a call settles
 // its output element moves from the running call to its recent result, so what was seen
-// stays. A call known only from `recent` (settled before the page looked) is followed the
+// stays, and opens at its end (a box that follows its bottom is scrolled there once its row
+// is in the document: scrolling a detached element does nothing). A call known only from `recent` (settled before the page looked) is followed the
 // same way: a settled call's follow delivers its retained bytes, then eof. Outputs of calls
 // that left both lists are dropped and their followers stopped: at most tools + 20 recent
 // followers, each view bounded (ansi.js).
@@ -41,6 +42,7 @@ export class CallsView {
     this.recentRows = new Map();
     this.commands = new Map(); // callId -> command, remembered for the recent results
     this.asked = new Set(); // calls whose command was looked up in session.events
+    this.moved = new Set(); // outputs put into a (maybe detached) row during this update
     this.ticker = setInterval(() => this.tick(), 1000);
   }
 
@@ -77,6 +79,10 @@ export class CallsView {
         this.commands.delete(id);
       }
     }
+    // A box moved (a call that settled) or made anew starts at its top: once its row is in
+    // the document, put the ones that follow their bottom at the end (the exit, the last lines).
+    for (const out of this.moved) if (out.view.stick) out.view.toBottom();
+    this.moved.clear();
     this.runningBox.classList.toggle("empty", running.length === 0);
     this.recentBox.classList.toggle("empty", recentIds.length === 0);
   }
@@ -184,7 +190,7 @@ export class CallsView {
     const out = this.outputs.get(id);
     if (out && out.pre.parentNode !== body) {
       body.append(out.pre);
-      if (out.view.stick) out.view.toBottom();
+      this.moved.add(out);
     }
   }
 
@@ -208,7 +214,7 @@ export class CallsView {
     const out = this.outputs.get(id);
     if (out && out.pre.parentNode !== body) {
       body.append(out.pre);
-      if (out.view.stick) out.view.toBottom();
+      this.moved.add(out);
     }
   }
 
@@ -243,7 +249,7 @@ export class CallsView {
   async cancel(id, button) {
     button.disabled = true;
     try {
-      await this.conn.request("tool.cancel", { sessionId: this.sessionId, callId: id });
+      await this.conn.request("tool.cancel", { sessionId: this.sessionId, callId: id }, { wait: false });
     } catch (err) {
       this.onError(`cancel ${id}: ${err.message}`);
       button.disabled = false;

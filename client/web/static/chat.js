@@ -191,7 +191,7 @@ export class ChatPanel {
     if (!input) return;
     this.send.disabled = true;
     try {
-      await this.conn.request("turn.start", { sessionId: this.sessionId, input });
+      await this.conn.request("turn.start", { sessionId: this.sessionId, input }, { wait: false });
       this.input.value = "";
       this.refresh();
     } catch (err) {
@@ -204,7 +204,7 @@ export class ChatPanel {
     const input = this.input.value.trim();
     if (!input) return;
     try {
-      await this.conn.request("turn.steer", { sessionId: this.sessionId, input });
+      await this.conn.request("turn.steer", { sessionId: this.sessionId, input }, { wait: false });
       this.input.value = "";
       this.queue(input);
       this.refresh();
@@ -230,7 +230,7 @@ export class ChatPanel {
 
   async cancelTurn() {
     try {
-      await this.conn.request("turn.cancel", { sessionId: this.sessionId });
+      await this.conn.request("turn.cancel", { sessionId: this.sessionId }, { wait: false });
     } catch (err) {
       this.onError(`turn.cancel: ${err.message}`);
     }

@@ -7,7 +7,11 @@
 // and only then are requests written. Until then `request()` waits in a bounded queue (it
 // was never sent, so it may wait for the next connection). A request already written when
 // the socket drops rejects with RpcError(-32099, "connection lost"): whether dshd ran it is
-// unknown, and the caller decides (tool.run with a callId is safe to repeat). On any close
+// unknown, and the caller decides (tool.run with a callId is safe to repeat). What a person
+// asked for (a command, a turn, a decision) must not run later by surprise: such a request
+// passes `{wait: false}` and, made while not open, rejects at once with RpcError(-32098,
+// "not connected; nothing was sent") and is never sent. `hold()` stops reconnecting (a signed-out page: no
+// retry can help) until `resume()` connects again at once. On any close
 // the connection waits 0.25 s, doubling to 5 s, and connects again; only an answered
 // initialize resets the delay (a WebSocket that opens and is closed at once -- 4001 while
 // dshd is down -- keeps backing off). The subprotocols offered (`protocols`, the bridge's
@@ -32,6 +36,8 @@ export const CLOSE_GRACE_MS = 2000;
 export const MAX_MESSAGE_BYTES = 16 * 1024 * 1024;
 /** The code a request gets when its connection dropped before it was answered. */
 export const CONNECTION_LOST = -32099;
+/** The code a `{wait: false}` request gets when made while not connected (it was not sent). */
+export const NOT_CONNECTED = -32098;
 
 /** A JSON-RPC error answer (or a local failure with a -32099 code). */
 export class RpcError extends Error {
@@ -80,6 +86,7 @@ export class RpcConnection {
     this._delay = this.backoffFirstMs;
     this._timer = null;
     this._closed = false;
+    this._held = false; // hold(): no reconnect until resume()
     this._connect();
   }
 
@@ -91,12 +98,15 @@ export class RpcConnection {
     return () => set.delete(fn);
   }
 
-  /** Send a request; resolves with its result, rejects with RpcError. */
-  request(method, params = {}) {
+  /** Send a request; resolves with its result, rejects with RpcError. With `{wait: false}`
+   * it is refused at once (NOT_CONNECTED, never sent) unless the connection is open now. */
+  request(method, params = {}, { wait = true } = {}) {
     if (this._closed) return Promise.reject(new RpcError(CONNECTION_LOST, "connection closed"));
     return new Promise((resolve, reject) => {
       if (this.state === "open") {
         this._send(method, params, resolve, reject);
+      } else if (!wait) {
+        reject(new RpcError(NOT_CONNECTED, "not connected; nothing was sent"));
       } else if (this._queue.length >= MAX_QUEUED) {
         reject(new RpcError(CONNECTION_LOST, `not connected, and ${MAX_QUEUED} requests already wait`));
       } else {
@@ -110,6 +120,21 @@ export class RpcConnection {
     if (this.state !== "open") return false;
     this._ws.send(JSON.stringify({ jsonrpc: "2.0", method, params }));
     return true;
+  }
+
+  /** Stop reconnecting after the current socket closes (or now, between attempts). */
+  hold() {
+    this._held = true;
+    clearTimeout(this._timer);
+    this._timer = null;
+  }
+
+  /** After hold(): connect again now (with the first backoff) if no socket is open. */
+  resume() {
+    if (!this._held || this._closed) return;
+    this._held = false;
+    this._delay = this.backoffFirstMs;
+    if (!this._ws && !this._timer) this._connect();
   }
 
   /** End for good: no reconnect; everything pending or queued rejects. */
@@ -273,7 +298,7 @@ export class RpcConnection {
     this.state = "closed";
     const delay = this._delay;
     this._delay = Math.min(this._delay * 2, this.backoffMaxMs);
-    this._timer = setTimeout(() => this._connect(), delay);
+    if (!this._held) this._timer = setTimeout(() => this._connect(), delay);
     info.retryInMs = delay;
     this._emit("close", info);
   }

@@ -7,13 +7,19 @@
 // answerer (initialize capabilities.approvals), so while the page holds the subscription
 // dshd waits for its answer; each approval (data-testid "approval") shows the exact command
 // and three buttons: allow once, allow for this session (an exact rule), reject. The command
-// box runs `tool.run bash {command}` with `approved: true`: the person typed it. `mirror()`
+// box runs `tool.run bash {command}` with `approved: true`: the person typed it; while the
+// page is not connected it is refused at once ("dshd is not reachable; nothing was run") and
+// never queued, as are a decision, a turn and a cancel ({wait: false}): nothing a person asked
+// for runs later by surprise (the TUI's rule). `mirror()`
 // is what window.dshMirror() returns: a copy of the lane value.
 
 import { el, reconcile, age, visibleText } from "./dom.js";
 import { CallsView } from "./calls.js";
 import { TerminalPanel } from "./terminal.js";
 import { ChatPanel } from "./chat.js";
+
+/** What a person reads when a command is refused because the page is not connected. */
+export const NOT_RUN = "dshd is not reachable; nothing was run";
 
 export class SessionView {
   constructor(root, { conn, sessionId, rpc, onError }) {
@@ -87,7 +93,7 @@ export class SessionView {
     const decide = (decision) => async (ev) => {
       for (const b of row.querySelectorAll("button")) b.disabled = true;
       try {
-        await this.conn.request("approval.decide", { sessionId: this.sessionId, approvalId: id, decision });
+        await this.conn.request("approval.decide", { sessionId: this.sessionId, approvalId: id, decision }, { wait: false });
       } catch (err) {
         this.onError(`approval.decide: ${err.message}`);
         if (err?.code !== -32011) for (const b of row.querySelectorAll("button")) b.disabled = false;
@@ -122,10 +128,12 @@ export class SessionView {
     const args = { command };
     if (this.ttyBox.checked) Object.assign(args, { tty: true, cols: 80, rows: 24 });
     try {
-      await this.conn.request("tool.run", { sessionId: this.sessionId, name: "bash", arguments: args, approved: true });
+      await this.conn.request("tool.run", { sessionId: this.sessionId, name: "bash", arguments: args, approved: true },
+        { wait: false });
       this.commandInput.value = "";
     } catch (err) {
-      this.onError(`tool.run: ${err.message}`);
+      // Refused at once while away (the command stays in the box): nothing runs later by surprise.
+      this.onError(err?.code === this.rpc.NOT_CONNECTED ? NOT_RUN : `tool.run: ${err.message}`);
     }
   }
 

@@ -5,16 +5,18 @@
 // (a slow answer delays the next poll instead of piling requests up), and re-renders the rows
 // keyed by session id: name (or id), cwd, running calls, pending approvals. A click selects a
 // session (onSelect). Damaged sessions are listed with their reason and cannot be selected.
+// Every answer also goes to onUpdate (app.js: the notices of approvals in other sessions).
 
 import { el, reconcile, setChildren, age } from "./dom.js";
 
 const MAX_ROWS = 500;
 
 export class SessionList {
-  constructor(container, { request, onSelect, intervalMs = 1000 }) {
+  constructor(container, { request, onSelect, onUpdate = () => {}, intervalMs = 1000 }) {
     this.container = container;
     this.request = request;
     this.onSelect = onSelect;
+    this.onUpdate = onUpdate;
     this.intervalMs = intervalMs;
     this.rows = new Map();
     this.sessions = [];
@@ -56,6 +58,7 @@ export class SessionList {
     const byId = new Map(this.sessions.map((s) => [s.sessionId, s]));
     reconcile(this.container, this.rows, this.sessions.map((s) => s.sessionId),
       (id) => this.makeRow(id), (id, row) => this.fillRow(row, byId.get(id)));
+    this.onUpdate(this.sessions);
   }
 
   makeRow(id) {

@@ -7,7 +7,7 @@ import assert from "node:assert/strict";
 import { createServer } from "node:net";
 
 import {
-  RpcConnection, RpcError, b64encode, b64decode, CONNECTION_LOST, MAX_QUEUED,
+  RpcConnection, RpcError, b64encode, b64decode, CONNECTION_LOST, MAX_QUEUED, NOT_CONNECTED,
 } from "../../../client/web/static/rpc.js";
 
 /** A port nothing listens on: bind one, note it, close it. */
@@ -70,6 +70,38 @@ test("requests wait (bounded) for a connection and reject on close()", async () 
   conn.close();
   const results = await Promise.all(waiting);
   assert.ok(results.every((e) => e instanceof RpcError && e.code === CONNECTION_LOST));
+});
+
+test("a {wait: false} request made while not connected is refused at once, never queued", async () => {
+  // What a person typed while dshd (or the bridge) is away must not run later by surprise.
+  const port = await refusedPort();
+  const conn = new RpcConnection(`ws://127.0.0.1:${port}/ws`, { backoffFirstMs: 1000 });
+  const asked = conn.request("tool.run", { sessionId: "s" }, { wait: false }).catch((e) => e);
+  const queued = conn._queue.length;
+  conn.close(); // settles a queued request too: the code tells which way it went
+  assert.equal(queued, 0, "nothing waits to be sent at the next open");
+  const refused = await asked;
+  assert.ok(refused instanceof RpcError && refused.code === NOT_CONNECTED, String(refused));
+});
+
+test("hold() stops the reconnects (a signed-out page); resume() connects again at once", async () => {
+  const port = await refusedPort();
+  const closes = [];
+  const conn = new RpcConnection(`ws://127.0.0.1:${port}/ws`, {
+    backoffFirstMs: 10, backoffMaxMs: 20, onClose: (info) => closes.push(info),
+  });
+  try {
+    await until(() => closes.length >= 1, "the first failed attempt");
+    conn.hold();
+    await new Promise((r) => setTimeout(r, 100)); // several backoffs: at most the attempt under way ends
+    const held = closes.length;
+    await new Promise((r) => setTimeout(r, 100));
+    assert.equal(closes.length, held, "no attempt while held");
+    conn.resume();
+    await until(() => closes.length > held, "an attempt after resume()");
+  } finally {
+    conn.close();
+  }
 });
 
 test("no WebSocket is a clear TypeError", () => {

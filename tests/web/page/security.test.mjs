@@ -16,29 +16,50 @@ class Store {
 
 const TOKEN = "fGx-Abc_defGHIJKLmnopqrstuvwxyz0123456789ABC";
 
-test("the fragment's token goes into storage and out of the address bar", () => {
+const exchanged = async () => ({ status: 204 }); // POST /signin: the exchange's marker was there
+
+test("the fragment's token goes into storage and out of the address bar", async () => {
   const store = new Store();
   const replaced = [];
   const hist = { replaceState: (_s, _t, url) => replaced.push(url) };
   const loc = { pathname: "/", search: "", hash: `#token=${TOKEN}&session=s1` };
-  assert.equal(takeToken(loc, hist, store), true);
+  assert.equal(await takeToken(loc, hist, store, exchanged), true);
   assert.equal(store.getItem(TOKEN_KEY), TOKEN);
   assert.deepStrictEqual(replaced, ["/#session=s1"]);
   assert.equal(readToken(store), TOKEN);
   assert.deepStrictEqual(tokenProtocols(TOKEN), ["dsh.v1", `dsh.token.${TOKEN}`]);
   assert.deepStrictEqual(tokenProtocols(null), ["dsh.v1"]);
-  assert.equal(takeToken({ pathname: "/", search: "", hash: "#session=s1" }, hist, store), false);
+  assert.equal(await takeToken({ pathname: "/", search: "", hash: "#session=s1" }, hist, store, exchanged), false);
   assert.equal(replaced.length, 1, "no token: the address bar is left alone");
   assert.deepStrictEqual(splitFragment(`#token=${TOKEN}`), { token: TOKEN, rest: "" });
 });
 
-test("a token of other characters is dropped from the address bar but not stored", () => {
+test("a token of other characters is dropped from the address bar but not stored", async () => {
   const store = new Store();
   const replaced = [];
   const hist = { replaceState: (_s, _t, url) => replaced.push(url) };
-  assert.equal(takeToken({ pathname: "/", search: "", hash: "#token=a%20b<script>" }, hist, store), false);
+  assert.equal(await takeToken({ pathname: "/", search: "", hash: "#token=a%20b<script>" }, hist, store, exchanged), false);
   assert.deepStrictEqual(replaced, ["/"]);
   assert.equal(store.getItem(TOKEN_KEY), null);
+});
+
+test("a foreign page's /#token=JUNK is dropped from the address bar and the good token kept", async () => {
+  const store = new Store();
+  store.setItem(TOKEN_KEY, TOKEN);
+  const replaced = [];
+  const hist = { replaceState: (_s, _t, url) => replaced.push(url) };
+  const asked = [];
+  const refused = async (url, init) => { asked.push([url, init.method, init.headers["X-Dsh-Token"]]); return { status: 403 }; };
+  const junk = "JUNKjunkJUNKjunkJUNKjunk0123456789";
+  const loc = { pathname: "/", search: "", hash: `#token=${junk}&session=s2` };
+  assert.equal(await takeToken(loc, hist, store, refused), false);
+  assert.deepStrictEqual(asked, [["/signin", "POST", junk]]);
+  assert.deepStrictEqual(replaced, ["/#session=s2"]);
+  assert.equal(store.getItem(TOKEN_KEY), TOKEN);
+  assert.equal(readToken(store), TOKEN);
+  const unreachable = async () => { throw new TypeError("failed to fetch"); };
+  assert.equal(await takeToken({ ...loc }, hist, store, unreachable), false);
+  assert.equal(store.getItem(TOKEN_KEY), TOKEN);
 });
 
 test("signed out: no token, or HEAD / answers 401; a bridge away is not signed out", async () => {
