@@ -144,7 +144,8 @@ class SessionsPane(DataTable):
             for info in ordered:  # only changed cells: an unchanged poll repaints nothing
                 for column, cell in zip(COLUMNS, session_row(info)):
                     if self.get_cell(info.session_id, column) != cell:
-                        self.update_cell(info.session_id, column, cell)
+                        # update_width: a cell wider than its column widens it (not cut)
+                        self.update_cell(info.session_id, column, cell, update_width=True)
         if current in wanted and self.cursor_row != wanted.index(current):
             self.move_cursor(row=wanted.index(current))
 

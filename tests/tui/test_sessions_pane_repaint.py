@@ -79,3 +79,22 @@ def test_an_unchanged_lane_batch_lays_out_and_repaints_nothing():
             await pilot.pause()
             assert "7" in str(recent.content)
     run_async(main)
+
+
+def test_a_cell_that_grows_is_shown_whole():
+    """A poll that widens a cell (a session that got its name or cwd after it was first
+    listed, a last exit that became ``cancelled``) widens its column: before, the cell was
+    cut to the width the column had (``alph``, ``~/w``, ``canc`` at 80 and 200 columns)."""
+    async def main() -> None:
+        app = PaneApp()
+        async with app.run_test(size=(120, 12)) as pilot:
+            pane = app.query_one(SessionsPane)
+            pane.show([SessionInfo(session_id="s-1", name="", cwd="", created_at=1)])
+            await pilot.pause()
+            pane.show([SessionInfo(session_id="s-1", name="alpha-7", cwd="/w/x",
+                                   created_at=1, last_exit="TOOL_CANCELLED")])
+            await pilot.pause()
+            await pilot.pause()
+            row = "\n".join(strip.text for strip in app.screen._compositor.render_strips())
+            assert "alpha-7" in row and "cancelled" in row and "/w/x" in row, row
+    run_async(main)
