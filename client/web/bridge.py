@@ -12,9 +12,11 @@ plain ASGI layer that sees every request before any route does (auth.py has the 
   origin's ``localStorage``. The 303 also sets a one-time sign-in marker, an HttpOnly cookie
   ``dsh-web-PORT-signin`` (a random nonce the guard remembers for :data:`SIGNIN_TTL_S`,
   ``Path=/signin``); the page stores a fragment's token only after ``POST /signin`` with the
-  token in ``X-Dsh-Token`` answers ``204``: marker known and unspent, token right. The marker
-  is spent by that call, right or wrong (``403``). So a fragment a foreign page put in the
-  address bar (``/#token=JUNK``) is never stored over the good token;
+  token in ``X-Dsh-Token`` answers ``204``: from the page's own origin, marker known and
+  unspent, token right; only that answer spends the marker (a foreign page, on another port
+  of the host, gets the cookies but cannot know the token: its POST is ``403`` and spends
+  nothing). So a fragment a foreign page put in the address bar (``/#token=JUNK``) is never
+  stored over the good token, and no page can keep the person from signing in;
 * a WebSocket without the cookie, whose ``Origin`` is absent or not ``http://<Host>``, or that
   does not offer the subprotocols ``dsh.v1`` and ``dsh.token.<token>`` -> refused ``403`` at
   the handshake (the cookie reaches every port of the host, the page's storage does not);
@@ -150,14 +152,24 @@ class Guard:
         return f"{self.rules.cookie_name}-signin"
 
     async def _signin(self, headers: Headers, scope: Scope, receive: Receive, send: Send) -> None:
-        """``POST /signin``: 204 when the marker cookie is one this guard handed out, unspent
-        and in time, and ``X-Dsh-Token`` is the token; else 403. The marker is spent either way."""
+        """``POST /signin``: 204 when it comes from the page's own origin (``Origin`` is
+        ``http://<Host>``: a page on another port of the host gets the cookies, not this), the
+        marker cookie is one this guard handed out, unspent and in time, and ``X-Dsh-Token``
+        is the token; else 403. Only a right answer spends the marker: a foreign page's POST,
+        which cannot know the token, cannot spend it to keep the person from signing in."""
         marker = cookie_parser(headers.get("cookie", "")).get(self.marker_name, "")
-        deadline = self.markers.pop(marker, None)
+        deadline = self.markers.get(marker)
         fresh = deadline is not None and self.clock() <= deadline
-        ok = fresh and self.rules.token_ok(headers.get("x-dsh-token", ""))
+        ok = (fresh and self.rules.origin_ok(headers.get("origin"), headers.get("host"))
+              and self.rules.token_ok(headers.get("x-dsh-token", "")))
         log.info("sign-in check: %s", "accepted" if ok else "refused")
-        response = Response(status_code=204) if ok else _plain(_NOT_EXCHANGED, 403)
+        if not ok:
+            if deadline is not None and not fresh:
+                del self.markers[marker]  # out of time: gone
+            await _plain(_NOT_EXCHANGED, 403)(scope, receive, send)
+            return
+        del self.markers[marker]
+        response = Response(status_code=204)
         response.set_cookie(self.marker_name, "", max_age=0, path="/signin", httponly=True,
                             samesite="strict")
         await response(scope, receive, send)

@@ -69,25 +69,44 @@ def _exchange_cookies(bridge) -> tuple[str, str]:
     return found[f"dsh-web-{bridge.port}"], marker
 
 
-def _signin_check(bridge, cookies: str, token: str) -> int:
-    r = httpx.post(bridge.base + "/signin", headers={"Cookie": cookies, "X-Dsh-Token": token},
-                   timeout=LIVENESS_S)
+def _signin_check(bridge, cookies: str, token: str | None, origin: str | None = "") -> int:
+    headers = {"Cookie": cookies}
+    if token is not None:
+        headers["X-Dsh-Token"] = token
+    if origin is not None:
+        headers["Origin"] = origin or bridge.base  # "": the page's own origin
+    r = httpx.post(bridge.base + "/signin", headers=headers, timeout=LIVENESS_S)
     return r.status_code
 
 
 def test_a_fragment_token_counts_only_right_after_the_token_exchange(bridge):
     """An attacker's page sends the browser to /#token=JUNK: the page asks POST /signin before
-    storing a fragment's token, and only the exchange's one-time marker with the right token
-    is accepted; a fragment alone (no marker), a spent marker or a wrong token is refused."""
+    storing a fragment's token, and only the exchange's one-time marker with the right token,
+    from the page's own origin, is accepted; a fragment alone (no marker), a wrong token, a
+    foreign origin or a spent marker is refused."""
     cookie, marker = _exchange_cookies(bridge)
     both = f"{cookie}; {marker}"
     assert _signin_check(bridge, cookie, bridge.token) == 403  # no marker: not an exchange
-    assert _signin_check(bridge, both, "A" * len(bridge.token)) == 403  # wrong token...
-    assert _signin_check(bridge, both, bridge.token) == 403  # ...and the marker is spent
-    cookie, marker = _exchange_cookies(bridge)
-    assert _signin_check(bridge, f"{cookie}; {marker}", bridge.token) == 204
-    assert _signin_check(bridge, f"{cookie}; {marker}", bridge.token) == 403  # one time only
+    assert _signin_check(bridge, both, "A" * len(bridge.token)) == 403  # wrong token
+    assert _signin_check(bridge, both, bridge.token, origin=None) == 403  # no Origin
+    assert _signin_check(bridge, both, bridge.token) == 204  # right: the marker is spent now
+    assert _signin_check(bridge, both, bridge.token) == 403  # one time only
     assert bridge.token not in bridge.log
+
+
+def test_a_page_on_another_port_cannot_spend_the_sign_in_marker(bridge):
+    """The cookies reach every port of the host: an attacker's page on another 127.0.0.1
+    port POSTing /signin (no token: it cannot read it) used to spend the marker, and the
+    person's own page was then refused ("signed out"). Now it spends nothing."""
+    cookie, marker = _exchange_cookies(bridge)
+    both = f"{cookie}; {marker}"
+    foreign = "http://127.0.0.1:18999"
+    for _ in range(5):
+        assert _signin_check(bridge, both, None, origin=foreign) == 403
+        assert _signin_check(bridge, both, "", origin=foreign) == 403
+        assert _signin_check(bridge, both, bridge.token, origin=foreign) == 403
+        assert _signin_check(bridge, both, None) == 403
+    assert _signin_check(bridge, both, bridge.token) == 204  # the person's page signs in
 
 
 @pytest.mark.trio
