@@ -28,8 +28,12 @@ path, never the query string nor the subprotocols (the token travels there).
 
 The relay (:func:`relay`): after the WebSocket is accepted the bridge opens ONE connection to
 dshd's Unix socket and runs two tasks in a nursery. ws->dshd: each text message becomes one
-line (raw ``\\r``/``\\n`` replaced by spaces: inside JSON they can only be insignificant
-whitespace; a newline inside a JSON string is already the escape ``\\n``), then ``\\n``.
+line, then ``\\n``. A message without raw ``\\r``/``\\n`` goes as it is, unparsed (the fast
+path). One holding them is checked first (msgspec, without building objects): valid JSON has
+them only as insignificant whitespace, so they are replaced by spaces; invalid JSON (a raw
+break inside a string, where the replacement would make valid JSON of another command) is
+answered by the bridge itself, ``-32700`` with ``id`` null, and nothing is sent to dshd.
+U+2028/U+2029 are not special: dshd's framing splits on ``\\n`` alone.
 dshd->ws: the socket is read into a ``protocol.framing.LineBuffer`` bounded at
 :data:`MAX_MESSAGE_BYTES`; each line is one text message, sent (awaited) before more is read, so
 a slow browser slows the reading of dshd (back-pressure; the buffer never holds more than one
@@ -49,6 +53,7 @@ from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import quote
 
+import msgspec
 import trio
 from starlette.applications import Starlette
 from starlette.datastructures import Headers, QueryParams
@@ -61,6 +66,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from client.web.auth import SUBPROTOCOL, AuthRules
 from protocol.framing import NEED_DATA, LineBuffer, Oversize
+from protocol.rpc import PARSE_ERROR, encode_error
 
 __all__ = ["CLOSE_DSHD_CLOSED", "CLOSE_DSHD_UNREACHABLE", "MAX_CLIENTS", "MAX_MESSAGE_BYTES",
            "SECURITY_HEADERS", "SIGNIN_TTL_S", "STATIC_DIR",
@@ -307,12 +313,37 @@ async def _to_dshd(websocket: WebSocket, stream: trio.SocketStream,
             if text is None:
                 await websocket.close(CLOSE_UNSUPPORTED, "text messages only")
                 return
-            line = text.replace("\r", " ").replace("\n", " ").encode("utf-8", "surrogatepass")
+            line = text.encode("utf-8", "surrogatepass")
+            if b"\n" in line or b"\r" in line:
+                refusal = _raw_break_refusal(line)
+                if refusal is not None:
+                    await websocket.send_text(refusal)
+                    continue
+                line = line.replace(b"\r", b" ").replace(b"\n", b" ")
             await stream.send_all(line + b"\n")
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         await _close(websocket, CLOSE_DSHD_CLOSED, "dshd closed the connection")
     finally:
         scope.cancel()
+
+
+def _raw_break_refusal(line: bytes) -> str | None:
+    """A message holding raw CR/LF: None when it is valid JSON (its raw line breaks were
+    insignificant whitespace, so spaces may replace them), else the ``-32700`` answer the
+    bridge gives itself (``id`` null; nothing goes to dshd). A raw break inside a string is
+    invalid JSON, which the replacement would have turned into valid JSON of another command."""
+    try:
+        msgspec.json.decode(line, type=msgspec.Raw)  # validates without building objects
+        return None
+    except msgspec.DecodeError as exc:
+        why = str(exc)
+    except RecursionError:
+        why = "JSON nested too deeply"
+    log.info("refused a message with raw line breaks: not valid JSON (%s)", why)
+    return encode_error(None, PARSE_ERROR, (
+        f"parse error: {why}; a message holding raw line breaks is relayed only when it is "
+        "valid JSON (a line break inside a string must be the escape \\n): nothing was sent "
+        "to dshd")).decode().rstrip("\n")
 
 
 async def _from_dshd(websocket: WebSocket, stream: trio.SocketStream,
