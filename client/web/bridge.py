@@ -23,7 +23,9 @@ plain ASGI layer that sees every request before any route does (auth.py has the 
 
 No answer carries a CORS header; every HTTP answer (the handshake refusals too) carries
 :data:`SECURITY_HEADERS` (CSP with ``frame-ancestors 'none'``, ``X-Frame-Options: DENY``,
-``Referrer-Policy: no-referrer``, ``nosniff``, ``Cache-Control: no-cache``). Logs name the
+``Referrer-Policy: no-referrer``, ``nosniff``, ``Cache-Control: no-cache``). An HTTP
+answer's sends are shielded from cancellation (:func:`_secured`): hypercorn closes the
+connection, or starts its keep-alive timer, inside the last one. Logs name the
 path, never the query string nor the subprotocols (the token travels there).
 
 The relay (:func:`relay`): after the WebSocket is accepted the bridge opens ONE connection to
@@ -42,7 +44,8 @@ line and one chunk). Either side ending ends the other: dshd unreachable at conn
 from dshd over the bound -> ``1009``; the browser closing -> the dshd connection is closed; the bridge stopping (SIGTERM/SIGINT) ->
 ``1001`` ("dsh web is stopping").
 A message from the browser over the bound is refused by the server (hypercorn's
-``websocket_max_message_size``: close ``1009``). A binary message -> close ``1003``.
+``websocket_max_message_size``: close ``1009``); hypercorn then tells the app ``1006``, as
+for a browser that closed or left, so the log names both. A binary message -> close ``1003``.
 """
 
 from __future__ import annotations
@@ -132,7 +135,7 @@ class Guard:
         host = headers.get("host")
         signed_in = self.rules.cookie_ok(cookie_parser(headers.get("cookie", "")))
         path = scope.get("path", "")
-        send = _secured(send)
+        send = _secured(send, http=kind == "http")
         if kind == "websocket":
             why = self._ws_refusal(scope, headers, host, signed_in)
             if why:
@@ -233,13 +236,24 @@ def _plain(text: str, status: int) -> Response:
     return PlainTextResponse(text, status_code=status)
 
 
-def _secured(send: Send) -> Send:
-    """Every HTTP answer (and handshake refusal) gets SECURITY_HEADERS, replacing its own."""
+def _secured(send: Send, http: bool = False) -> Send:
+    """Every HTTP answer (and handshake refusal) gets SECURITY_HEADERS, replacing its own.
+
+    An HTTP answer's sends are shielded: hypercorn ends the response's connection inside the
+    app's last send (closing it after ``Connection: close``, else starting its keep-alive
+    timer), and Starlette's FileResponse cancels that very send once it sees the
+    ``http.disconnect`` hypercorn queues there; cut short, the socket of a page file stayed
+    open until the client left. hypercorn shields its own socket writes, so this blocks no
+    longer than they do."""
     async def sender(message: Message) -> None:
         if message["type"] in ("http.response.start", "websocket.http.response.start"):
             headers = [(k, v) for k, v in message.get("headers", []) if k.lower() not in _OURS]
             message = {**message, "headers": [*headers, *SECURITY_HEADERS]}
-        await send(message)
+        if http:
+            with trio.CancelScope(shield=True):
+                await send(message)
+        else:
+            await send(message)
     return sender
 
 
@@ -307,7 +321,13 @@ async def _to_dshd(websocket: WebSocket, stream: trio.SocketStream,
         while True:
             message = await websocket.receive()
             if message["type"] == "websocket.disconnect":
-                log.info("WebSocket closed by the browser (%s)", message.get("code"))
+                code = message.get("code")
+                if code == 1006:  # hypercorn's code for every close the bridge did not make
+                    log.info("WebSocket ended from the browser's side: it closed or left, or "
+                             "hypercorn closed it 1009 for a message over 16 MiB (hypercorn "
+                             "reports both as 1006)")
+                else:
+                    log.info("WebSocket closed by the browser (%s)", code)
                 return
             text = message.get("text")
             if text is None:

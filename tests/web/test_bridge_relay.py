@@ -78,6 +78,11 @@ async def test_raw_newlines_malformed_json_and_an_oversize_message(bridge):
                         await rpc.ws.get_message()
             assert closed.value.reason.code == 1009, closed.value.reason
             assert "result" in await other.call("session.list")  # others keep being served
+            # The log does not claim the browser closed it (hypercorn's 1006 hides who did).
+            with trio.fail_after(LIVENESS_S):
+                while "hypercorn closed it 1009 for a message over 16 MiB" not in bridge.log:
+                    await trio.sleep(0.05)
+            assert "closed by the browser (1006)" not in bridge.log
     async with ws_rpc(bridge, cookie) as again:
         assert (await again.initialize())["server"]["name"] == "dshd"
 
