@@ -25,13 +25,19 @@ plain ASGI layer that sees every request before any route does (auth.py has the 
 
 No answer carries a CORS header; every HTTP answer (the handshake refusals too) carries
 :data:`SECURITY_HEADERS` (CSP with ``frame-ancestors 'none'``, ``X-Frame-Options: DENY``,
-``Referrer-Policy: no-referrer``, ``nosniff``, ``Cache-Control: no-cache``). Logs name the
+``Referrer-Policy: no-referrer``, ``nosniff``, ``Cache-Control: no-cache``). An HTTP
+answer's sends are shielded from cancellation (:func:`_secured`): hypercorn closes the
+connection, or starts its keep-alive timer, inside the last one. Logs name the
 path, never the query string nor the subprotocols (the token travels there).
 
 The relay (:func:`relay`): after the WebSocket is accepted the bridge opens ONE connection to
 dshd's Unix socket and runs two tasks in a nursery. ws->dshd: each text message becomes one
-line (raw ``\\r``/``\\n`` replaced by spaces: inside JSON they can only be insignificant
-whitespace; a newline inside a JSON string is already the escape ``\\n``), then ``\\n``.
+line, then ``\\n``. A message without raw ``\\r``/``\\n`` goes as it is, unparsed (the fast
+path). One holding them is checked first (msgspec, without building objects): valid JSON has
+them only as insignificant whitespace, so they are replaced by spaces; invalid JSON (a raw
+break inside a string, where the replacement would make valid JSON of another command) is
+answered by the bridge itself, ``-32700`` with ``id`` null, and nothing is sent to dshd.
+U+2028/U+2029 are not special: dshd's framing splits on ``\\n`` alone.
 dshd->ws: the socket is read into a ``protocol.framing.LineBuffer`` bounded at
 :data:`MAX_MESSAGE_BYTES`; each line is one text message, sent (awaited) before more is read, so
 a slow browser slows the reading of dshd (back-pressure; the buffer never holds more than one
@@ -40,7 +46,8 @@ line and one chunk). Either side ending ends the other: dshd unreachable at conn
 from dshd over the bound -> ``1009``; the browser closing -> the dshd connection is closed; the bridge stopping (SIGTERM/SIGINT) ->
 ``1001`` ("dsh web is stopping").
 A message from the browser over the bound is refused by the server (hypercorn's
-``websocket_max_message_size``: close ``1009``). A binary message -> close ``1003``.
+``websocket_max_message_size``: close ``1009``); hypercorn then tells the app ``1006``, as
+for a browser that closed or left, so the log names both. A binary message -> close ``1003``.
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import quote
 
+import msgspec
 import trio
 from starlette.applications import Starlette
 from starlette.datastructures import Headers, QueryParams
@@ -63,6 +71,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from client.web.auth import SUBPROTOCOL, AuthRules
 from protocol.framing import NEED_DATA, LineBuffer, Oversize
+from protocol.rpc import PARSE_ERROR, encode_error
 
 __all__ = ["CLOSE_DSHD_CLOSED", "CLOSE_DSHD_UNREACHABLE", "MAX_CLIENTS", "MAX_MESSAGE_BYTES",
            "SECURITY_HEADERS", "SIGNIN_TTL_S", "STATIC_DIR",
@@ -128,7 +137,7 @@ class Guard:
         host = headers.get("host")
         signed_in = self.rules.cookie_ok(cookie_parser(headers.get("cookie", "")))
         path = scope.get("path", "")
-        send = _secured(send)
+        send = _secured(send, http=kind == "http")
         if kind == "websocket":
             why = self._ws_refusal(scope, headers, host, signed_in)
             if why:
@@ -239,13 +248,24 @@ def _plain(text: str, status: int) -> Response:
     return PlainTextResponse(text, status_code=status)
 
 
-def _secured(send: Send) -> Send:
-    """Every HTTP answer (and handshake refusal) gets SECURITY_HEADERS, replacing its own."""
+def _secured(send: Send, http: bool = False) -> Send:
+    """Every HTTP answer (and handshake refusal) gets SECURITY_HEADERS, replacing its own.
+
+    An HTTP answer's sends are shielded: hypercorn ends the response's connection inside the
+    app's last send (closing it after ``Connection: close``, else starting its keep-alive
+    timer), and Starlette's FileResponse cancels that very send once it sees the
+    ``http.disconnect`` hypercorn queues there; cut short, the socket of a page file stayed
+    open until the client left. hypercorn shields its own socket writes, so this blocks no
+    longer than they do."""
     async def sender(message: Message) -> None:
         if message["type"] in ("http.response.start", "websocket.http.response.start"):
             headers = [(k, v) for k, v in message.get("headers", []) if k.lower() not in _OURS]
             message = {**message, "headers": [*headers, *SECURITY_HEADERS]}
-        await send(message)
+        if http:
+            with trio.CancelScope(shield=True):
+                await send(message)
+        else:
+            await send(message)
     return sender
 
 
@@ -313,18 +333,49 @@ async def _to_dshd(websocket: WebSocket, stream: trio.SocketStream,
         while True:
             message = await websocket.receive()
             if message["type"] == "websocket.disconnect":
-                log.info("WebSocket closed by the browser (%s)", message.get("code"))
+                code = message.get("code")
+                if code == 1006:  # hypercorn's code for every close the bridge did not make
+                    log.info("WebSocket ended from the browser's side: it closed or left, or "
+                             "hypercorn closed it 1009 for a message over 16 MiB (hypercorn "
+                             "reports both as 1006)")
+                else:
+                    log.info("WebSocket closed by the browser (%s)", code)
                 return
             text = message.get("text")
             if text is None:
                 await websocket.close(CLOSE_UNSUPPORTED, "text messages only")
                 return
-            line = text.replace("\r", " ").replace("\n", " ").encode("utf-8", "surrogatepass")
+            line = text.encode("utf-8", "surrogatepass")
+            if b"\n" in line or b"\r" in line:
+                refusal = _raw_break_refusal(line)
+                if refusal is not None:
+                    await websocket.send_text(refusal)
+                    continue
+                line = line.replace(b"\r", b" ").replace(b"\n", b" ")
             await stream.send_all(line + b"\n")
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         await _close(websocket, CLOSE_DSHD_CLOSED, "dshd closed the connection")
     finally:
         scope.cancel()
+
+
+def _raw_break_refusal(line: bytes) -> str | None:
+    """A message holding raw CR/LF: None when it is valid JSON (its raw line breaks were
+    insignificant whitespace, so spaces may replace them), else the ``-32700`` answer the
+    bridge gives itself (``id`` null; nothing goes to dshd). A raw break inside a string is
+    invalid JSON, which the replacement would have turned into valid JSON of another command."""
+    try:
+        msgspec.json.decode(line, type=msgspec.Raw)  # validates without building objects
+        return None
+    except msgspec.DecodeError as exc:
+        why = str(exc)
+    except RecursionError:
+        why = "JSON nested too deeply"
+    log.info("refused a message with raw line breaks: not valid JSON (%s)", why)
+    return encode_error(None, PARSE_ERROR, (
+        f"parse error: {why}; a message holding raw line breaks is relayed only when it is "
+        "valid JSON (a line break inside a string must be the escape \\n): nothing was sent "
+        "to dshd")).decode().rstrip("\n")
 
 
 async def _from_dshd(websocket: WebSocket, stream: trio.SocketStream,

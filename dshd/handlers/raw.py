@@ -152,10 +152,18 @@ async def _ask(session_id: str, call_id: str, request: Any) -> Any:
         if code == "not-running":
             raise CallSettled(session_id, call_id) from None
         if code == "no-stdin":  # the call had stdin (checked before asking): it was closed
-            raise InvalidParams(f"the call's stdin is closed ({exc.sentence}); it takes no "
-                                "more input", field="callId", code="NO_STDIN") from None
+            raise InvalidParams(_stdin_closed(exc.sentence), field="callId",
+                                code="NO_STDIN") from None
         raise InvalidParams(f"the call's host refused the request: {exc}",
                             field="callId") from None
+
+
+def _stdin_closed(sentence: str) -> str:
+    """NO_STDIN's message for a call whose stdin was closed: the host's reason in brackets,
+    unless it only says the same ("the call's stdin is closed (the call's stdin is closed)")."""
+    if "stdin is closed" in sentence:
+        return "the call's stdin is closed; it takes no more input"
+    return f"the call's stdin is closed ({sentence}); it takes no more input"
 
 
 async def tool_write(conn: ConnectionPort, p: m.ToolWriteParams) -> m.ToolWriteResult:

@@ -99,6 +99,19 @@ def test_write_and_close_stdin_reach_a_pipe_call(daemon, wire, workdir):
     assert read_all(wire, sid, call_id)[0] == payload
 
 
+def test_a_write_after_close_stdin_says_so_once(daemon, wire, workdir):
+    """Finding: NO_STDIN after ``tool.closeStdin`` read "the call's stdin is closed (the
+    call's stdin is closed)"; it says it once now."""
+    sid = session(wire, workdir)
+    call_id = run(wire, sid, "sleep 30", stdin="pipe")
+    assert wire.result("tool.closeStdin", {"sessionId": sid, "callId": call_id}) == {}
+    err = wire.call("tool.write", {"sessionId": sid, "callId": call_id,
+                                   "data": base64.b64encode(b"x").decode()})["error"]
+    assert err["data"]["code"] == "NO_STDIN", err
+    assert err["message"].count("stdin is closed") == 1, err
+    wire.result("tool.cancel", {"sessionId": sid, "callId": call_id})
+
+
 def test_resize_of_a_tty_call_shows_in_stty_size(daemon, wire, workdir):
     sid = session(wire, workdir)
     call_id = run(wire, sid, "stty size; echo go; read x; stty size", tty=True, cols=80, rows=24)

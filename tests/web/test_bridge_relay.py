@@ -78,8 +78,36 @@ async def test_raw_newlines_malformed_json_and_an_oversize_message(bridge):
                         await rpc.ws.get_message()
             assert closed.value.reason.code == 1009, closed.value.reason
             assert "result" in await other.call("session.list")  # others keep being served
+            # The log does not claim the browser closed it (hypercorn's 1006 hides who did).
+            with trio.fail_after(LIVENESS_S):
+                while "hypercorn closed it 1009 for a message over 16 MiB" not in bridge.log:
+                    await trio.sleep(0.05)
+            assert "closed by the browser (1006)" not in bridge.log
     async with ws_rpc(bridge, cookie) as again:
         assert (await again.initialize())["server"]["name"] == "dshd"
+
+
+async def test_a_raw_newline_inside_a_json_string_is_refused_and_runs_nothing(bridge, tmp_path):
+    """Finding: the bridge replaced raw line breaks by spaces before it looked, so invalid JSON
+    (a raw LF inside a string) became valid JSON of another command: ``touch ran-one<LF>touch
+    ran-two`` ran as ``touch ran-one touch ran-two``. Now such a message is answered ``-32700``
+    (id null) by the bridge and nothing reaches dshd; a raw CR inside a string likewise."""
+    cookie = await cookie_of(bridge)
+    async with ws_rpc(bridge, cookie) as rpc:
+        await rpc.initialize()
+        sid = (await rpc.result("session.create", {"cwd": str(tmp_path)}))["sessionId"]
+        for i, brk in enumerate(("\n", "\r", "\r\n")):
+            await rpc.send_raw(
+                '{"jsonrpc": "2.0", "id": %d, "method": "tool.run", "params": {"sessionId": "%s", '
+                '"name": "bash", "approved": true, "arguments": {"command": '
+                '"touch ran-one%stouch ran-two"}}}' % (50 + i, sid, brk))
+            bad = await rpc.receive()
+            assert bad.get("id", "absent") is None and bad["error"]["code"] == -32700, bad
+            assert "nothing was sent to dshd" in bad["error"]["message"], bad
+        events = (await rpc.result("session.events", {"sessionId": sid}))["events"]
+        assert [e for e in events if e.get("type") == "tool/call"] == []
+        assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing ran
+    assert "refused a message with raw line breaks" in bridge.log
 
 
 async def _closed_code(rpc) -> tuple[int, str | None]:
