@@ -56,7 +56,7 @@ import structlog
 import trio
 
 from ..config import Config
-from ..errors import SessionClosing, SessionLimit, SessionNotFound
+from ..errors import out_of_files, SessionClosing, SessionLimit, SessionNotFound
 from ..paths import is_valid_id
 from ..storage.errors import LockHeld, StateDirMoved, StorageError
 from ..storage.format import Header
@@ -459,8 +459,18 @@ class SessionRegistry:
 
     async def list(self) -> list[dict]:
         """SessionInfo for every session; damaged ones carry ``damaged``. The closed ones
-        come from their summaries in ONE worker thread, cached (``dshd.sessions.listing``)."""
-        ids = await trio.to_thread.run_sync(list_session_dirs, self.state_dir)
+        come from their summaries in ONE worker thread, cached (``dshd.sessions.listing``).
+        Out of file descriptors, the sessions directory cannot be read: the open sessions
+        and the closed ones listed before are answered (a list, never an error)."""
+        try:
+            ids = await trio.to_thread.run_sync(list_session_dirs, self.state_dir)
+        except OSError as exc:
+            if out_of_files(exc) is None:
+                raise
+            # Out of fds: the directory cannot be read; list what is known (the open
+            # sessions and the closed ones listed before), not an error for every client.
+            log.warning("session.list_partial", error=str(exc), hint=out_of_files(exc))
+            ids = sorted(set(self.open) | self._listing.known())
         infos = [s.info() for s in map(self.open.get, ids) if s is not None]
         closed = [i for i in ids if i not in self.open]
         found, fresh = await trio.to_thread.run_sync(self._listing.infos, closed)
