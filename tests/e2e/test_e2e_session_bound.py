@@ -6,7 +6,8 @@ flight at once on one connection (the attack: pipelined creates all passed the b
 before any of them was counted open, so the bound did not hold and each open session kept
 its fds). ``daemon.status``'s ``sessionsOpen`` must stay <= 8 throughout, every created
 session must still be usable (a closed one reopens when named) and ``session.list`` answers
-all along. A second daemon starts with a low ``RLIMIT_NOFILE`` (``preexec_fn``) and a large
+all along. With every open session busy (subscribed) the next create is refused, ``-32013``
+naming the bound (the documented refusal; a guard, it held before the fix too). A second daemon starts with a low ``RLIMIT_NOFILE`` (``preexec_fn``) and a large
 ``max_sessions``: creates run until it is out of fds; ``session.list`` still answers (a
 session it cannot read is listed with ``unreadable``), and the refused create says dshd has
 too many files open, naming the limit, not "permissions and free space". Then the test takes
@@ -63,6 +64,22 @@ async def test_pipelined_creates_keep_max_sessions_and_all_stay_usable(workdir):
                     assert (await c.wait(sid, cid))["content"] == f"{sid}\n"
                     assert (await c.call("daemon.status"))["sessionsOpen"] <= BOUND
                     assert len((await c.call("session.list"))["sessions"]) == CREATES
+
+
+async def test_create_past_max_sessions_all_busy_is_refused_naming_the_bound(workdir):
+    """Subscribed sessions are busy (never closed to make room): the next create is -32013."""
+    with running_daemon("max_sessions = 2\n") as d:
+        async with connect(d.socket) as c:
+            sids = [await c.create_session(str(workdir)) for _ in range(2)]
+            for sid in sids:
+                await c.subscribe(sid)
+            with pytest.raises(RpcError) as refused:
+                await c.create_session(str(workdir))
+            assert refused.value.code == -32013, refused.value
+            assert "max_sessions = 2" in refused.value.message, refused.value
+            assert (await c.call("daemon.status"))["sessionsOpen"] == 2
+            listed = {i["sessionId"] for i in (await c.call("session.list"))["sessions"]}
+            assert listed == set(sids)
 
 
 @pytest.fixture
