@@ -6,12 +6,15 @@ class attribute ``CODE`` is the JSON-RPC error code of PROTOCOL.md §4 (pylsp-js
 (``field``, a symbolic ``code``, ...). No builtin exception stands for a protocol error: "call
 not found" is :class:`CallNotFound`, never ``KeyError``. The dispatcher turns an exception into
 an error response in one place, :func:`to_rpc_error`; everything else is a bug (``-32603``,
-logged with its traceback). The storage layer's own errors (``dshd.storage.errors``) are part
+logged with its traceback), except an error caused by running out of file descriptors, which
+says so (:func:`out_of_files`). The storage layer's own errors (``dshd.storage.errors``) are part
 of this tree, so a storage failure reaching a request is ``-32014`` without a per-site mapping.
 """
 
 from __future__ import annotations
 
+import errno
+import resource
 from typing import Any, ClassVar
 
 from protocol import rpc
@@ -21,7 +24,7 @@ __all__ = [
     "InvalidParams", "InvalidRequest", "LimitExceeded", "MethodNotFound", "NoTurn",
     "NotInitialized", "PermissionDenied", "SessionClosing", "SessionLimit", "SessionLocked",
     "SessionNotFound", "SteerLimit", "StillRunning", "StorageFailure", "TurnBusy",
-    "UnknownTool", "UnsupportedVersion", "to_rpc_error",
+    "UnknownTool", "UnsupportedVersion", "out_of_files", "to_rpc_error",
 ]
 
 
@@ -175,15 +178,48 @@ class SessionClosing(StorageFailure):
         super().__init__(message, {"code": "SESSION_CLOSING"})
 
 
+def out_of_files(exc: BaseException | None) -> str | None:
+    """The sentence for an error caused by running out of file descriptors (``EMFILE``: this
+    process's ``RLIMIT_NOFILE``; ``ENFILE``: the system's), found on ``exc`` or its causes;
+    None when it is not one. The advice is about fds, never "permissions and free space"."""
+    for _ in range(8):
+        if exc is None:
+            return None
+        if isinstance(exc, OSError) and exc.errno == errno.EMFILE:
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            return (f"dshd has too many files open (limit {soft}); close sessions or raise "
+                    "LimitNOFILE")
+        if isinstance(exc, OSError) and exc.errno == errno.ENFILE:
+            return ("the system has too many files open (ENFILE); close sessions or raise "
+                    "fs.file-max")
+        exc = _cause(exc)
+    return None
+
+
+def _cause(exc: BaseException) -> BaseException | None:
+    """What ``exc`` was raised from or during (not when raised ``from None``)."""
+    return exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+
+
 def to_rpc_error(exc: BaseException) -> rpc.RpcError | None:
     """The error response for ``exc``, or None when it is a bug (answer ``-32603``, log it).
 
     The one map from exceptions to JSON-RPC errors, applied by ``dshd.handlers``' dispatch and
     nowhere else: a :class:`DshError` carries its code, message (after its ``PREFIX``) and
-    data; an ``RpcError`` (the params decoder's) is already one.
+    data; an ``RpcError`` (the params decoder's) is already one. One caused by running out of
+    file descriptors (:func:`out_of_files`), a ``DshError`` or a bare ``OSError`` from any
+    site, leads with that sentence and has ``data.code`` ``TOO_MANY_FILES`` (-32014 for an
+    ``OSError``): dshd is short of fds, which is not a bug.
     """
     if isinstance(exc, rpc.RpcError):
         return exc
     if isinstance(exc, DshError):
-        return rpc.RpcError(exc.CODE, exc.PREFIX + exc.message, exc.data)
+        message = exc.PREFIX + exc.message
+        fds = out_of_files(_cause(exc))
+        if fds is None:
+            return rpc.RpcError(exc.CODE, message, exc.data)
+        return rpc.RpcError(exc.CODE, f"{fds} ({message})", exc.data or {"code": "TOO_MANY_FILES"})
+    fds = out_of_files(exc)
+    if fds is not None:
+        return rpc.RpcError(rpc.STORAGE_FAILURE, f"{fds} ({exc})", {"code": "TOO_MANY_FILES"})
     return None

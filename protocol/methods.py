@@ -241,7 +241,8 @@ class SessionCreateResult(_Result):
 
 class SessionInfo(_Result):
     """SessionInfo (§3.1). A session whose log cannot be read has ``sessionId`` and
-    ``damaged`` (the reason) only."""
+    ``damaged`` (the reason) only; one dshd could not look at now (out of file descriptors)
+    has ``sessionId`` and ``unreadable`` (the reason) only."""
 
     session_id: str
     title: str | None | UnsetType = UNSET
@@ -257,6 +258,7 @@ class SessionInfo(_Result):
     pending_approvals: int | UnsetType = UNSET
     last_exit: int | str | None | UnsetType = UNSET
     damaged: str | UnsetType = UNSET
+    unreadable: str | UnsetType = UNSET
 
 
 class SessionListResult(_Result):

@@ -55,7 +55,8 @@ async def _judge(client: Client, row: SessionInfo) -> _fsck.Verdict:
     try:
         info = await client.get_session(sid)  # opens it: a crashed session is repaired now
     except RpcError as exc:
-        state = "damaged" if exc.code == STORAGE_FAILURE else "unchecked"
+        out_of_fds = isinstance(exc.data, dict) and exc.data.get("code") == "TOO_MANY_FILES"
+        state = "damaged" if exc.code == STORAGE_FAILURE and not out_of_fds else "unchecked"
         return _fsck.Verdict(sid, state, exc.message)
     before, after = row.last_seq, info.last_seq  # UNSET when not known
     repairs: list[str] = []

@@ -56,9 +56,12 @@ def _given(value: Any, default: Any = "") -> Any:
 
 
 def session_status(s: SessionInfo) -> str:
-    """``damaged``, ``waiting approval`` (N), ``running N`` or ``idle``."""
+    """``damaged``, ``unreadable`` (dshd could not look now: out of fds), ``waiting approval``
+    (N), ``running N`` or ``idle``."""
     if s.damaged:
         return "damaged"
+    if s.unreadable:
+        return "unreadable"
     pending, running = _given(s.pending_approvals, 0), _given(s.running, 0)
     if pending:
         return "waiting approval" + (f" ({pending})" if pending > 1 else "")
@@ -67,8 +70,8 @@ def session_status(s: SessionInfo) -> str:
 
 def _session_row(s: SessionInfo) -> list[str]:
     title = cell(_given(s.title), TITLE_WIDTH)
-    if s.damaged:
-        title = f"({cell(s.damaged, REASON_WIDTH)}) {title}".rstrip()
+    if s.damaged or s.unreadable:
+        title = f"({cell(s.damaged or s.unreadable, REASON_WIDTH)}) {title}".rstrip()
     return [cell(_given(s.name, "-")), cell(s.session_id), session_status(s), cell(_given(s.cwd)),
             fmt_time(_given(s.updated_at, _given(s.created_at, None))),
             cell(_given(s.last_exit, "-")), title]

@@ -94,6 +94,8 @@ def session_row(info: SessionInfo) -> tuple[str, ...]:
     last exit, cwd."""
     if info.damaged is not UNSET:
         return (info.session_id, "", "", "", f"damaged: {info.damaged}")
+    if info.unreadable is not UNSET:  # dshd could not look at it now (out of fds)
+        return (info.session_id, "", "", "", f"unreadable: {info.unreadable}")
     running = _v(info.running, 0)
     pending = _v(info.pending_approvals, 0)
     return (session_label(info.name, info.title, info.session_id),

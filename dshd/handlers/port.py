@@ -42,9 +42,11 @@ async def open_session(conn: ConnectionPort, session_id: str) -> Any:
     except StateDirMoved as exc:
         raise errors.StorageFailure(f"session {session_id} cannot be opened: {exc}") from None
     except OSError as exc:
+        fds = errors.out_of_files(exc)
         raise errors.StorageFailure(
             f"session {session_id} cannot be opened: {exc.strerror or exc} ({exc.filename}); "
-            "check the state directory's permissions and free space",
+            + (fds or "check the state directory's permissions and free space"),
+            {"code": "TOO_MANY_FILES"} if fds else None,
         ) from None
     except (LogCorrupt, LogTooNew) as exc:
         raise errors.StorageFailure(f"session {session_id} cannot be opened: {exc}",

@@ -43,7 +43,7 @@ from pathlib import Path
 import structlog
 import trio
 
-from ..errors import LimitExceeded, StorageFailure
+from ..errors import LimitExceeded, StorageFailure, out_of_files
 from ..paths import is_valid_id
 from ..storage.sidecar import fsync_dir
 
@@ -213,8 +213,9 @@ async def delete_session(registry, session, *, force: bool, by: int | None, why:
         if (registry.sessions_dir / session.id).exists():  # before the rename: it is whole
             raise StorageFailure(
                 f"session {session.id} could not be deleted: {exc.strerror or exc} "
-                f"({exc.filename}); it is still there: check the state directory's "
-                "permissions and free space, then ask again") from None
+                f"({exc.filename}); it is still there: "
+                + (out_of_files(exc) or "check the state directory's permissions and free "
+                   "space") + ", then ask again") from None
         log.warning("session.delete_incomplete", session=session.id, error=str(exc),
                     hint="renamed to its tombstone: removed at the next start")
         freed = 0

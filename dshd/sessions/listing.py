@@ -16,7 +16,9 @@ session directory that exists (entries of directories gone are dropped at each l
 A damaged log is listed as damaged (``damaged``: the storage error) without breaking the
 list; a session in which a read found a damaged old frame while it was open is listed with
 ``damaged`` too (the registry's record, ``damaged_of``), because its summary does not read
-those frames. Thread safety: the worker thread reads the cache and the damaged record and
+those frames. A summary that cannot be read for another reason (an ``OSError``: dshd is out of
+file descriptors, say) is answered from the cache when it holds one (it may be stale), else
+as ``{"sessionId", "unreadable": reason}``, and the list goes on. Thread safety: the worker thread reads the cache and the damaged record and
 returns the new entries; only the trio thread writes the cache (:meth:`store`).
 """
 
@@ -50,6 +52,10 @@ class DiskListing:
         #: summaries read (not answered from the cache) since the daemon started.
         self.reads = 0
 
+    def known(self) -> set[str]:
+        """The sessions listed before (when the directory cannot be read: out of fds)."""
+        return set(self._cache)
+
     def forget(self, session_id: str) -> None:
         """The next list reads this session's summary again (its damaged record changed)."""
         self._cache.pop(session_id, None)
@@ -66,7 +72,13 @@ class DiskListing:
             if key is not None and cached is not None and cached[0] == key:
                 info = cached[1]
             else:
-                info = self._read_info(session_id)
+                try:
+                    info = self._read_info(session_id)
+                except OSError as exc:  # out of fds, say: what is known, else say so
+                    info = cached[1] if cached is not None else {
+                        "sessionId": session_id, "unreadable": f"{exc.strerror or exc}"}
+                    out += [info] if info is not None else []
+                    continue
                 if key is not None:
                     fresh[session_id] = (key, info)
             if info is not None:

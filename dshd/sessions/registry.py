@@ -2,7 +2,9 @@
 
 Theory of operation: the registry owns a nursery; each open session is a task in it
 (``Session.run``). A session is opened for write lazily, on the first request that names it,
-and then stays open for the daemon's lifetime (bounded by ``max_sessions``). The registry
+and stays open until it has been idle ``session_idle_seconds`` or its place is needed: at
+``max_sessions`` a create or open closes the least recently used idle session or is refused
+(``dshd.sessions.bound``, which keeps the bound under concurrent requests). The registry
 counts the running calls over all open sessions for ``max_calls`` (``running_calls``).
 At daemon start, before the server accepts, :meth:`SessionRegistry.resume_unsettled`
 opens every session that has a call directory without its ``settled`` marker (found by
@@ -54,7 +56,7 @@ import structlog
 import trio
 
 from ..config import Config
-from ..errors import SessionClosing, SessionLimit, SessionNotFound
+from ..errors import out_of_files, SessionClosing, SessionLimit, SessionNotFound
 from ..paths import is_valid_id
 from ..storage.errors import LockHeld, StateDirMoved, StorageError
 from ..storage.format import Header
@@ -62,6 +64,7 @@ from ..storage.reader import list_session_dirs
 from ..storage.writer import SessionLog
 from ..execution.capture import ShellOutputLimits
 from .calls import StopPolicy
+from .bound import SessionBound
 from .chain import read_index
 from .listing import DiskListing
 from .names import SessionNames
@@ -128,6 +131,9 @@ class SessionRegistry:
         self.stopping = False
         self._claims: set[str] = set()
         self._last_used: dict[str, float] = {}
+        #: ``max_sessions``, kept under concurrent creates and opens (``dshd.sessions.bound``).
+        self.bound = SessionBound(self.open, lambda: self.config.max_sessions,
+                                  lambda sid: self._last_used.get(sid, 0), self._close)
         #: session id -> why an old frame of its log is damaged (found by a read while it was
         #: open; the summary of a closed one does not read those frames), at most DAMAGED_MAX.
         self._damaged: dict[str, str] = {}
@@ -266,21 +272,6 @@ class SessionRegistry:
             if not sub.closed:  # ended subscriptions are marked so by their subscriber
                 session.subscribe(sub, answerer=crashed.is_answerer(sub))
 
-    async def _make_room(self) -> None:
-        """At ``max_sessions``, close the least recently used idle session, or refuse."""
-        if len(self.open) < self.config.max_sessions:
-            return
-        idle = [s for s in self.open.values() if s.idle() or not s.usable()]
-        if idle:
-            await self._close(min(idle, key=lambda s: self._last_used.get(s.id, 0)))
-            return
-        if len(self.open) >= self.config.max_sessions:
-            raise SessionLimit(
-                f"this daemon already holds {len(self.open)} open sessions "
-                f"(max_sessions = {self.config.max_sessions}), all of them busy; "
-                "wait for calls to finish or raise max_sessions"
-            )
-
     async def create(
         self,
         cwd: str,
@@ -305,36 +296,37 @@ class SessionRegistry:
                       name: str | None) -> Session:
         self._refuse_if_stopping()
         self.check_state_dir()
-        await self._make_room()
         first = self._fault.token if self._fault and self._fault.kind == "mint-id" else None
         session_id = mint_session_id(self.deletions.taken, first)
         header = Header(id=session_id, createdAt=time.time_ns() // 1_000_000, cwd=cwd, title=title)
-        log_ = SessionLog.create(
-            self.state_dir,
-            session_id,
-            header,
-            compression=self.config.compression,
-            coalesce=self.config.coalesce_seconds,
-            claims=self._claims,
-            snapshot_every=self.config.snapshot_every_events,
-        )
-        session = await self._start(log_)
-        try:
-            await session.record_settings(
-                policy=policy or self.config.approval_policy,
-                mode=sandbox or self.config.sandbox,
-                env=env or {},
-                source="session.create" if (policy or sandbox) else "config",
-                owner=owner,
-                name=name,
-            )
-        except StorageError:
-            # Never published: drop it whole, so it does not appear later half-made.
-            session.discard_unpublished()
-            session.close()
-            with trio.CancelScope(shield=True):
-                await session.finished.wait()
-            raise
+        async with self.bound.pinned(session_id):  # not evicted before it is durable
+            async with self.bound.place():
+                log_ = SessionLog.create(
+                    self.state_dir,
+                    session_id,
+                    header,
+                    compression=self.config.compression,
+                    coalesce=self.config.coalesce_seconds,
+                    claims=self._claims,
+                    snapshot_every=self.config.snapshot_every_events,
+                )
+                session = await self._start(log_)
+            try:
+                await session.record_settings(
+                    policy=policy or self.config.approval_policy,
+                    mode=sandbox or self.config.sandbox,
+                    env=env or {},
+                    source="session.create" if (policy or sandbox) else "config",
+                    owner=owner,
+                    name=name,
+                )
+            except StorageError:
+                # Never published: drop it whole, so it does not appear later half-made.
+                session.discard_unpublished()
+                session.close()
+                with trio.CancelScope(shield=True):
+                    await session.finished.wait()
+                raise
         log.info("session.created", session=session_id, cwd=cwd)
         return session
 
@@ -370,23 +362,23 @@ class SessionRegistry:
             self.check_state_dir()  # before the path is used: it may name another dshd's
             if not (self.sessions_dir / session_id).is_dir():
                 raise SessionNotFound(_not_found(session_id))
-            await self._make_room()
-            try:
-                log_ = await SessionLog.open_for_write(
-                    self.state_dir,
-                    session_id,
-                    compression=self.config.compression,
-                    coalesce=self.config.coalesce_seconds,
-                    claims=self._claims,
-                    repair=True,
-                    output_limits=(self.config.output_max_bytes, self.config.output_max_lines),
-                    plan=functools.partial(self._plan, session_id),
-                    snapshot_every=self.config.snapshot_every_events,
-                )
-            except FileNotFoundError:
-                # A directory without a log: a crash between mkdir and the first publish.
-                raise SessionNotFound(_not_found(session_id)) from None
-            return await self._start(log_, await self._index_of(log_))
+            async with self.bound.place():
+                try:
+                    log_ = await SessionLog.open_for_write(
+                        self.state_dir,
+                        session_id,
+                        compression=self.config.compression,
+                        coalesce=self.config.coalesce_seconds,
+                        claims=self._claims,
+                        repair=True,
+                        output_limits=(self.config.output_max_bytes, self.config.output_max_lines),
+                        plan=functools.partial(self._plan, session_id),
+                        snapshot_every=self.config.snapshot_every_events,
+                    )
+                except FileNotFoundError:
+                    # A directory without a log: a crash between mkdir and the first publish.
+                    raise SessionNotFound(_not_found(session_id)) from None
+                return await self._start(log_, await self._index_of(log_))
 
     async def _index_of(self, log_: SessionLog):
         """The call index of the log's snapshot chain (``chain.read_index``, a worker thread);
@@ -467,8 +459,18 @@ class SessionRegistry:
 
     async def list(self) -> list[dict]:
         """SessionInfo for every session; damaged ones carry ``damaged``. The closed ones
-        come from their summaries in ONE worker thread, cached (``dshd.sessions.listing``)."""
-        ids = await trio.to_thread.run_sync(list_session_dirs, self.state_dir)
+        come from their summaries in ONE worker thread, cached (``dshd.sessions.listing``).
+        Out of file descriptors, the sessions directory cannot be read: the open sessions
+        and the closed ones listed before are answered (a list, never an error)."""
+        try:
+            ids = await trio.to_thread.run_sync(list_session_dirs, self.state_dir)
+        except OSError as exc:
+            if out_of_files(exc) is None:
+                raise
+            # Out of fds: the directory cannot be read; list what is known (the open
+            # sessions and the closed ones listed before), not an error for every client.
+            log.warning("session.list_partial", error=str(exc), hint=out_of_files(exc))
+            ids = sorted(set(self.open) | self._listing.known())
         infos = [s.info() for s in map(self.open.get, ids) if s is not None]
         closed = [i for i in ids if i not in self.open]
         found, fresh = await trio.to_thread.run_sync(self._listing.infos, closed)

@@ -81,7 +81,10 @@ export class SessionList {
       el("div", { class: "row-head" },
         el("span", { class: "session-name" }, s.name ?? s.title ?? s.sessionId),
         s.updatedAt ? el("span", { class: "age" }, age(s.updatedAt)) : null),
-      el("div", { class: "session-cwd", title: s.cwd ?? "" }, s.damaged ? `damaged: ${s.damaged}` : `\u200e${s.cwd ?? ""}\u200e`),
+      el("div", { class: "session-cwd", title: s.cwd ?? "" },
+        s.damaged ? `damaged: ${s.damaged}`
+          : s.unreadable ? `unreadable: ${s.unreadable}` // dshd out of fds: listed by id only
+            : `\u200e${s.cwd ?? ""}\u200e`),
       busy.length ? el("div", { class: "badges" }, busy) : null,
     ]);
   }
