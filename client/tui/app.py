@@ -5,7 +5,9 @@ the app's asyncio loop; the feed is the one connection to dshd (an approval answ
 calls back ``feed_*`` on this app, which hand the values to the panes
 (``client.tui.panes``): the session list polled each second, the watched session's lane view
 (the sessions pane's cursor row picks it, held by session id across polls; ``session``
-given at start picks it once, by id or else by name),
+given at start picks it once: an id from ``dsh tui``, else resolved on the first connection
+by ``client.tui.watching``, which says what it cannot find; a watched session removed is
+said in a notification),
 the banner when dshd is gone and while the feed connects again. Everything the person asks
 for -- run a command, send a chat input, answer an approval, cancel, write to a PTY call --
 is one request on the feed's live client in a worker, so the UI loop never waits on dshd; an
@@ -49,6 +51,7 @@ from client.tui.help import HelpScreen
 from client.tui.approvals import CommandScreen
 from client.tui.panes import ApprovalsBar, SessionPane, SessionsPane, session_label
 from client.tui.term import TerminalScreen
+from client.tui.watching import removed_text, resolve_wanted
 from protocol.approvals import PendingApproval
 from protocol.methods import MAX_TITLE_CHARS, SessionInfo
 from protocol.rpc import RpcError
@@ -146,11 +149,14 @@ class DshApp(App[None], inherit_bindings=False):
     """
 
     def __init__(self, socket: Path | str | None = None, session: str | None = None, *,
-                 connect: bool = True) -> None:
-        """``connect=False``: no feed (tests and snapshots feed values by hand)."""
+                 connect: bool = True, resolve: bool = True) -> None:
+        """``connect=False``: no feed (tests and snapshots feed values by hand).
+        ``resolve=False``: ``session`` is an id already (``dsh tui`` resolved it), else it is
+        resolved on the first connection (``client.tui.watching``)."""
         super().__init__()
         self.socket = socket
         self.wanted_session = session
+        self._resolve = resolve and connect
         self.chat_mode = False
         self.lost_reason: str | None = None
         self.feed = DaemonFeed(socket, self)
@@ -194,6 +200,16 @@ class DshApp(App[None], inherit_bindings=False):
                     screen.resume(self.feed.client)
         self.feed.watch(self.watched_id())
 
+    async def feed_resolve(self, client: Client) -> None:
+        """The session asked for at start, resolved once (``client.tui.watching``)."""
+        if not self._resolve:
+            return
+        found, message = await resolve_wanted(client, self.wanted_session)
+        self._resolve = False
+        self.wanted_session = found
+        if message is not None:
+            self.notify(message, severity="error", timeout=30)
+
     @while_mounted
     def feed_lost(self, reason: str, retry_in: float) -> None:
         self.lost_reason = reason
@@ -203,6 +219,10 @@ class DshApp(App[None], inherit_bindings=False):
 
     @while_mounted
     def feed_sessions(self, sessions: list[SessionInfo]) -> None:
+        watched = self.feed.watched
+        gone = next((s for s in self._sessions if s.session_id == watched), None)
+        if gone is not None and all(s.session_id != watched for s in sessions):
+            self.notify(removed_text(gone), severity="warning", timeout=10)
         self._sessions = sessions
         pane = self.query_one(SessionsPane)
         pane.show(sessions)
