@@ -131,7 +131,11 @@ class DshApp(App[None], inherit_bindings=False):
                 tooltip="watch it: the other session that asks"),
         Binding("ctrl+t", "toggle_chat", "chat", tooltip="chat mode on/off"),
         Binding("ctrl+o,t", "attach", "attach", tooltip="attach PTY call"),
-        Binding("ctrl+k,c", "cancel", "cancel", tooltip="cancel turn / selected call (asks y)"),
+        # Priority: Input binds ctrl+k (delete to the end); the app's cancel goes first.
+        Binding("ctrl+k", "cancel", "cancel", priority=True,
+                tooltip="cancel turn / selected call (asks y), everywhere"),
+        Binding("c", "cancel", "cancel", show=False,
+                tooltip="cancel turn / selected call (asks y), outside the command line"),
         # Priority: the app takes these before it forwards the key, so the focus has moved
         # when the next key (typed right after, in the same read) is forwarded (check_action).
         Binding("colon,slash,i", "focus_input", "command line", show=False, priority=True),
@@ -379,8 +383,11 @@ class DshApp(App[None], inherit_bindings=False):
         self.notify("chat mode" if self.chat_mode else "command mode", timeout=2)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """The focus keys act on the main screen only (the help and attach screens have
-        their own), and ``:``, ``/``, ``i`` are typed as text inside the command line."""
+        """The focus keys and cancel (ctrl+k is a priority key: the command line's Input
+        binds it too) act on the main screen only (the help and attach screens have their
+        own), and ``:``, ``/``, ``i`` are typed as text inside the command line."""
+        if action == "cancel" and len(self.screen_stack) > 1:
+            return False  # ctrl+k on the attach screen is the command's (and c, as typed)
         if action in ("focus_input", "focus_sessions"):
             if len(self.screen_stack) > 1:
                 return False
