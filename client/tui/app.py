@@ -17,7 +17,8 @@ a message (nothing is queued to run later by surprise).
 The command line runs ``tool.run`` of ``bash {command}`` pre-approved (``approved: true``: the
 person typed it) in the watched session -- with none, a new session in the app's working
 directory, titled by the line -- then waits for its result (``tool.wait``, in the worker) and shows it in the
-session pane. In chat mode (ctrl+t) or with the ``> `` prefix the line is a chat input instead:
+session pane; a wait cut by dshd going away is said and asked again once dshd is back
+(``client.tui.waiting``). With dshd away a line is refused and stays in the line. In chat mode (ctrl+t) or with the ``> `` prefix the line is a chat input instead:
 ``turn.start``, or ``turn.steer`` while the lane shows a turn. The approvals bar answers the
 oldest pending request of the watched session with ``approval.decide``; while another session
 has one (the feed asks ``approval.list`` then), the bar names it and ``j`` watches that
@@ -40,7 +41,7 @@ from textual.css.query import NoMatches
 from textual.widgets import Button, DataTable, Footer, Input, Static
 
 from client.api import Client
-from client.transport import ConnectionLost, DshClientError
+from client.transport import DshClientError
 from client.cli.keys import DEFAULT_DETACH_KEYS, describe_keys, parse_detach_keys
 from client.tui.calls import call_command, is_tty
 from client.tui.commandline import CommandLine
@@ -51,6 +52,7 @@ from client.tui.help import HelpScreen
 from client.tui.approvals import CommandScreen
 from client.tui.panes import ApprovalsBar, SessionPane, SessionsPane, session_label
 from client.tui.term import TerminalScreen
+from client.tui.waiting import wait_result
 from client.tui.watching import removed_text, resolve_wanted
 from protocol.approvals import PendingApproval
 from protocol.methods import MAX_TITLE_CHARS, SessionInfo
@@ -291,9 +293,13 @@ class DshApp(App[None], inherit_bindings=False):
     @on(Input.Submitted, "#command")
     def _submitted(self, event: Input.Submitted) -> None:
         line = event.value.strip()
-        event.input.value = ""
         if not line:
             return
+        if self.feed.client is None:  # refused at once; the line keeps the text to run later
+            self.notify("cannot run the command: dshd is not reachable; the line keeps it",
+                        severity="error")
+            return
+        event.input.value = ""
         chat = self.chat_mode or line.startswith(CHAT_PREFIX.strip())
         text = line[1:].strip() if line.startswith(CHAT_PREFIX.strip()) else line
         session_id = self.watched_id()
@@ -304,10 +310,9 @@ class DshApp(App[None], inherit_bindings=False):
             sid = session_id or await self._new_session(client, text)
             if not chat:
                 started = await client.start_tool(sid, text, approved=True)
-                try:
-                    result = await client.wait(sid, started.call_id)
-                except ConnectionLost:
-                    return  # dshd went away: the call goes on; recent shows how it ended
+                result = await wait_result(self.feed, client, sid, started.call_id,
+                                           lambda text: self.notify(text, severity="warning",
+                                                                    timeout=10))
                 self.query_one(SessionPane).show_result(sid, text, result)
             elif turn:
                 await client.steer_turn(sid, text)
@@ -346,6 +351,10 @@ class DshApp(App[None], inherit_bindings=False):
 
     # -- actions ---------------------------------------------------------------------------
     def action_decide(self, how: str) -> None:
+        if self._connect and self.feed.client is None:
+            self.notify("cannot decide: dshd is not reachable (the request is asked again "
+                        "when it is back)", severity="error")
+            return
         bar = self.query_one(ApprovalsBar)
         session_id = self.feed.watched
         if bar.approval is None or session_id is None:
