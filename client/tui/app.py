@@ -44,7 +44,7 @@ from client.api import Client
 from client.transport import DshClientError
 from client.cli.keys import DEFAULT_DETACH_KEYS, describe_keys, parse_detach_keys
 from client.tui.calls import call_command, is_tty
-from client.tui.commandline import CommandLine
+from client.tui.commandline import CommandLine, command_text
 from client.tui.confirm import ConfirmScreen
 from client.tui.feed import DaemonFeed
 from client.tui.frames import freeze_long_lived, thaw_long_lived
@@ -292,7 +292,7 @@ class DshApp(App[None], inherit_bindings=False):
 
     @on(Input.Submitted, "#command")
     def _submitted(self, event: Input.Submitted) -> None:
-        line = event.value.strip()
+        line = command_text(event.value).strip()  # a pasted text's lines, joined again
         if not line:
             return
         if self.feed.client is None:  # refused at once; the line keeps the text to run later
