@@ -135,9 +135,8 @@ class DshApp(App[None], inherit_bindings=False):
         Binding("ctrl+o,t", "attach", "attach", tooltip="attach PTY call"),
         # Priority: Input binds ctrl+k (delete to the end); the app's cancel goes first.
         Binding("ctrl+k", "cancel", "cancel", priority=True,
-                tooltip="cancel turn / selected call (asks y), everywhere"),
-        Binding("c", "cancel", "cancel", show=False,
-                tooltip="cancel turn / selected call (asks y), outside the command line"),
+                tooltip="cancel turn / selected call (asks y)"),
+        Binding("c", "cancel", "cancel", show=False),  # the help lists it with ctrl+k
         # Priority: the app takes these before it forwards the key, so the focus has moved
         # when the next key (typed right after, in the same read) is forwarded (check_action).
         Binding("colon,slash,i", "focus_input", "command line", show=False, priority=True),
