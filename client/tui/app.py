@@ -18,9 +18,10 @@ The command line runs ``tool.run`` of ``bash {command}`` pre-approved (``approve
 person typed it) in the watched session -- with none, a new session in the app's working
 directory, titled by the line -- then waits for its result (``tool.wait``, in the worker) and shows it in the
 session pane; a wait cut by dshd going away is said and asked again once dshd is back
-(``client.tui.waiting``). With dshd away a line is refused and stays in the line. In chat mode (ctrl+t) or with the ``> `` prefix the line is a chat input instead:
-``turn.start``, or ``turn.steer`` while the lane shows a turn. The approvals bar answers the
-oldest pending request of the watched session with ``approval.decide``; while another session
+(``client.tui.waiting``). With dshd away a line is refused and stays in the line. A pasted
+text of several lines runs whole (``client.tui.commandline``). In chat mode (ctrl+t) or with
+the ``> `` prefix the line is a chat input instead: ``turn.start``, or ``turn.steer`` while
+the lane shows a turn. The approvals bar answers the oldest pending request of the watched session with ``approval.decide``; while another session
 has one (the feed asks ``approval.list`` then), the bar names it and ``j`` watches that
 session, so it can be answered. A terminal resize
 reflows the panes (Textual's layout); nothing is cached by size.
