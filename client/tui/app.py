@@ -5,7 +5,9 @@ the app's asyncio loop; the feed is the one connection to dshd (an approval answ
 calls back ``feed_*`` on this app, which hand the values to the panes
 (``client.tui.panes``): the session list polled each second, the watched session's lane view
 (the sessions pane's cursor row picks it, held by session id across polls; ``session``
-given at start picks it once, by id or else by name),
+given at start picks it once: an id from ``dsh tui``, else resolved on the first connection
+by ``client.tui.watching``, which says what it cannot find; a watched session removed is
+said in a notification),
 the banner when dshd is gone and while the feed connects again. Everything the person asks
 for -- run a command, send a chat input, answer an approval, cancel, write to a PTY call --
 is one request on the feed's live client in a worker, so the UI loop never waits on dshd; an
@@ -15,9 +17,11 @@ a message (nothing is queued to run later by surprise).
 The command line runs ``tool.run`` of ``bash {command}`` pre-approved (``approved: true``: the
 person typed it) in the watched session -- with none, a new session in the app's working
 directory, titled by the line -- then waits for its result (``tool.wait``, in the worker) and shows it in the
-session pane. In chat mode (ctrl+t) or with the ``> `` prefix the line is a chat input instead:
-``turn.start``, or ``turn.steer`` while the lane shows a turn. The approvals bar answers the
-oldest pending request of the watched session with ``approval.decide``; while another session
+session pane; a wait cut by dshd going away is said and asked again once dshd is back
+(``client.tui.waiting``). With dshd away a line is refused and stays in the line. A pasted
+text of several lines runs whole (``client.tui.commandline``). In chat mode (ctrl+t) or with
+the ``> `` prefix the line is a chat input instead: ``turn.start``, or ``turn.steer`` while
+the lane shows a turn. The approvals bar answers the oldest pending request of the watched session with ``approval.decide``; while another session
 has one (the feed asks ``approval.list`` then), the bar names it and ``j`` watches that
 session, so it can be answered. A terminal resize
 reflows the panes (Textual's layout); nothing is cached by size.
@@ -38,10 +42,10 @@ from textual.css.query import NoMatches
 from textual.widgets import Button, DataTable, Footer, Input, Static
 
 from client.api import Client
-from client.transport import ConnectionLost, DshClientError
+from client.transport import DshClientError
 from client.cli.keys import DEFAULT_DETACH_KEYS, describe_keys, parse_detach_keys
 from client.tui.calls import call_command, is_tty
-from client.tui.commandline import CommandLine
+from client.tui.commandline import CommandLine, command_text
 from client.tui.confirm import ConfirmScreen
 from client.tui.feed import DaemonFeed
 from client.tui.frames import freeze_long_lived, thaw_long_lived
@@ -49,6 +53,8 @@ from client.tui.help import HelpScreen
 from client.tui.approvals import CommandScreen
 from client.tui.panes import ApprovalsBar, SessionPane, SessionsPane, session_label
 from client.tui.term import TerminalScreen
+from client.tui.waiting import wait_result
+from client.tui.watching import removed_text, resolve_wanted
 from protocol.approvals import PendingApproval
 from protocol.methods import MAX_TITLE_CHARS, SessionInfo
 from protocol.rpc import RpcError
@@ -128,7 +134,10 @@ class DshApp(App[None], inherit_bindings=False):
                 tooltip="watch it: the other session that asks"),
         Binding("ctrl+t", "toggle_chat", "chat", tooltip="chat mode on/off"),
         Binding("ctrl+o,t", "attach", "attach", tooltip="attach PTY call"),
-        Binding("ctrl+k,c", "cancel", "cancel", tooltip="cancel turn / selected call (asks y)"),
+        # Priority: Input binds ctrl+k (delete to the end); the app's cancel goes first.
+        Binding("ctrl+k", "cancel", "cancel", priority=True,
+                tooltip="cancel turn / selected call (asks y)"),
+        Binding("c", "cancel", "cancel", show=False),  # the help lists it with ctrl+k
         # Priority: the app takes these before it forwards the key, so the focus has moved
         # when the next key (typed right after, in the same read) is forwarded (check_action).
         Binding("colon,slash,i", "focus_input", "command line", show=False, priority=True),
@@ -146,11 +155,14 @@ class DshApp(App[None], inherit_bindings=False):
     """
 
     def __init__(self, socket: Path | str | None = None, session: str | None = None, *,
-                 connect: bool = True) -> None:
-        """``connect=False``: no feed (tests and snapshots feed values by hand)."""
+                 connect: bool = True, resolve: bool = True) -> None:
+        """``connect=False``: no feed (tests and snapshots feed values by hand).
+        ``resolve=False``: ``session`` is an id already (``dsh tui`` resolved it), else it is
+        resolved on the first connection (``client.tui.watching``)."""
         super().__init__()
         self.socket = socket
         self.wanted_session = session
+        self._resolve = resolve and connect
         self.chat_mode = False
         self.lost_reason: str | None = None
         self.feed = DaemonFeed(socket, self)
@@ -194,6 +206,16 @@ class DshApp(App[None], inherit_bindings=False):
                     screen.resume(self.feed.client)
         self.feed.watch(self.watched_id())
 
+    async def feed_resolve(self, client: Client) -> None:
+        """The session asked for at start, resolved once (``client.tui.watching``)."""
+        if not self._resolve:
+            return
+        found, message = await resolve_wanted(client, self.wanted_session)
+        self._resolve = False
+        self.wanted_session = found
+        if message is not None:
+            self.notify(message, severity="error", timeout=30)
+
     @while_mounted
     def feed_lost(self, reason: str, retry_in: float) -> None:
         self.lost_reason = reason
@@ -203,6 +225,10 @@ class DshApp(App[None], inherit_bindings=False):
 
     @while_mounted
     def feed_sessions(self, sessions: list[SessionInfo]) -> None:
+        watched = self.feed.watched
+        gone = next((s for s in self._sessions if s.session_id == watched), None)
+        if gone is not None and all(s.session_id != watched for s in sessions):
+            self.notify(removed_text(gone), severity="warning", timeout=10)
         self._sessions = sessions
         pane = self.query_one(SessionsPane)
         pane.show(sessions)
@@ -266,10 +292,14 @@ class DshApp(App[None], inherit_bindings=False):
 
     @on(Input.Submitted, "#command")
     def _submitted(self, event: Input.Submitted) -> None:
-        line = event.value.strip()
-        event.input.value = ""
+        line = command_text(event.value).strip()  # a pasted text's lines, joined again
         if not line:
             return
+        if self.feed.client is None:  # refused at once; the line keeps the text to run later
+            self.notify("cannot run the command: dshd is not reachable; the line keeps it",
+                        severity="error")
+            return
+        event.input.value = ""
         chat = self.chat_mode or line.startswith(CHAT_PREFIX.strip())
         text = line[1:].strip() if line.startswith(CHAT_PREFIX.strip()) else line
         session_id = self.watched_id()
@@ -280,10 +310,9 @@ class DshApp(App[None], inherit_bindings=False):
             sid = session_id or await self._new_session(client, text)
             if not chat:
                 started = await client.start_tool(sid, text, approved=True)
-                try:
-                    result = await client.wait(sid, started.call_id)
-                except ConnectionLost:
-                    return  # dshd went away: the call goes on; recent shows how it ended
+                result = await wait_result(self.feed, client, sid, started.call_id,
+                                           lambda text: self.notify(text, severity="warning",
+                                                                    timeout=10))
                 self.query_one(SessionPane).show_result(sid, text, result)
             elif turn:
                 await client.steer_turn(sid, text)
@@ -322,6 +351,10 @@ class DshApp(App[None], inherit_bindings=False):
 
     # -- actions ---------------------------------------------------------------------------
     def action_decide(self, how: str) -> None:
+        if self._connect and self.feed.client is None:
+            self.notify("cannot decide: dshd is not reachable (the request is asked again "
+                        "when it is back)", severity="error")
+            return
         bar = self.query_one(ApprovalsBar)
         session_id = self.feed.watched
         if bar.approval is None or session_id is None:
@@ -359,8 +392,11 @@ class DshApp(App[None], inherit_bindings=False):
         self.notify("chat mode" if self.chat_mode else "command mode", timeout=2)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """The focus keys act on the main screen only (the help and attach screens have
-        their own), and ``:``, ``/``, ``i`` are typed as text inside the command line."""
+        """The focus keys and cancel (ctrl+k is a priority key: the command line's Input
+        binds it too) act on the main screen only (the help and attach screens have their
+        own), and ``:``, ``/``, ``i`` are typed as text inside the command line."""
+        if action == "cancel" and len(self.screen_stack) > 1:
+            return False  # ctrl+k on the attach screen is the command's (and c, as typed)
         if action in ("focus_input", "focus_sessions"):
             if len(self.screen_stack) > 1:
                 return False

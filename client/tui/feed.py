@@ -18,8 +18,11 @@ When the connection is lost (dshd stopped, crashed, not started yet) the sink he
 ``feed_lost(reason, retry_in)`` -- the app shows a banner -- and the feed connects again after a
 back-off of ``BACKOFF_INITIAL_S`` doubling to ``BACKOFF_MAX_S``, forever (a person watching a
 screen wants it back whenever dshd is; ``client.link``'s budgeted reconnect with ``DaemonGone``
-suits a command that must end). On success ``feed_connected`` comes, the list is polled again
-and the watched session subscribed again with a fresh base batch. An error answer to one
+suits a command that must end). On success ``feed_connected`` comes, then
+``feed_resolve(client)`` (the app resolves the session it was asked to watch, before the
+first poll picks a row), whoever waits in ``next_client`` gets the new client, the list is
+polled again and the watched session subscribed again with a fresh base batch. An error
+answer to one
 request (``subscribe`` of a session that was removed) is reported with ``feed_error`` and does
 not drop the connection. Anything that is not a loss (a bug) propagates.
 """
@@ -55,6 +58,7 @@ class FeedSink(Protocol):
     """Who hears what the feed learns (the app); every method runs on the feed's loop."""
 
     def feed_connected(self) -> None: ...
+    async def feed_resolve(self, client: Client) -> None: ...
     def feed_lost(self, reason: str, retry_in: float) -> None: ...
     def feed_sessions(self, sessions: list[SessionInfo]) -> None: ...
     def feed_lane(self, session_id: str, lane: Any) -> None: ...
@@ -86,6 +90,7 @@ class DaemonFeed:
         self.connects = 0
         self._changed: anyio.Event | None = None
         self._watch_scope: anyio.CancelScope | None = None
+        self._waiting: list[anyio.Event] = []
 
     def watch(self, session_id: str | None) -> None:
         """Watch (subscribe to) ``session_id`` from now on; None: none."""
@@ -97,6 +102,19 @@ class DaemonFeed:
         if self._changed is not None:
             self._changed.set()
 
+    async def next_client(self, lost: Client) -> Client:
+        """The live client once there is one other than ``lost`` (waits for a reconnect)."""
+        while self.client is None or self.client is lost or self.client.connection.closed:
+            event = anyio.Event()
+            self._waiting.append(event)
+            await event.wait()
+        return self.client
+
+    def _connected(self) -> None:
+        waiting, self._waiting = self._waiting, []
+        for event in waiting:
+            event.set()
+
     async def run(self) -> None:
         """Connect, feed, and connect again after each loss, until cancelled."""
         wait = BACKOFF_INITIAL_S
@@ -107,6 +125,8 @@ class DaemonFeed:
                     self.connects += 1
                     wait = BACKOFF_INITIAL_S
                     self.sink.feed_connected()
+                    await self.sink.feed_resolve(client)
+                    self._connected()
                     async with anyio.create_task_group() as tasks:
                         tasks.start_soon(self._poll, client)
                         tasks.start_soon(self._watch_loop, client)

@@ -1,11 +1,12 @@
 """The help screen: every key of the TUI, generated from the bindings so it cannot drift.
 
 Theory of operation: :func:`key_rows` walks the ``BINDINGS`` of the classes it is given (the
-app, the attach screen's keys, this screen) and returns one ``(where, keys, what)`` row per binding,
-with the key names as Textual displays them and what it does (the binding's ``tooltip``, the
-long form, else the footer's short ``description``); keys that are not bindings (the attach screen's
-two-key detach, the command line's prefix) are declared as ``EXTRA_KEYS`` next to the code
-that handles them and listed too. :class:`HelpScreen` shows the rows in a ``rich`` table whose
+app, the attach screen's keys, this screen) and returns one ``(where, keys, what)`` row per
+action (the keys of all its bindings: the priority ``ctrl+k`` and the letter ``c``), with the
+key names as Textual displays them and what it does (the first binding's ``tooltip``, the
+long form, else the footer's short ``description``); keys that are not bindings (the attach
+screen's two-key detach, the command line's prefix) are declared as ``EXTRA_KEYS`` next to
+the code that handles them and listed too. :class:`HelpScreen` shows the rows in a ``rich`` table whose
 "what" column wraps to the width there is (at 80 columns a description takes two lines, never
 cut), in a scroller (Page Down, the mouse wheel) when the rows are taller than the screen.
 """
@@ -32,14 +33,21 @@ def key_rows(owners: Iterable[type]) -> list[tuple[str, str, str]]:
     rows: list[tuple[str, str, str]] = []
     for owner in owners:
         where = getattr(owner, "HELP_NAME", owner.__name__)
+        by_action: dict[str, int] = {}
         for binding in getattr(owner, "BINDINGS", []):
             if isinstance(binding, Binding):
-                keys = binding.key
+                keys, action = binding.key, binding.action
                 what = binding.tooltip or binding.description or binding.action
             else:
-                keys, what = binding[0], binding[2] if len(binding) > 2 else binding[1]
-            names = (_SHOWN.get(k.strip(), k.strip()) for k in keys.split(","))
-            rows.append((where, ", ".join(names), what))
+                keys, action = binding[0], binding[1]
+                what = binding[2] if len(binding) > 2 else binding[1]
+            names = ", ".join(_SHOWN.get(k.strip(), k.strip()) for k in keys.split(","))
+            if action in by_action:  # one action bound twice (a priority key and a letter)
+                at = by_action[action]
+                rows[at] = (where, f"{rows[at][1]}, {names}", rows[at][2])
+                continue
+            by_action[action] = len(rows)
+            rows.append((where, names, what))
         for keys, what in getattr(owner, "EXTRA_KEYS", ()):
             rows.append((where, keys, what))
     return rows

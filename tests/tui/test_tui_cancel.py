@@ -10,7 +10,7 @@ import sys
 
 from client.tui.app import DshApp
 from client.tui.calls import CallView
-from tests.tui.conftest import run_app, until
+from tests.tui.conftest import run_app, screen_text, until
 from tests.tui.helpers import call_texts
 
 START = r"""
@@ -60,3 +60,25 @@ def test_c_asks_then_cancels_the_selected_call(daemon, workdir):
         await until(pilot, lambda: newer not in call_texts(app), "the newest cancelled")
 
     run_app(app, scenario)
+
+
+def test_ctrl_k_cancels_from_the_command_line(daemon, workdir):
+    """ctrl+k in the command line did nothing (Textual's Input binds it: delete to the end);
+    it is the app's cancel everywhere, and the footer still names it."""
+    assert daemon.dsh("run", "--name", "cank", "--", "true", cwd=str(workdir)).returncode == 0
+    app = DshApp(socket=daemon.socket, session="cank")
+
+    async def scenario(pilot):
+        await until(pilot, lambda: app.query_one("SessionPane").lane, "the lane")
+        call = start_call(daemon, app.feed.watched, "sleep 120")
+        await until(pilot, lambda: call in call_texts(app), "the call listed")
+        await pilot.press("colon", *"echo kept", "home")
+        assert app.focused is app.query_one("#command")
+        await pilot.press("ctrl+k")
+        await until(pilot, lambda: len(app.screen_stack) > 1, "the confirmation asked")
+        await pilot.press("y")
+        await until(pilot, lambda: call not in call_texts(app), "the call cancelled")
+        assert app.query_one("#command").value == "echo kept"  # not deleted to the end
+        assert "^k cancel" in screen_text(app)
+
+    run_app(app, scenario, size=(80, 24))
