@@ -30,6 +30,7 @@ import os
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
+from rich.text import Text
 from textual import on
 from textual.app import App, ComposeResult
 from textual.binding import Binding
@@ -40,6 +41,7 @@ from textual.widgets import Button, DataTable, Footer, Input, Static
 from client.api import Client
 from client.transport import ConnectionLost, DshClientError
 from client.cli.keys import DEFAULT_DETACH_KEYS, describe_keys, parse_detach_keys
+from client.tui.ansi import visible_line, visible_text
 from client.tui.calls import call_command, is_tty
 from client.tui.commandline import CommandLine
 from client.tui.confirm import ConfirmScreen
@@ -198,7 +200,7 @@ class DshApp(App[None], inherit_bindings=False):
     def feed_lost(self, reason: str, retry_in: float) -> None:
         self.lost_reason = reason
         banner = self.query_one("#banner", Static)
-        banner.update(banner_text(reason, retry_in))
+        banner.update(Text(visible_text(banner_text(reason, retry_in))))
         banner.add_class("lost")
 
     @while_mounted
@@ -233,6 +235,11 @@ class DshApp(App[None], inherit_bindings=False):
                                   oldest.session_id)
             found = (oldest.session_id, label, oldest.summary, len(others) - 1)
         self.query_one(ApprovalsBar).show_elsewhere(found)
+
+    def notify(self, message: str, *, markup: bool = False, **kwargs: Any) -> None:
+        """Every notification as plain text, its controls and invisible characters shown
+        as escapes: an error message may quote a command or a name from dshd."""
+        super().notify(visible_text(str(message)), markup=False, **kwargs)
 
     def feed_error(self, message: str) -> None:
         self.notify(message, severity="error")
@@ -389,14 +396,14 @@ class DshApp(App[None], inherit_bindings=False):
         if session_id is None:
             return
         if lane.get("turn"):
-            question = f"cancel the turn {lane['turn'].get('turnId')}?"
+            question = f"cancel the turn {visible_line(lane['turn'].get('turnId'))}?"
             body: Callable[[Client], Awaitable[Any]] = lambda c: c.cancel_turn(session_id)
             what = "cancel the turn"
         elif tools:
             call_id = pane.selected_call() or max(
                 tools, key=lambda c: (tools[c].get("startedAt") or 0, c))
             command = call_command(tools[call_id])
-            question = f"cancel call {call_id} ($ {command[:200]})?"
+            question = f"cancel call {visible_line(call_id)} ($ {visible_line(command[:200])})?"
             body, what = (lambda c: c.cancel(session_id, call_id)), "cancel the call"
         else:
             self.notify("nothing runs in this session", severity="warning")

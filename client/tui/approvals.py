@@ -27,7 +27,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
-from client.tui.ansi import visible_text
+from client.tui.ansi import visible_line, visible_text
 
 __all__ = ["ApprovalsBar", "CommandScreen", "oldest_approval", "BAR_LINES"]
 
@@ -46,7 +46,7 @@ def oldest_approval(lane: Any) -> tuple[str, dict[str, Any]] | None:
 
 def request_text(entry: dict[str, Any], more: int = 0) -> Text:
     """``tool asks: <command>`` (+N more requests)."""
-    text = Text(f"{entry.get('tool', '?')} asks: ", style="bold")
+    text = Text(f"{visible_line(entry.get('tool', '?'))} asks: ", style="bold")
     text.append(visible_text(str(entry.get("summary", ""))))
     if more:
         text.append(f"  (+{more} more)", style="dim")
@@ -98,8 +98,9 @@ class ApprovalsBar(Vertical):
         self.elsewhere = None if found is None else found[:3]
         if found is not None:
             _, label, command, more = found
-            text = Text(f"{label} asks: ", style="bold", no_wrap=True, overflow="ellipsis")
-            text.append(visible_text(command).replace("\n", " "))
+            text = Text(f"{visible_line(label)} asks: ", style="bold", no_wrap=True,
+                        overflow="ellipsis")
+            text.append(visible_line(command))
             if more:
                 text.append(f"  (+{more} more)", style="dim")
             self.query_one("#elsewhere-text", Static).update(text)

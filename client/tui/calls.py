@@ -25,7 +25,7 @@ from textual.containers import Vertical
 from textual.css.query import NoMatches
 from textual.widgets import Static
 
-from client.tui.ansi import strip_controls
+from client.tui.ansi import label, strip_controls, visible_line
 from client.tui.outputview import OutputView
 
 __all__ = ["CallView", "TAIL_LINES", "LIVE_VIEWS", "call_command", "output_text", "is_tty"]
@@ -115,8 +115,11 @@ class CallView(Vertical, can_focus=True):
         before, self._shown = self._shown, shown
         if before is None or before[:3] != shown[:3]:
             tty = " (pty: t attaches)" if shown[2] else ""
-            self.border_title = f"{self.call_id} · {entry.get('name', '?')} · {shown[0]}{tty}"
-            command_row.update(Text("$ " + shown[1]), layout=False)
+            self.border_title = (f"{label(self.call_id)} · {label(entry.get('name', '?'))} · "
+                                 f"{label(shown[0])}{tty}")
+            # One row, cut at its last cell with an ellipsis (not at a word wrap).
+            command_row.update(Text("$ " + visible_line(shown[1]), no_wrap=True,
+                                    overflow="ellipsis"), layout=False)
         if self.live is None and (before is None or before[3] != shown[3]):
             body = (Text.from_ansi(strip_controls(tail(shown[3], self.body_rows))) if shown[3]
                     else Text("(no output yet)", style="dim"))

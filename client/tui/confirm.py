@@ -7,10 +7,13 @@ every key, so no binding below it acts on the key that answered it.
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual import events
 from textual.app import ComposeResult
 from textual.screen import ModalScreen
 from textual.widgets import Static
+
+from client.tui.ansi import visible_line
 
 __all__ = ["ConfirmScreen"]
 
@@ -30,7 +33,8 @@ class ConfirmScreen(ModalScreen[bool]):
         self.question = question
 
     def compose(self) -> ComposeResult:
-        yield Static(f"{self.question}\ny: yes · any other key: no", id="question")
+        yield Static(Text(f"{visible_line(self.question)}\ny: yes · any other key: no"),
+                     id="question")
 
     def on_key(self, event: events.Key) -> None:
         event.stop()
