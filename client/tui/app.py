@@ -48,7 +48,7 @@ from client.tui.confirm import ConfirmScreen
 from client.tui.feed import DaemonFeed
 from client.tui.frames import freeze_long_lived, thaw_long_lived
 from client.tui.help import HelpScreen
-from client.tui.approvals import CommandScreen
+from client.tui.approvals import ARM_S, CommandScreen
 from client.tui.panes import ApprovalsBar, SessionPane, SessionsPane, session_label
 from client.tui.term import TerminalScreen
 from protocol.approvals import PendingApproval
@@ -122,14 +122,16 @@ class DshApp(App[None], inherit_bindings=False):
     BINDINGS = [
         Binding("f1,question_mark", "help", "help"),
         Binding("ctrl+q", "quit", "quit"),
-        Binding("f2,y", "decide('once')", "allow once", show=False),
-        Binding("f3,a", "decide('session')", "allow for session", show=False),
-        Binding("f4,n", "decide('reject')", "reject", show=False),
-        Binding("v", "view_request", "view the whole request", show=False),
+        # y / a / n / v are the approvals bar's own keys (focused: tab, f6, a click), so a
+        # word typed elsewhere answers nothing; the function keys are never typed by chance.
+        Binding("f2", "decide('once')", "allow once", show=False),
+        Binding("f3", "decide('session')", "allow for session", show=False),
+        Binding("f4", "decide('reject')", "reject", show=False),
+        Binding("f6", "focus_approvals", "to the approvals bar", show=False),
         Binding("f5,j", "watch_asking", "watch it", show=False,
                 tooltip="watch it: the other session that asks"),
         Binding("ctrl+t", "toggle_chat", "chat", tooltip="chat mode on/off"),
-        Binding("ctrl+o,t", "attach", "attach", tooltip="attach PTY call"),
+        Binding("ctrl+o", "attach", "attach", tooltip="attach PTY call"),
         Binding("ctrl+k,c", "cancel", "cancel", tooltip="cancel turn / selected call (asks y)"),
         # Priority: the app takes these before it forwards the key, so the focus has moved
         # when the next key (typed right after, in the same read) is forwarded (check_action).
@@ -139,7 +141,8 @@ class DshApp(App[None], inherit_bindings=False):
     ]
     EXTRA_KEYS = (("up, down, enter, click", "sessions list: pick the session to watch"),
                   ("> text", "command line: a chat input (else: a bash command)"),
-                  ("y, a, n, v, j", "only outside the command line (f2-f5 work everywhere)"))
+                  ("j, c", "letters: only outside the command line"),
+                  ("y (cancel confirm)", f"yes, once shown {ARM_S:g} s; any other key: no"))
     CSS = """
     #banner { height: auto; background: $error; color: $text; padding: 0 1; display: none; }
     #banner.lost { display: block; }
@@ -334,6 +337,10 @@ class DshApp(App[None], inherit_bindings=False):
         if bar.approval is None or session_id is None:
             self.notify("nothing waits for an approval", severity="warning")
             return
+        if not bar.armed():  # shown < ARM_S: a double tap must not decide it unseen
+            self.notify("a new request just appeared: read it, then answer",
+                        severity="warning")
+            return
         approval_id = bar.approval[0]
         bar.approval = None  # one key, one decision: a second press waits for the next request
         bar.update_shown()
@@ -379,12 +386,19 @@ class DshApp(App[None], inherit_bindings=False):
         # key are already queued and are forwarded to whatever has the focus then.
         self.screen.set_focus(self.query_one("#command", Input))
 
+    def action_focus_approvals(self) -> None:
+        bar = self.query_one(ApprovalsBar)
+        if bar.approval is None and bar.elsewhere is None:
+            self.notify("nothing waits for an approval", severity="warning")
+            return
+        self.screen.set_focus(bar)
+
     def action_focus_sessions(self) -> None:
         self.screen.set_focus(self.query_one(SessionsPane))
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen([DshApp, AttachKeys]))
+            self.push_screen(HelpScreen([DshApp, ApprovalsBar, AttachKeys]))
 
     def action_cancel(self) -> None:
         """Cancel the turn (when one runs), else the selected call (the focused box), else

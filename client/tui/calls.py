@@ -114,7 +114,7 @@ class CallView(Vertical, can_focus=True):
             return  # removed (the call settled) before its rows were mounted
         before, self._shown = self._shown, shown
         if before is None or before[:3] != shown[:3]:
-            tty = " (pty: t attaches)" if shown[2] else ""
+            tty = " (pty: ^o attaches)" if shown[2] else ""
             self.border_title = (f"{label(self.call_id)} · {label(entry.get('name', '?'))} · "
                                  f"{label(shown[0])}{tty}")
             # One row, cut at its last cell with an ellipsis (not at a word wrap).
