@@ -68,7 +68,8 @@ class CallView(Vertical, can_focus=True):
     DEFAULT_CSS = f"""
     CallView {{ border: round $primary; padding: 0 1; height: auto; margin-bottom: 1; }}
     CallView:focus-within {{ border: double $accent; }}
-    CallView .call-command {{ height: 1; text-style: bold; }}
+    CallView .call-command {{ height: 1; text-style: bold; text-wrap: nowrap;
+                             text-overflow: ellipsis; }}
     CallView .call-tail {{ height: auto; }}
     CallView OutputView {{ height: {TAIL_LINES}; }}
     """

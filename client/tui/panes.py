@@ -86,8 +86,11 @@ def session_label(name: Any, title: Any, session_id: str) -> str:
     if isinstance(name, str) and name:
         return visible_line(name)
     if isinstance(title, str) and title.strip():
+        # In quotes: an unnamed session titled ``prod`` must not read as the session named
+        # ``prod`` (a name has no quotes: protocol.names).
         line = visible_line(" ".join(title.split()))
-        return line if len(line) <= LABEL_CELLS else line[:LABEL_CELLS - 1] + "…"
+        line = line if len(line) <= LABEL_CELLS - 2 else line[:LABEL_CELLS - 3] + "…"
+        return f'"{line}"'
     return visible_line(session_id)
 
 
