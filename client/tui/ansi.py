@@ -10,14 +10,23 @@ other escapes (``ESC ( B``, ``ESC 7``), 8-bit C1 controls and C0 controls but ta
 and carriage return (the line view handles ``\\r``). A full terminal is the attach screen.
 :func:`visible_text` is for text a person decides on (an approval's command): every character
 that reorders or hides text (bidi overrides and isolates, zero-width ones, controls) becomes a
-``\\uXXXX`` escape, as ``dsh approvals`` shows it.
+``\\uXXXX`` escape, as ``dsh approvals`` shows it; it also escapes the line and paragraph
+separators (U+2028, U+2029: a line break in some terminals) and the Hangul fillers (U+115F,
+U+1160, U+3164, U+FFA0: they render blank). :func:`visible_line` is the same for a one-line
+label (a session's name or title, a cwd, a command in a one-line row): line feeds and tabs
+become spaces first. :func:`label` is ``visible_line`` with Rich/Textual markup escaped, for
+the widgets that parse a str as markup (``DataTable`` cells, ``border_title``): a title
+``[reverse]…`` must show as typed. Every string the TUI draws that came from dshd, the model
+or another user goes through one of these (output through ``strip_controls``).
 """
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["strip_controls", "visible_text"]
+from rich.markup import escape
+
+__all__ = ["strip_controls", "visible_text", "visible_line", "label"]
 
 _CONTROLS = re.compile(
     r"\x1b\][^\x07\x1b]*(?:\x07|\x1b\\|$)"      # OSC
@@ -36,12 +45,23 @@ def strip_controls(text: str) -> str:
     return _CONTROLS.sub(lambda m: m.group(1) or "", text)
 
 
-# Bidi embeddings, overrides, isolates and marks, zero-width characters, controls but \n and \t.
-_INVISIBLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u202a-\u202e"
-                        "\u2060-\u2069\ufeff]")
+# Bidi embeddings, overrides, isolates and marks, zero-width characters, line and paragraph
+# separators, Hangul fillers, controls but \n and \t (client/web/static: visibleText, the same).
+_INVISIBLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u115f\u1160\u200b-\u200f"
+                        "\u2028-\u202e\u2060-\u2069\u3164\ufeff\uffa0]")
 
 
 def visible_text(text: str) -> str:
     """``text`` with every invisible or reordering character as a ``\\uXXXX`` escape (module doc):
     what a person approves must read as what runs."""
     return _INVISIBLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def visible_line(text: object) -> str:
+    """``visible_text`` of ``text`` on one line: line feeds and tabs as spaces."""
+    return visible_text(str(text).replace("\n", " ").replace("\t", " "))
+
+
+def label(text: object) -> str:
+    """``visible_line`` with markup escaped, for a widget that reads a str as markup."""
+    return escape(visible_line(text))

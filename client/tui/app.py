@@ -34,6 +34,7 @@ import os
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
+from rich.text import Text
 from textual import on
 from textual.app import App, ComposeResult
 from textual.binding import Binding
@@ -44,13 +45,14 @@ from textual.widgets import Button, DataTable, Footer, Input, Static
 from client.api import Client
 from client.transport import DshClientError
 from client.cli.keys import DEFAULT_DETACH_KEYS, describe_keys, parse_detach_keys
+from client.tui.ansi import visible_line, visible_text
 from client.tui.calls import call_command, is_tty
 from client.tui.commandline import CommandLine, command_text
 from client.tui.confirm import ConfirmScreen
 from client.tui.feed import DaemonFeed
 from client.tui.frames import freeze_long_lived, thaw_long_lived
 from client.tui.help import HelpScreen
-from client.tui.approvals import CommandScreen
+from client.tui.approvals import ARM_S, CommandScreen
 from client.tui.panes import ApprovalsBar, SessionPane, SessionsPane, session_label
 from client.tui.term import TerminalScreen
 from client.tui.waiting import wait_result
@@ -126,14 +128,16 @@ class DshApp(App[None], inherit_bindings=False):
     BINDINGS = [
         Binding("f1,question_mark", "help", "help"),
         Binding("ctrl+q", "quit", "quit"),
-        Binding("f2,y", "decide('once')", "allow once", show=False),
-        Binding("f3,a", "decide('session')", "allow for session", show=False),
-        Binding("f4,n", "decide('reject')", "reject", show=False),
-        Binding("v", "view_request", "view the whole request", show=False),
+        # y / a / n / v are the approvals bar's own keys (focused: tab, f6, a click), so a
+        # word typed elsewhere answers nothing; the function keys are never typed by chance.
+        Binding("f2", "decide('once')", "allow once", show=False),
+        Binding("f3", "decide('session')", "allow for session", show=False),
+        Binding("f4", "decide('reject')", "reject", show=False),
+        Binding("f6", "focus_approvals", "to the approvals bar", show=False),
         Binding("f5,j", "watch_asking", "watch it", show=False,
                 tooltip="watch it: the other session that asks"),
         Binding("ctrl+t", "toggle_chat", "chat", tooltip="chat mode on/off"),
-        Binding("ctrl+o,t", "attach", "attach", tooltip="attach PTY call"),
+        Binding("ctrl+o", "attach", "attach", tooltip="attach PTY call"),
         # Priority: Input binds ctrl+k (delete to the end); the app's cancel goes first.
         Binding("ctrl+k", "cancel", "cancel", priority=True,
                 tooltip="cancel turn / selected call (asks y)"),
@@ -146,7 +150,8 @@ class DshApp(App[None], inherit_bindings=False):
     ]
     EXTRA_KEYS = (("up, down, enter, click", "sessions list: pick the session to watch"),
                   ("> text", "command line: a chat input (else: a bash command)"),
-                  ("y, a, n, v, j", "only outside the command line (f2-f5 work everywhere)"))
+                  ("j, c", "letters: only outside the command line"),
+                  ("y (cancel confirm)", f"yes, once shown {ARM_S:g} s; any other key: no"))
     CSS = """
     #banner { height: auto; background: $error; color: $text; padding: 0 1; display: none; }
     #banner.lost { display: block; }
@@ -220,7 +225,7 @@ class DshApp(App[None], inherit_bindings=False):
     def feed_lost(self, reason: str, retry_in: float) -> None:
         self.lost_reason = reason
         banner = self.query_one("#banner", Static)
-        banner.update(banner_text(reason, retry_in))
+        banner.update(Text(visible_text(banner_text(reason, retry_in))))
         banner.add_class("lost")
 
     @while_mounted
@@ -259,6 +264,11 @@ class DshApp(App[None], inherit_bindings=False):
                                   oldest.session_id)
             found = (oldest.session_id, label, oldest.summary, len(others) - 1)
         self.query_one(ApprovalsBar).show_elsewhere(found)
+
+    def notify(self, message: str, *, markup: bool = False, **kwargs: Any) -> None:
+        """Every notification as plain text, its controls and invisible characters shown
+        as escapes: an error message may quote a command or a name from dshd."""
+        super().notify(visible_text(str(message)), markup=False, **kwargs)
 
     def feed_error(self, message: str) -> None:
         self.notify(message, severity="error")
@@ -360,6 +370,10 @@ class DshApp(App[None], inherit_bindings=False):
         if bar.approval is None or session_id is None:
             self.notify("nothing waits for an approval", severity="warning")
             return
+        if not bar.armed():  # shown < ARM_S: a double tap must not decide it unseen
+            self.notify("a new request just appeared: read it, then answer",
+                        severity="warning")
+            return
         approval_id = bar.approval[0]
         bar.approval = None  # one key, one decision: a second press waits for the next request
         bar.update_shown()
@@ -408,12 +422,19 @@ class DshApp(App[None], inherit_bindings=False):
         # key are already queued and are forwarded to whatever has the focus then.
         self.screen.set_focus(self.query_one("#command", Input))
 
+    def action_focus_approvals(self) -> None:
+        bar = self.query_one(ApprovalsBar)
+        if bar.approval is None and bar.elsewhere is None:
+            self.notify("nothing waits for an approval", severity="warning")
+            return
+        self.screen.set_focus(bar)
+
     def action_focus_sessions(self) -> None:
         self.screen.set_focus(self.query_one(SessionsPane))
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen([DshApp, AttachKeys]))
+            self.push_screen(HelpScreen([DshApp, ApprovalsBar, AttachKeys]))
 
     def action_cancel(self) -> None:
         """Cancel the turn (when one runs), else the selected call (the focused box), else
@@ -425,14 +446,14 @@ class DshApp(App[None], inherit_bindings=False):
         if session_id is None:
             return
         if lane.get("turn"):
-            question = f"cancel the turn {lane['turn'].get('turnId')}?"
+            question = f"cancel the turn {visible_line(lane['turn'].get('turnId'))}?"
             body: Callable[[Client], Awaitable[Any]] = lambda c: c.cancel_turn(session_id)
             what = "cancel the turn"
         elif tools:
             call_id = pane.selected_call() or max(
                 tools, key=lambda c: (tools[c].get("startedAt") or 0, c))
             command = call_command(tools[call_id])
-            question = f"cancel call {call_id} ($ {command[:200]})?"
+            question = f"cancel call {visible_line(call_id)} ($ {visible_line(command[:200])})?"
             body, what = (lambda c: c.cancel(session_id, call_id)), "cancel the call"
         else:
             self.notify("nothing runs in this session", severity="warning")

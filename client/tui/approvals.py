@@ -14,10 +14,19 @@ A person must see what they approve, so the command is never cut silently: it wr
 bar's width, up to ``BAR_LINES`` rows; a longer one shows its first rows and then
 "… N more lines: press v to view the whole command", and ``v`` opens :class:`CommandScreen`
 with the full text (scrollable). The wrap is made again when the bar's width changes.
+
+The decision keys ``y`` / ``a`` / ``n`` (and ``v``) are the bar's own bindings: they act only
+while the bar (or one of its buttons) has the focus -- tab, a click, or f6 puts it there --
+so a word typed into the sessions list (``make all``) answers nothing; f2 / f3 / f4 stay
+app-wide. A request is armed only once it has been shown for ``ARM_S`` (``armed``, as a
+browser's security dialog delays its buttons): the next request shows ~100 ms after one is
+decided, and a double tap or a key repeat must not approve it unseen. ``shown_at`` is reset
+whenever the request shown changes; the app refuses a decision before, with a notice.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from rich.text import Text
@@ -27,12 +36,14 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
-from client.tui.ansi import visible_text
+from client.tui.ansi import visible_line, visible_text
 
-__all__ = ["ApprovalsBar", "CommandScreen", "oldest_approval", "BAR_LINES"]
+__all__ = ["ApprovalsBar", "CommandScreen", "oldest_approval", "BAR_LINES", "ARM_S"]
 
 #: The most rows of the command the bar shows (more: "… N more lines", v shows all).
 BAR_LINES = 6
+#: Seconds a request is shown before a key (or a click) can decide it.
+ARM_S = 0.6
 
 
 def oldest_approval(lane: Any) -> tuple[str, dict[str, Any]] | None:
@@ -46,15 +57,26 @@ def oldest_approval(lane: Any) -> tuple[str, dict[str, Any]] | None:
 
 def request_text(entry: dict[str, Any], more: int = 0) -> Text:
     """``tool asks: <command>`` (+N more requests)."""
-    text = Text(f"{entry.get('tool', '?')} asks: ", style="bold")
+    text = Text(f"{visible_line(entry.get('tool', '?'))} asks: ", style="bold")
     text.append(visible_text(str(entry.get("summary", ""))))
     if more:
         text.append(f"  (+{more} more)", style="dim")
     return text
 
 
-class ApprovalsBar(Vertical):
+class ApprovalsBar(Vertical, can_focus=True):
     """The oldest request, wrapped, with allow once / allow for session / reject."""
+
+    HELP_NAME = "approvals bar"
+    BINDINGS = [
+        Binding("y", "app.decide('once')", "allow once"),
+        Binding("a", "app.decide('session')", "allow for session",
+                tooltip="allow for session (an exact rule of the command)"),
+        Binding("n", "app.decide('reject')", "reject"),
+        Binding("v", "app.view_request", "view the whole request"),
+    ]
+    EXTRA_KEYS = (("tab, f6, click", "to the bar: y / a / n act only there"),
+                  ("y, a, n, f2-f4", f"act once the request has been shown {ARM_S:g} s"))
 
     DEFAULT_CSS = """
     ApprovalsBar { height: auto; background: $warning 30%; display: none; }
@@ -67,6 +89,10 @@ class ApprovalsBar(Vertical):
         border: none; border-top: none; border-bottom: none; padding: 0 1;
         margin: 0 1 0 0; }
     ApprovalsBar #elsewhere-text { width: 1fr; height: 1; padding: 0 1; }
+    ApprovalsBar:focus-within { background: $warning 60%; }
+    ApprovalsBar .hint { width: 1fr; height: 1; color: $text-muted; }
+    ApprovalsBar #hint-focused, ApprovalsBar:focus-within #hint-away { display: none; }
+    ApprovalsBar:focus-within #hint-focused { display: block; }
     """
 
     def __init__(self) -> None:
@@ -75,6 +101,8 @@ class ApprovalsBar(Vertical):
         self.full_text: Text | None = None
         #: The oldest request of another session: (session id, label, command), or None.
         self.elsewhere: tuple[str, str, str] | None = None
+        #: When the request shown was first shown (``time.monotonic``): ``armed``.
+        self.shown_at = 0.0
 
     def compose(self) -> ComposeResult:
         yield Static(id="approval-text")
@@ -83,6 +111,8 @@ class ApprovalsBar(Vertical):
             yield Button("a for session", id="approve-session", variant="primary")
             yield Button("n reject", id="reject", variant="error")
             yield Button("v view all", id="view-request")
+            yield Static("tab/f6: answer here", id="hint-away", classes="hint")
+            yield Static("keys answer", id="hint-focused", classes="hint")
         with Horizontal(id="elsewhere-row"):
             yield Static(id="elsewhere-text")
             yield Button("j watch it", id="watch-asking", variant="warning")
@@ -90,7 +120,11 @@ class ApprovalsBar(Vertical):
     def update_shown(self) -> None:
         self.set_class(self.approval is None, "mine-none")
         self.set_class(self.elsewhere is None, "elsewhere-none")
-        self.set_class(self.approval is not None or self.elsewhere is not None, "asking")
+        asking = self.approval is not None or self.elsewhere is not None
+        self.set_class(asking, "asking")
+        if not asking and self.has_focus_within:
+            # Hidden: the focus goes back to the sessions list (f6 comes back for the next).
+            self.app.call_later(self.app.action_focus_sessions)
 
     def show_elsewhere(self, found: tuple[str, str, str, int] | None) -> None:
         """``(session id, session label, command, more)`` of the oldest request of another
@@ -98,8 +132,9 @@ class ApprovalsBar(Vertical):
         self.elsewhere = None if found is None else found[:3]
         if found is not None:
             _, label, command, more = found
-            text = Text(f"{label} asks: ", style="bold", no_wrap=True, overflow="ellipsis")
-            text.append(visible_text(command).replace("\n", " "))
+            text = Text(f"{visible_line(label)} asks: ", style="bold", no_wrap=True,
+                        overflow="ellipsis")
+            text.append(visible_line(command))
             if more:
                 text.append(f"  (+{more} more)", style="dim")
             self.query_one("#elsewhere-text", Static).update(text)
@@ -107,7 +142,10 @@ class ApprovalsBar(Vertical):
 
     def show(self, lane: Any) -> None:
         found = oldest_approval(lane)
+        before = self.approval[0] if self.approval is not None else None
         self.approval = None if found is None else (found[0], dict(found[1]))
+        if found is not None and found[0] != before:
+            self.shown_at = time.monotonic()  # a new request under the cursor: not armed
         self.update_shown()
         if self.approval is None:
             self.full_text = None
@@ -115,6 +153,10 @@ class ApprovalsBar(Vertical):
         more = len((lane or {}).get("approvals") or {}) - 1
         self.full_text = request_text(self.approval[1], more)
         self._draw()
+
+    def armed(self) -> bool:
+        """Whether the request shown has been shown for ``ARM_S`` (a key may decide it)."""
+        return self.approval is not None and time.monotonic() - self.shown_at >= ARM_S
 
     def on_resize(self) -> None:
         self._draw()

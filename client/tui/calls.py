@@ -25,7 +25,7 @@ from textual.containers import Vertical
 from textual.css.query import NoMatches
 from textual.widgets import Static
 
-from client.tui.ansi import strip_controls
+from client.tui.ansi import label, strip_controls, visible_line
 from client.tui.outputview import OutputView
 
 __all__ = ["CallView", "TAIL_LINES", "LIVE_VIEWS", "call_command", "output_text", "is_tty"]
@@ -68,7 +68,8 @@ class CallView(Vertical, can_focus=True):
     DEFAULT_CSS = f"""
     CallView {{ border: round $primary; padding: 0 1; height: auto; margin-bottom: 1; }}
     CallView:focus-within {{ border: double $accent; }}
-    CallView .call-command {{ height: 1; text-style: bold; }}
+    CallView .call-command {{ height: 1; text-style: bold; text-wrap: nowrap;
+                             text-overflow: ellipsis; }}
     CallView .call-tail {{ height: auto; }}
     CallView OutputView {{ height: {TAIL_LINES}; }}
     """
@@ -114,9 +115,12 @@ class CallView(Vertical, can_focus=True):
             return  # removed (the call settled) before its rows were mounted
         before, self._shown = self._shown, shown
         if before is None or before[:3] != shown[:3]:
-            tty = " (pty: t attaches)" if shown[2] else ""
-            self.border_title = f"{self.call_id} · {entry.get('name', '?')} · {shown[0]}{tty}"
-            command_row.update(Text("$ " + shown[1]), layout=False)
+            tty = " (pty: ^o attaches)" if shown[2] else ""
+            self.border_title = (f"{label(self.call_id)} · {label(entry.get('name', '?'))} · "
+                                 f"{label(shown[0])}{tty}")
+            # One row, cut at its last cell with an ellipsis (not at a word wrap).
+            command_row.update(Text("$ " + visible_line(shown[1]), no_wrap=True,
+                                    overflow="ellipsis"), layout=False)
         if self.live is None and (before is None or before[3] != shown[3]):
             body = (Text.from_ansi(strip_controls(tail(shown[3], self.body_rows))) if shown[3]
                     else Text("(no output yet)", style="dim"))

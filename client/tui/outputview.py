@@ -56,7 +56,7 @@ from textual.strip import Strip
 
 from client.raw import READ_LIMIT, Broken, Chunk, End, Gap
 from client.transport import ConnectionLost, DshClientError
-from client.tui.ansi import strip_controls
+from client.tui.ansi import strip_controls, visible_line
 from client.tui.tailbuffer import MAX_WINDOW_BYTES, MAX_WINDOW_LINES, LineWindow
 from protocol.rpc import RpcError
 
@@ -345,7 +345,7 @@ class OutputView(ScrollView, can_focus=True):
         style = self._style if self._style is not None else self.rich_style
         if index >= len(self.window):
             if index == len(self.window) and self.problem:
-                return Strip([Segment(f"[{self.problem}]", style)]).crop_extend(0, width, style)
+                return Strip([Segment(visible_line(f"[{self.problem}]"), style)]).crop_extend(0, width, style)
             return Strip.blank(width, style)
         complete = index < len(self.window.lines)
         key = (self.window.line_offset(index), width)

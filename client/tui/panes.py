@@ -34,7 +34,9 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import DataTable, Static
 
-from client.tui.ansi import strip_controls
+from rich.markup import escape
+
+from client.tui.ansi import label, strip_controls, visible_line, visible_text
 from client.tui.approvals import ApprovalsBar, oldest_approval
 from client.tui.calls import LIVE_VIEWS, TAIL_LINES, CallView, call_command, tail
 from client.tui.fit import CALL_CHROME, share
@@ -82,26 +84,29 @@ def session_label(name: Any, title: Any, session_id: str) -> str:
     stripped, cut to ``LABEL_CELLS``), else its id."""
     name, title = _v(name), _v(title)
     if isinstance(name, str) and name:
-        return name
+        return visible_line(name)
     if isinstance(title, str) and title.strip():
-        line = " ".join(strip_controls(title).split())
-        return line if len(line) <= LABEL_CELLS else line[:LABEL_CELLS - 1] + "…"
-    return session_id
+        # In quotes: an unnamed session titled ``prod`` must not read as the session named
+        # ``prod`` (a name has no quotes: protocol.names).
+        line = visible_line(" ".join(title.split()))
+        line = line if len(line) <= LABEL_CELLS - 2 else line[:LABEL_CELLS - 3] + "…"
+        return f'"{line}"'
+    return visible_line(session_id)
 
 
 def session_row(info: SessionInfo) -> tuple[str, ...]:
     """The cells of one session: name (else title, else id), running, pending approvals,
     last exit, cwd."""
     if info.damaged is not UNSET:
-        return (info.session_id, "", "", "", f"damaged: {info.damaged}")
+        return (label(info.session_id), "", "", "", label(f"damaged: {info.damaged}"))
     if info.unreadable is not UNSET:  # dshd could not look at it now (out of fds)
-        return (info.session_id, "", "", "", f"unreadable: {info.unreadable}")
+        return (label(info.session_id), "", "", "", label(f"unreadable: {info.unreadable}"))
     running = _v(info.running, 0)
     pending = _v(info.pending_approvals, 0)
-    return (session_label(info.name, info.title, info.session_id),
+    return (escape(session_label(info.name, info.title, info.session_id)),
             str(running) if running else "",
-            str(pending) if pending else "", _exit_word(_v(info.last_exit, "")),
-            short_path(_v(info.cwd, "")))
+            str(pending) if pending else "", label(_exit_word(_v(info.last_exit, ""))),
+            escape(short_path(visible_line(_v(info.cwd, "")))))
 
 
 def status_word(entry: dict[str, Any]) -> str:
@@ -221,10 +226,12 @@ class SessionPane(Vertical):
         title = (session_label(session.get("name"), session.get("title"), str(session_id))
                  if session_id else "session")
         if title != self._title:  # setting it repaints the pane, same value or not
-            self._title = self.border_title = title
+            self._title = title
+            self.border_title = escape(title)
         self._header = Text(
-            f"{session_id or ''}  {session.get('cwd', '')}  policy "
-            f"{session.get('approvalPolicy', '?')}  sandbox {session.get('sandbox', '?')}",
+            visible_line(f"{session_id or ''}  {session.get('cwd', '')}  policy "
+                         f"{session.get('approvalPolicy', '?')}  sandbox "
+                         f"{session.get('sandbox', '?')}"),
             style="dim")
         update_static(self.query_one("#session-header", Static), self._header)
         self._show_calls(session.get("sessionId"), (lane or {}).get("tools") or {})
@@ -368,9 +375,10 @@ class SessionPane(Vertical):
         if ((self.lane or {}).get("session") or {}).get("sessionId") != session_id:
             return
         status = result.error_code or f"exit {result.exit_code}"
-        text = Text(f"$ {command} → {status}\n", style="bold red" if result.is_error
-                    else "bold")
-        text.append_text(Text.from_ansi(tail(result.content or result.message or "")))
+        text = Text(f"$ {visible_line(command)} → {visible_line(status)}\n",
+                    style="bold red" if result.is_error else "bold")
+        text.append_text(Text.from_ansi(strip_controls(tail(result.content or result.message
+                                                             or ""))))
         box = self.query_one("#last-result", Static)
         self._result_full = text
         box.update(text)
@@ -405,19 +413,19 @@ def recent_text(recent: list[dict[str, Any]], commands: dict[str, str] | None = 
         command = (commands or {}).get(str(entry.get("callId")))
         style = "red" if entry.get("isError") else "green"
         text.append("\n  ")
-        text.append(f"{status_word(entry):<10}", style=style)
-        text.append(command.replace("\n", " ") if command
-                    else f"{entry.get('name')} {entry.get('callId')}")
+        text.append(f"{visible_line(status_word(entry)):<10}", style=style)
+        text.append(visible_line(command if command
+                                 else f"{entry.get('name')} {entry.get('callId')}"))
     return text
 
 
 def turn_text(turn: dict[str, Any] | None) -> Text:
     if not turn:
         return Text("no turn running (ctrl+t: chat mode, or type '> text')", style="dim")
-    text = Text(f"turn {turn.get('turnId')} · {turn.get('state')} · step {turn.get('step')}\n",
-                style="bold")
-    text.append(str(turn.get("text") or ""))
+    text = Text(visible_line(f"turn {turn.get('turnId')} · {turn.get('state')} · step "
+                             f"{turn.get('step')}") + "\n", style="bold")
+    text.append(visible_text(str(turn.get("text") or "")))
     for call in turn.get("calls") or []:
-        text.append(f"\n  → {call.get('name')} {call.get('callId')} {call.get('state')}",
-                    style="dim")
+        text.append("\n  → " + visible_line(f"{call.get('name')} {call.get('callId')} "
+                                            f"{call.get('state')}"), style="dim")
     return text

@@ -75,3 +75,31 @@ def start_pty_call(daemon: Any, session: str) -> str:
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     return r.stdout.strip()
+
+
+async def answer(pilot: Any, app: DshApp, key: str) -> None:
+    """Press ``key`` on the approvals bar as a person does: f6 to the bar, then the key once
+    the request has been shown ``ARM_S`` (a condition, not a sleep)."""
+    from client.tui.approvals import ApprovalsBar
+    from tests.tui.conftest import until
+    import time
+    from tests.tui.conftest import BOUND_S
+    bar = app.query_one(ApprovalsBar)
+    deadline = time.monotonic() + BOUND_S
+    while not bar.has_focus_within and time.monotonic() < deadline:
+        await pilot.press("f6")  # again if a screen closing gave the focus back meanwhile
+        await pilot.pause(0.1)
+    await until(pilot, lambda: bar.has_focus_within and (key == "v" or bar.armed()),
+                "the bar focused and its request armed")
+    await pilot.press(key)
+
+
+async def confirm(pilot: Any, app: DshApp, key: str = "y") -> None:
+    """Answer the confirm screen with ``key`` once it is armed."""
+    import time
+    from client.tui.approvals import ARM_S
+    from client.tui.confirm import ConfirmScreen
+    from tests.tui.conftest import until
+    await until(pilot, lambda: isinstance(app.screen, ConfirmScreen)
+                and time.monotonic() - app.screen.shown_at >= ARM_S, "the confirm armed")
+    await pilot.press(key)

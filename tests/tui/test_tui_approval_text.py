@@ -13,7 +13,7 @@ import asyncio
 from client.tui.app import DshApp
 from client.tui.panes import ApprovalsBar
 from tests.tui.conftest import run_app, screen_text, until
-from tests.tui.helpers import ask_from_outside
+from tests.tui.helpers import answer, ask_from_outside
 
 TAIL = "rm -rf ./important-dir-name-at-the-end"
 
@@ -40,7 +40,7 @@ def test_a_long_command_is_shown_whole_at_80x24(daemon, workdir):
             await until(pilot, lambda: bar.approval is not None, "asked")
             await pilot.pause(0.3)
             await until(pilot, lambda: TAIL + '"' in _flat(app), "the command's tail on screen")
-            await pilot.press("n")
+            await answer(pilot, app, "n")
             await asyncio.to_thread(asker.communicate, timeout=60)  # off the loop: the app decides
         finally:
             if asker.poll() is None:
@@ -63,12 +63,12 @@ def test_a_command_longer_than_the_bar_says_so_and_v_shows_it_all(daemon, workdi
             await until(pilot, lambda: "more lines" in _flat(app) and "press v" in _flat(app),
                         "the bar says the command goes on")
             assert TAIL not in _flat(app)
-            await pilot.press("v")
+            await answer(pilot, app, "v")
             await until(pilot, lambda: TAIL in _flat(app), "the whole command shown")
             assert "word000" in _flat(app) or "word119" in _flat(app)
             await pilot.press("escape")
             await until(pilot, lambda: TAIL not in _flat(app), "back to the main screen")
-            await pilot.press("n")
+            await answer(pilot, app, "n")
             await asyncio.to_thread(asker.communicate, timeout=60)  # off the loop: the app decides
         finally:
             if asker.poll() is None:

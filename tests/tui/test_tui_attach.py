@@ -6,7 +6,7 @@ from __future__ import annotations
 from client.tui.app import DshApp
 from client.tui.term import TerminalScreen
 from tests.tui.conftest import run_app, until
-from tests.tui.helpers import call_texts, start_pty_call
+from tests.tui.helpers import call_texts, confirm, start_pty_call
 
 
 def test_attach_types_into_a_pty_call_and_detaches(daemon, workdir):
@@ -17,7 +17,7 @@ def test_attach_types_into_a_pty_call_and_detaches(daemon, workdir):
         await until(pilot, lambda: app.query_one("SessionPane").lane, "the lane")
         call_id = start_pty_call(daemon, app.feed.watched)
         await until(pilot, lambda: call_id in call_texts(app), "the PTY call listed")
-        await pilot.press("t")
+        await pilot.press("ctrl+o")
         await until(pilot, lambda: isinstance(app.screen, TerminalScreen), "attached")
         await pilot.press(*"hello-pty", "enter")
         # The PTY echoes the line and cat prints it again: twice in the output.
@@ -27,7 +27,8 @@ def test_attach_types_into_a_pty_call_and_detaches(daemon, workdir):
         await until(pilot, lambda: not isinstance(app.screen, TerminalScreen), "detached")
         await pilot.pause(0.5)
         assert call_id in call_texts(app)  # detaching left the call running
-        await pilot.press("c", "y")  # cancel, confirmed
+        await pilot.press("c")
+        await confirm(pilot, app)  # cancel, confirmed
         await until(pilot, lambda: call_id not in call_texts(app), "the call cancelled")
         recent = app.query_one("SessionPane").lane["recent"]
         assert recent[0]["callId"] == call_id

@@ -11,7 +11,7 @@ import sys
 from client.tui.app import DshApp
 from client.tui.calls import CallView
 from tests.tui.conftest import run_app, screen_text, until
-from tests.tui.helpers import call_texts
+from tests.tui.helpers import call_texts, confirm
 
 START = r"""
 import sys, trio
@@ -52,11 +52,12 @@ def test_c_asks_then_cancels_the_selected_call(daemon, workdir):
         await pilot.press("c")
         await pilot.pause(0.3)
         assert {older, newer} <= set(call_texts(app)), "cancelled before the confirmation"
-        await pilot.press("y")
+        await confirm(pilot, app)
         await until(pilot, lambda: older not in call_texts(app), "the selected call cancelled")
         await pilot.pause(0.5)
         assert newer in call_texts(app), "the other call was cancelled too"
-        await pilot.press("escape", "c", "y")  # from the sessions list: the newest
+        await pilot.press("escape", "c")  # from the sessions list: the newest
+        await confirm(pilot, app)
         await until(pilot, lambda: newer not in call_texts(app), "the newest cancelled")
 
     run_app(app, scenario)

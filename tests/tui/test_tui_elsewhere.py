@@ -11,7 +11,7 @@ import sys
 from client.tui.app import DshApp
 from client.tui.panes import ApprovalsBar, SessionsPane
 from tests.tui.conftest import run_app, screen_text, until
-from tests.tui.helpers import ask_from_outside
+from tests.tui.helpers import answer, ask_from_outside
 
 #: Another answerer of session argv[1] (subscribed, approvals declared) that never answers:
 #: it keeps the request pending, as a web page left open would.
@@ -56,7 +56,7 @@ def test_another_sessions_request_is_named_and_j_watches_it(daemon, workdir):
         await until(pilot, lambda: app.feed.watched == there, "j watches there")
         assert table.selected_id() == there
         await until(pilot, lambda: bar.approval is not None, "its request, answerable")
-        await pilot.press("y")
+        await answer(pilot, app, "y")
         await until(pilot, lambda: procs[1].poll() is not None, "the asker got its result")
         out, _ = procs[1].communicate(timeout=30)
         assert out.split()[1:] == ["0", "None"], out  # allowed once: it ran, exit 0

@@ -8,7 +8,7 @@ import asyncio
 from client.tui.app import DshApp
 from client.tui.panes import ApprovalsBar, SessionsPane, short_path
 from tests.tui.conftest import run_app, until
-from tests.tui.helpers import ask_from_outside, call_texts, listed_names, log_types
+from tests.tui.helpers import answer, ask_from_outside, call_texts, listed_names, log_types
 
 
 def test_sessions_appear_live(daemon, workdir):
@@ -74,7 +74,7 @@ def test_an_approval_is_answered_by_a_key_and_runs_once(daemon, workdir):
             await until(pilot, lambda: bar.approval is not None, "the approvals bar")
             assert bar.has_class("asking") and f"echo ran >> {count}" in str(
                 bar.approval[1]["summary"])
-            await pilot.press("y")
+            await answer(pilot, app, "y")
             # Off the loop: the app's worker must send the decision while the asker waits.
             out, err = await asyncio.to_thread(asker.communicate, timeout=60)
         finally:
@@ -184,13 +184,13 @@ def test_reject_never_runs_and_allow_for_session_stops_asking(daemon, workdir):
     bad, good = workdir / "bad.txt", workdir / "good.txt"
     app = DshApp(socket=daemon.socket, session="eps")
 
-    async def answer(pilot, command, key):
+    async def ask_and_answer(pilot, command, key):
         bar = app.query_one(ApprovalsBar)
         asker = ask_from_outside(daemon, app.feed.watched, command)
         try:
             if key is not None:
                 await until(pilot, lambda: bar.approval is not None, "asked")
-                await pilot.press(key)
+                await answer(pilot, app, key)
             # Off the loop: the app's worker must send the decision while the asker waits.
             out, err = await asyncio.to_thread(asker.communicate, timeout=60)
         finally:
@@ -201,10 +201,10 @@ def test_reject_never_runs_and_allow_for_session_stops_asking(daemon, workdir):
 
     async def scenario(pilot):
         await until(pilot, lambda: app.query_one("SessionPane").lane, "the lane")
-        assert await answer(pilot, f"echo no > {bad}", "n") == ["None", "APPROVAL_REJECTED"]
-        assert await answer(pilot, f"echo yes >> {good}", "a") == ["0", "None"]
+        assert await ask_and_answer(pilot, f"echo no > {bad}", "n") == ["None", "APPROVAL_REJECTED"]
+        assert await ask_and_answer(pilot, f"echo yes >> {good}", "a") == ["0", "None"]
         # The session's rule answers the same command: nobody is asked (no key pressed).
-        assert await answer(pilot, f"echo yes >> {good}", None) == ["0", "None"]
+        assert await ask_and_answer(pilot, f"echo yes >> {good}", None) == ["0", "None"]
         assert app.query_one(ApprovalsBar).approval is None
 
     run_app(app, scenario)

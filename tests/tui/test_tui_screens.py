@@ -87,7 +87,7 @@ def test_the_approval_keys_with_nothing_asked_decide_nothing():
     app = offline_app()
 
     async def scenario(pilot):
-        await pilot.press("y")
+        await pilot.press("f2")
         await pilot.pause()
         assert not app.query_one(ApprovalsBar).has_class("asking")
         assert any("nothing waits" in n.message for n in app._notifications)

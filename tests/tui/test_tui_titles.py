@@ -19,13 +19,13 @@ def test_unnamed_sessions_show_their_title_and_the_id_in_the_header(daemon, work
 
     async def scenario(pilot):
         await until(pilot, lambda: len(listed_names(app)) == 2, "both sessions listed")
-        assert sorted(listed_names(app)) == ["echo titled-by-command", "named"]
+        assert sorted(listed_names(app)) == ['"echo titled-by-command"', "named"]
         table = app.query_one(SessionsPane)
         table.select(next(str(k.value) for k in table.rows
-                          if table.get_row(k)[0] == "echo titled-by-command"))
+                          if table.get_row(k)[0] == '"echo titled-by-command"'))
         unnamed = table.selected_id()
         await until(pilot, lambda: unnamed in screen_text(app), "the id in the header")
-        assert app.query_one("SessionPane").border_title == "echo titled-by-command"
+        assert app.query_one("SessionPane").border_title == '"echo titled-by-command"'
 
     run_app(app, scenario, size=(80, 24))
 
@@ -36,7 +36,7 @@ def test_a_session_the_tui_makes_is_titled_by_its_first_command(daemon, workdir)
     async def scenario(pilot):
         await until(pilot, lambda: app.feed.client is not None, "connected")
         await pilot.press("colon", *"echo first-input", "enter")
-        await until(pilot, lambda: listed_names(app) == ["echo first-input"],
+        await until(pilot, lambda: listed_names(app) == ['"echo first-input"'],
                     "the new session listed by its first command")
 
     run_app(app, scenario, size=(80, 24))

@@ -16,6 +16,13 @@ def test_bidi_and_invisible_characters_show_as_escapes():
     assert visible_text("line1\nline2\tx ünï 漢字") == "line1\nline2\tx ünï 漢字"
 
 
+def test_separators_and_blank_hangul_fillers_show_as_escapes():
+    """U+2028/U+2029 break a line in some terminals; the Hangul fillers render as blank: the
+    same set as the web page's visibleText (tests/web/page/visible.test.mjs)."""
+    for c in "\u2028\u2029\u115f\u1160\u3164\uffa0":
+        assert visible_text(f"a{c}b") == f"a\\u{ord(c):04x}b", hex(ord(c))
+
+
 def test_the_request_line_makes_the_command_visible():
     text = request_text({"tool": "bash", "summary": ": \u202e ; touch SPOOFED # ohce"})
     assert "\u202e" not in text.plain and "\\u202e ; touch SPOOFED" in text.plain

@@ -60,8 +60,10 @@ export function age(ms, now = Date.now()) {
 }
 
 // Characters that change how the text around them reads without being seen: bidi embeddings,
-// overrides and isolates, marks, zero-width ones, and controls other than newline and tab.
-const INVISIBLE = /[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u061c\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff]/g;
+// overrides and isolates, marks, zero-width ones, the line and paragraph separators, the Hangul
+// fillers (they render blank), and controls other than newline and tab: the same set as the
+// TUI's client/tui/ansi.py visible_text.
+const INVISIBLE = /[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u061c\u115f\u1160\u200b-\u200f\u2028-\u202e\u2060-\u2069\u3164\ufeff\uffa0]/g;
 
 /** `text` with every invisible or reordering character shown as a `\uXXXX` escape: what a
  * person approves must read as what runs (a U+202E override can make `; touch x # ohce` read

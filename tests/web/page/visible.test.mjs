@@ -21,6 +21,12 @@ test("zero-width and control characters show as escapes; newlines and tabs stay"
   assert.equal(visibleText("ünïcödé 漢字 😀"), "ünïcödé 漢字 😀");
 });
 
+test("line and paragraph separators and the blank Hangul fillers show as escapes", () => {
+  for (const c of ["\u2028", "\u2029", "\u115f", "\u1160", "\u3164", "\uffa0"]) {
+    assert.equal(visibleText(`a${c}b`), `a\\u${c.codePointAt(0).toString(16).padStart(4, "0")}b`);
+  }
+});
+
 test("commandOf makes a call's command visible too", () => {
   assert.equal(commandOf({ command: "echo \u202eabc" }), "echo \\u202eabc");
 });
