@@ -40,7 +40,7 @@ from textual.widgets import Button, DataTable, Footer, Input, Static
 from client.api import Client
 from client.transport import ConnectionLost, DshClientError
 from client.cli.keys import DEFAULT_DETACH_KEYS, describe_keys, parse_detach_keys
-from client.tui.calls import CallView, call_command, is_tty
+from client.tui.calls import call_command, is_tty
 from client.tui.commandline import CommandLine
 from client.tui.confirm import ConfirmScreen
 from client.tui.feed import DaemonFeed
@@ -377,7 +377,7 @@ class DshApp(App[None], inherit_bindings=False):
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen([DshApp, CallView, AttachKeys]))
+            self.push_screen(HelpScreen([DshApp, AttachKeys]))
 
     def action_cancel(self) -> None:
         """Cancel the turn (when one runs), else the selected call (the focused box), else

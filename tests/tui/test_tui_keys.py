@@ -11,7 +11,6 @@ from textual.keys import _character_to_key
 from textual.widgets import Input
 
 from client.tui.app import AttachKeys, DshApp
-from client.tui.calls import CallView
 from client.tui.help import HelpScreen, key_rows
 from client.tui.panes import SessionsPane
 from tests.tui import screens
@@ -86,7 +85,7 @@ def _words(text: str) -> list[str]:
 
 def test_the_help_at_80x24_shows_every_description_whole():
     app = DshApp(connect=False)
-    rows = key_rows([DshApp, CallView, AttachKeys, HelpScreen])
+    rows = key_rows([DshApp, AttachKeys, HelpScreen])
 
     async def scenario(pilot):
         await pilot.press("f1")

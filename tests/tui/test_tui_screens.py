@@ -7,7 +7,6 @@ from __future__ import annotations
 from textual.binding import Binding
 
 from client.tui.app import AttachKeys, DshApp
-from client.tui.calls import CallView
 from client.tui.help import HelpScreen, key_rows
 from client.tui.panes import ApprovalsBar, SessionPane, SessionsPane
 from tests.tui.conftest import run_app
@@ -39,7 +38,7 @@ def test_snapshot_small_terminal(snap_compare):
 
 
 def test_the_help_lists_every_binding():
-    owners = [DshApp, CallView, AttachKeys, HelpScreen]
+    owners = [DshApp, AttachKeys, HelpScreen]
     rows = key_rows(owners)
     shown = {(where, keys) for where, keys, _ in rows}
     for owner in owners:
