@@ -14,6 +14,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from client.api import Client
 from client.cli.localterm import write_line
+from client.cli.termmodes import TermModes
 from client.cli.terminal import note
 from protocol.lane import ToolResult
 
@@ -85,6 +86,8 @@ class OutputState:
     error: str | None = None
     input_done: bool = False  # stdin reached its end and tool.closeStdin was answered
     input_in_flight: int = 0  # bytes of a tool.write not answered yet
+    #: What the output did to the local terminal while raw (undone on leaving: ``termmodes``).
+    modes: TermModes = field(default_factory=TermModes)
 
 
 @dataclass

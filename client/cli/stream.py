@@ -26,7 +26,10 @@ that report through ONE bounded channel of events and never touch each other's s
 output's end are in (after the result the output may still be printing a long backlog; it
 gives up only when the output made no progress for ``OUTPUT_STALL_S``). The local terminal is
 in raw mode (``client.cli.localterm``) exactly while following; lines printed meanwhile end in
-``\\r\\n`` and start on a line of their own (``callstate.say``).
+``\\r\\n`` and start on a line of their own (``callstate.say``). On the way out (a detach, the
+command's end, a signal) the modes the output turned on -- the alternate screen, a hidden
+cursor, mouse reporting, bracketed paste, application keys -- are turned off again before
+dsh's last line (``_give_back``, ``client.cli.termmodes``).
 
 Across a daemon restart: the tasks above are ONE connection's (``_attempt``). When they end
 because that connection was lost (``client.link.Link.lost``: a stop, a crash), ``follow_call``
@@ -59,7 +62,7 @@ from client.cli.conclude import (
     detach_exit, detach_note, end_notes, left_early, reattach_hint, result_status,
 )
 from client.cli.keys import DetachScanner
-from client.cli.localterm import raw_terminal, read_input, terminal_size
+from client.cli.localterm import isatty, raw_terminal, read_input, terminal_size
 from client.cli.terminal import emit_bytes
 from client.link import Link
 from client.raw import Broken, Chunk, End, Gap
@@ -102,6 +105,9 @@ Keys and input:
     Ctrl-P Ctrl-Q; --detach-keys, docker's format, e.g. ctrl-a,d; ""
     turns it off) leaves the command running and prints how to
     re-attach; a part of it followed by another key is sent as typed.
+    Leaving (a detach, or the command's end) gives the terminal back:
+    the alternate screen left, the cursor shown, the mouse, paste and
+    keypad modes the command turned on turned off.
     A window resize resizes the command's terminal.
   SIGTERM or SIGHUP to dsh detaches (the terminal is restored)."""
 
@@ -129,6 +135,17 @@ async def follow_call(link: Link, call: Call, offset: int, io: Io,
                         return followed  # detached while dshd was away
             finally:
                 state.raw_mode = False
+                if io.raw:
+                    _give_back(state)
+
+
+def _give_back(state: OutputState) -> None:
+    """The local terminal as it was before the command: the modes its output turned on
+    turned off (``client.cli.termmodes``), before the line that says why dsh left."""
+    if isatty(1):
+        with contextlib.suppress(OSError, ValueError):
+            emit_bytes(state.modes.restore(state.line_open))
+            state.line_open = False
 
 
 async def _attempt(client: Client, call: Call, io: Io, extra: tuple[Extra, ...], signals,
@@ -260,6 +277,8 @@ async def _print_follow(client: Client, call: Call, state: OutputState, *, retry
                 state.progress_at = anyio.current_time()
                 if isinstance(item, Chunk):
                     emit_bytes(item.data)
+                    if state.raw_mode:
+                        state.modes.feed(item.data)
                     if item.data:
                         state.line_open = not item.data.endswith(b"\n")
                     state.position = follow.position

@@ -5,13 +5,16 @@ with the call's command and a body of ``TAIL_LINES`` rows (fewer when the sessio
 fewer to give: ``set_body_rows``). When the app is connected and the
 call is one of the ``LIVE_VIEWS`` newest running calls of the session, the body is the tuiterm
 room's ``client.tui.outputview.OutputView``: the call's raw output followed with
-``tool.follow`` in a bounded window, ANSI colours, scroll-back by ``tool.read`` (focus it and
-press Page Up), resumed on a new connection (``resume``). Any other call -- beyond
+``tool.follow`` in a bounded window, ANSI colours, scroll-back by ``tool.read``, resumed on a
+new connection (``resume``). Any other call -- beyond
 ``LIVE_VIEWS`` (a session with 100 calls opens 6 follows, not 100), or with dshd away -- shows
 the last ``TAIL_LINES`` lines of the lane's own bounded output window (PROTOCOL.md §3.3,
 ``ToolOutput``) as rich text: what the lane already carries, never a history. The box keeps
 only strings of the lane's entry (the lane is the mirror's live value, changed in place).
-A box takes the focus (tab, click): the focused box is the selected call, which ``c`` cancels.
+A box takes the focus (tab, click): the focused box is the selected call, which ``c`` cancels,
+and its scroll keys (up/down, Page Up/Down, Home, End: ``BINDINGS``) act on its live view --
+the view itself is left out of the focus chain (one Tab stop a box), so the keys reach it only
+through the box; a box without a live view lets them through to the pane (``SkipAction``).
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from typing import Any, Callable
 
 from rich.console import Group
 from rich.text import Text
+from textual.actions import SkipAction
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Vertical
 from textual.css.query import NoMatches
 from textual.widgets import Static
@@ -73,6 +78,16 @@ class CallView(Vertical, can_focus=True):
     CallView .call-tail {{ height: auto; }}
     CallView OutputView {{ height: {TAIL_LINES}; }}
     """
+    #: The focused box's keys scroll its output (``OutputView``'s actions, module doc). Not
+    #: in the help screen: one more row there takes the help at 80x24 past one page.
+    BINDINGS = [
+        Binding("up", "scroll_output('line_up')", "output: a line up", show=False),
+        Binding("down", "scroll_output('line_down')", "output: a line down", show=False),
+        Binding("pageup", "scroll_output('page_up_older')", "output: a page up", show=False),
+        Binding("pagedown", "scroll_output('page_down')", "output: a page down", show=False),
+        Binding("home", "scroll_output('home_older')", "output: its top", show=False),
+        Binding("end", "scroll_output('tail')", "output: follow its end", show=False),
+    ]
 
     def __init__(self, session_id: str, call_id: str, entry: dict[str, Any], *,
                  client: Callable[[], Any] | None = None) -> None:
@@ -85,10 +100,17 @@ class CallView(Vertical, can_focus=True):
         self.live: OutputView | None = None
         if client is not None and client() is not None:
             self.live = OutputView(client, session_id, call_id)
+            self.live.can_focus = False  # the box takes the focus and hands it the keys
         self._entry_at_start = entry
         self._ready = False
         #: Output rows shown (``TAIL_LINES`` unless the session pane has fewer to give).
         self.body_rows = TAIL_LINES
+
+    def action_scroll_output(self, action: str) -> None:
+        """A scroll key of the focused box: its live view's action (none: the pane's)."""
+        if self.live is None:
+            raise SkipAction()
+        getattr(self.live, f"action_{action}")()
 
     def compose(self) -> ComposeResult:
         yield Static(classes="call-command")

@@ -27,8 +27,8 @@ goes to the PTY with ``tool.resize`` when it is mounted and on every resize, and
 screen takes the same size. When the call ends the screen says so and the next key
 dismisses it with ``"ended"``. ``resume(client)`` follows again on a new connection from
 the next offset not received. A one-line footer under the terminal says how to detach (the
-PTY gets the rows above it); the "command ended" popup lasts 3 s and goes with the key that
-returns.
+PTY gets the rows above it), and once the call ended how to return instead (any key); the
+"command ended" popup lasts 3 s and goes with the key that returns.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.strip import Strip
 from textual.widget import Widget
+from textual.widgets import Static
 
 from client.cli.keys import DEFAULT_DETACH_KEYS, DetachScanner, describe_keys, parse_detach_keys
 from client.raw import Broken, Chunk, End, Gap
@@ -382,8 +383,6 @@ class TerminalScreen(Screen, inherit_bindings=False):
         self.terminal = TerminalView(client, session_id, call_id, detach_keys=detach_keys)
 
     def compose(self) -> Any:
-        from textual.widgets import Static
-
         how = (f"{describe_keys(self.detach_keys).lower()} detaches (the command goes on)"
                if self.detach_keys else "no detach key: the screen returns when the call ends")
         yield Static(how, id="attach-footer")
@@ -405,3 +404,6 @@ class TerminalScreen(Screen, inherit_bindings=False):
         message.stop()
         code = "?" if message.exit_code is None else message.exit_code
         self.notify(f"the command ended (exit {code}); any key returns", timeout=3)
+        # The detach keys mean nothing now: the footer says how to go back instead.
+        self.query_one("#attach-footer", Static).update(
+            f"the command ended (exit {code}): any key returns to the main screen")

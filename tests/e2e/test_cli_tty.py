@@ -168,3 +168,46 @@ def test_the_local_terminal_is_restored_after_every_way_out(pane):
     mark = pane.run("stty -g > after.txt")
     assert pane.done(mark) == 0
     assert (pane.work / "after.txt").read_text() == (pane.work / "before.txt").read_text()
+
+
+#: The pane's modes a full-screen program may leave on, as tmux reports them (all off: "0").
+MODES = ("#{alternate_on} #{keypad_flag} #{keypad_cursor_flag} #{mouse_any_flag} "
+         "#{mouse_standard_flag} #{mouse_button_flag} #{mouse_all_flag} #{mouse_sgr_flag}")
+
+
+def test_detaching_from_vi_gives_the_terminal_back(pane):
+    """A new user's report: detached from vim, the terminal stayed in vim's alternate screen,
+    the detach line printed over vim's text and its `~` lines stayed."""
+    (pane.work / "note.txt").write_text("first line\n")
+    before = pane.display(MODES)
+    mark = pane.run(f"dsh run -t -- {editor()} note.txt")
+    session_id, call_id = ids(pane)
+    pane.until(r"first line")
+    pane.until(r"^~")
+    assert pane.display("#{alternate_on}") == "1", "vi did not take the alternate screen"
+    pane.type("C-p")
+    pane.type("C-q")
+    assert pane.done(mark) == 0
+    assert pane.display(MODES) == before, "the terminal was not given back"
+    assert pane.display("#{cursor_flag}") == "1"
+    screen = pane.screen()
+    assert re.search(r"^detached \(Ctrl-P Ctrl-Q\); the command keeps running", screen,
+                     re.M), screen
+    assert not re.search(r"^~\s*$", screen, re.M), screen
+    assert "first line" not in screen, screen
+    assert pane.done(pane.run(f"dsh cancel {session_id} {call_id}")) == 0
+
+
+def test_a_command_that_ends_in_its_modes_gives_the_terminal_back(pane):
+    """A program killed before its own clean-up: its modes are undone at its end too, and
+    dsh's line starts a line of its own."""
+    before = pane.display(MODES)
+    mark = pane.run("dsh run -t -- sh -c 'printf \"\\033[?1049h\\033[?25l\\033[?1002h"
+                    "\\033[?1006h\\033[?1h\\033=\\033[1;31m%s-%s\" full screen; sleep 1; exit 5'")
+    pane.until(r"full-screen")
+    assert pane.done(mark) == 5
+    assert pane.display(MODES) == before, "the terminal was not given back"
+    assert pane.display("#{cursor_flag}") == "1"
+    screen = pane.screen()
+    assert "full-screen" not in screen, screen
+    assert re.search(r"^DONE\d+-5", screen, re.M), screen

@@ -85,6 +85,10 @@ class Pane:
                                 "#{pane_width} #{pane_height}").split()
         return int(cols), int(rows)
 
+    def display(self, fmt: str) -> str:
+        """A tmux format of the pane (``#{alternate_on}``, ``#{cursor_flag}``...)."""
+        return self._tmux("display-message", "-p", "-t", "t", fmt).strip()
+
     def resize(self, cols: int, rows: int) -> None:
         self._tmux("resize-window", "-t", "t", "-x", str(cols), "-y", str(rows))
 

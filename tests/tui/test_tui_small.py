@@ -1,5 +1,6 @@
 """The smaller findings of issue 17's new user (tuifix2 item 7): the "command ended" popup
-went on covering the input for 30 s; the attach screen did not say how to detach; at 200
+went on covering the input for 30 s; the attach screen did not say how to detach (and, once
+the command ended, still said how to detach instead of how to return); at 200
 columns the sessions pane took 80 of them; the banner's advice sat in nested brackets."""
 
 from __future__ import annotations
@@ -30,6 +31,12 @@ def test_the_attach_screen_says_how_to_detach_and_the_end_popup_goes(daemon, wor
                 assert "ctrl+p ctrl+q detaches" in footer.lower().replace("-", "+"), footer
                 await pilot.press("enter")
                 await until(lambda: screen.terminal.ended, "the call ended", pilot=pilot)
+                # Ended: the detach keys mean nothing now, the footer says how to return.
+                footer = await until(lambda: "ended" in (text := str(screen.query_one(
+                    "#attach-footer", Static).render())) and text, "the footer of the end",
+                    pilot=pilot)
+                assert "any key returns" in footer and "exit 137" in footer, footer
+                assert "detaches" not in footer, footer
                 await until(lambda: any("exit 137" in n.message for n in app._notifications),
                             "the popup", pilot=pilot)
                 assert all(n.timeout <= 3 for n in app._notifications)
