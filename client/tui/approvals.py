@@ -124,7 +124,8 @@ class ApprovalsBar(Vertical, can_focus=True):
         self.set_class(asking, "asking")
         if not asking and self.has_focus_within:
             # Hidden: the focus goes back to the sessions list (f6 comes back for the next).
-            self.app.call_later(self.app.action_focus_sessions)
+            back = getattr(self.app, "action_focus_sessions", None)  # DshApp's; else none
+            self.app.call_later(back if back is not None else lambda: self.screen.set_focus(None))
 
     def show_elsewhere(self, found: tuple[str, str, str, int] | None) -> None:
         """``(session id, session label, command, more)`` of the oldest request of another

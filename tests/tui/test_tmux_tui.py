@@ -82,9 +82,17 @@ def test_dsh_tui_screens_are_readable(cols, rows):
                 pane.type("F1")  # the help key that works in the command line too
                 pane.until(r"keys")
                 lines = fits(pane, cols, rows)
+                wanted = ((r"ctrl\+q", "quit"), (r"f1, \?", "help"),
+                          (r"ctrl[-+]p ctrl[-+]q", "detach"))
+                for _ in range(6):  # taller than the screen at 80x24: Page Down scrolls it
+                    if all(any(re.search(k, line) and w in line for line in lines)
+                           for k, w in wanted):
+                        break
+                    pane.type("NPage")
+                    time.sleep(0.3)
+                    lines += fits(pane, cols, rows)
                 text = "\n".join(lines)
-                for key, what in ((r"ctrl\+q", "quit"), (r"f1, \?", "help"),
-                                  (r"ctrl[-+]p ctrl[-+]q", "detach")):
+                for key, what in wanted:
                     assert any(re.search(key, line) and what in line for line in lines), text
                 pane.type("Escape")
                 gone(pane, rows, "dsh tui: keys")  # the help closed

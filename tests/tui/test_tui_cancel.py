@@ -77,7 +77,7 @@ def test_ctrl_k_cancels_from_the_command_line(daemon, workdir):
         assert app.focused is app.query_one("#command")
         await pilot.press("ctrl+k")
         await until(pilot, lambda: len(app.screen_stack) > 1, "the confirmation asked")
-        await pilot.press("y")
+        await confirm(pilot, app)
         await until(pilot, lambda: call not in call_texts(app), "the call cancelled")
         assert app.query_one("#command").value == "echo kept"  # not deleted to the end
         assert "^k cancel" in screen_text(app)

@@ -45,6 +45,7 @@ def test_chat_input_streams_an_answer_and_a_model_call_is_approved_by_key(tui_ro
             bar = app.query_one(ApprovalsBar)
             await until(pilot, lambda: bar.approval is not None, "the model's call asked")
             assert bar.approval[1]["summary"] == "echo model >> m.txt"
+            await until(pilot, bar.armed, "the request shown long enough to be answered")
             await pilot.press("f2")  # allow once, while the command line has the focus
             await until(pilot, lambda: (workdir / "m.txt").exists(), "the call ran")
             await until(pilot, lambda: not (app.query_one("SessionPane").lane or {}).get("turn"),
