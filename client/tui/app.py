@@ -49,6 +49,7 @@ from client.tui.help import HelpScreen
 from client.tui.approvals import CommandScreen
 from client.tui.panes import ApprovalsBar, SessionPane, SessionsPane, session_label
 from client.tui.term import TerminalScreen
+from client.tui.turnlog import raw_tail
 from protocol.approvals import PendingApproval
 from protocol.methods import MAX_TITLE_CHARS, SessionInfo
 from protocol.rpc import RpcError
@@ -284,7 +285,14 @@ class DshApp(App[None], inherit_bindings=False):
                     result = await client.wait(sid, started.call_id)
                 except ConnectionLost:
                     return  # dshd went away: the call goes on; recent shows how it ended
-                self.query_one(SessionPane).show_result(sid, text, result)
+                try:  # the raw end: a result's content has no \r (a progress bar's states)
+                    raw: str | None = await raw_tail(client, sid, started.call_id)
+                except (RpcError, DshClientError):
+                    raw = None
+                try:
+                    self.query_one(SessionPane).show_result(sid, text, result, raw)
+                except NoMatches:
+                    return  # the app closed meanwhile
             elif turn:
                 await client.steer_turn(sid, text)
             else:

@@ -36,7 +36,7 @@ from textual.widgets import DataTable, Static
 
 from client.tui.ansi import strip_controls
 from client.tui.approvals import ApprovalsBar, oldest_approval
-from client.tui.calls import LIVE_VIEWS, TAIL_LINES, CallView, call_command, tail
+from client.tui.calls import LIVE_VIEWS, TAIL_LINES, CallView, call_command
 from client.tui.fit import CALL_CHROME, share
 from client.tui.turnlog import call_commands, final_text
 from client.transport import ConnectionLost, DshClientError
@@ -51,6 +51,12 @@ __all__ = ["SessionsPane", "SessionPane", "ApprovalsBar", "session_row", "sessio
 RECENT_SHOWN = 8
 #: Commands of calls remembered (seen running, or read from the log) for the recent list.
 COMMANDS_KEPT = 512
+#: Sessions whose last typed command's result is kept (each shows only in its own session).
+RESULTS_KEPT = 64
+#: The most output lines of a typed result kept to show (its end: the rows given show the
+#: last of them), and the most characters of one line parsed (a 5 MB line is cut, not wrapped).
+RESULT_LINES = 100
+RESULT_LINE_CHARS = 1000
 #: Short words for the error codes (EXEC.md), so a narrow column stays readable.
 STATUS_WORDS = {"APPROVAL_REJECTED": "rejected", "APPROVAL_CANCELLED": "cancelled",
                 "APPROVAL_UNAVAILABLE": "no answer", "TOOL_CANCELLED": "cancelled",
@@ -100,6 +106,39 @@ def session_row(info: SessionInfo) -> tuple[str, ...]:
             str(running) if running else "",
             str(pending) if pending else "", _exit_word(_v(info.last_exit, "")),
             short_path(_v(info.cwd, "")))
+
+
+def result_lines(output: str, lines: int = RESULT_LINES,
+                 chars: int = RESULT_LINE_CHARS) -> list[Text]:
+    """The last ``lines`` lines of a result's output, each as a terminal leaves it (after a
+    ``\\r`` only what follows it), cut to ``chars`` before it is parsed and never wrapped."""
+    shown = []
+    for line in output.rstrip("\n").rsplit("\n", lines)[-lines:]:
+        if "\r" in line:
+            line = line.rstrip("\r").rsplit("\r", 1)[-1]
+        text = Text.from_ansi(strip_controls(line[:chars]), no_wrap=True, end="")
+        if "\t" in line:
+            text.expand_tabs()
+        shown.append(text)
+    return shown
+
+
+def cut(text: Text, width: int) -> Text:
+    """``text`` on one row of ``width`` cells: its end cut with "…" (a copy)."""
+    text = text.copy()
+    text.no_wrap = True
+    text.truncate(max(1, width), overflow="ellipsis")
+    return text
+
+
+def head_line(head: Text, width: int) -> Text:
+    """A result's ``$ command → status`` on one row: the command cut, the status kept."""
+    status = head.plain.rsplit(" → ", 1)[-1]
+    if head.cell_len <= width:
+        return head
+    command = head[:len(head.plain) - len(status) - 3]
+    return Text.assemble(cut(command, width - len(status) - 3), " → " + status,
+                         style=head.style)
 
 
 def status_word(entry: dict[str, Any]) -> str:
@@ -202,7 +241,10 @@ class SessionPane(Vertical):
         #: What the rows are shared by (``client.tui.fit``): the texts as made, before a cut.
         self._header = Text()
         self._turn_full = Text()
-        self._result_full: Text | None = None
+        #: The last typed command's result of each session (its header line, its last
+        #: output lines): only the watched session's shows.
+        self._results: OrderedDict[str, tuple[Text, list[Text]]] = OrderedDict()
+        self._result: tuple[Text, list[Text]] | None = None
         self._fitted: dict[str, Any] = {}
 
     def compose(self) -> ComposeResult:
@@ -231,6 +273,8 @@ class SessionPane(Vertical):
         self._read_commands(session.get("sessionId"), recent)
         update_static(self.query_one("#recent", Static), recent_text(recent, self._commands))
         self._turn_full = self._turn(session.get("sessionId"), lane)
+        self._result = self._results.get(str(session_id)) if session_id else None
+        self.query_one("#last-result", Static).set_class(self._result is not None, "shown")
         self.fit()
 
     def on_resize(self) -> None:
@@ -256,13 +300,19 @@ class SessionPane(Vertical):
             return
         views = list(self.query(CallView))
         result_box = self.query_one("#last-result", Static)
-        result = len(self._rows(self._result_full)) + 1 if result_box.has_class("shown") else 0
+        result = 2 + len(self._result[1]) if self._result is not None else 0
         recent_box = self.query_one("#recent", Static)
         recent = 1 + min(RECENT_SHOWN, len((self.lane or {}).get("recent") or []))
         turn_lines = self._rows(self._turn_full)
         got = share(height, len(self._rows(self._header)), bool(views), result, recent,
                     len(turn_lines) + 1)
         self._set(result_box, "max_height:result", got.result)
+        if self._result is not None:  # its header and the END of its output, never wrapped
+            head, lines = self._result
+            lines = lines[len(lines) - max(0, got.result - 2):] if got.result > 2 else []
+            update_static(result_box, Text("\n").join(
+                [head_line(head, self.size.width)]
+                + [cut(line, self.size.width) for line in lines]))
         self._set(recent_box, "max_height:recent", got.recent)
         self._set(recent_box, "display:recent", "block" if got.recent else "none")
         keep = max(1, got.turn - 1)  # less its border
@@ -360,20 +410,25 @@ class SessionPane(Vertical):
         no_calls.display = not tools
         update_static(no_calls, "no running calls")
 
-    def show_result(self, session_id: str, command: str, result: Any) -> None:
+    def show_result(self, session_id: str, command: str, result: Any,
+                    raw: str | None = None) -> None:
         """The result of a command typed on the command line: ``$ command → exit N`` and the
-        last lines of its output window (it may have ended before any batch showed it)."""
-        if ((self.lane or {}).get("session") or {}).get("sessionId") != session_id:
-            return
+        last lines of its output (``raw``: the end of its raw bytes, ``\\r`` kept; else the
+        result's output window; it may have ended before any batch showed it).
+        Kept per session (the last ``RESULTS_KEPT`` sessions): it shows while its session
+        is watched, and only then."""
         status = result.error_code or f"exit {result.exit_code}"
-        text = Text(f"$ {command} → {status}\n", style="bold red" if result.is_error
-                    else "bold")
-        text.append_text(Text.from_ansi(tail(result.content or result.message or "")))
-        box = self.query_one("#last-result", Static)
-        self._result_full = text
-        box.update(text)
-        box.add_class("shown")
-        self.fit()
+        head = Text.assemble(Text(f"$ {' '.join(command.split())}", no_wrap=True),
+                             f" → {status}", style="bold red" if result.is_error else "bold")
+        self._results[session_id] = (head, result_lines(
+            raw if raw else result.content or result.message or ""))
+        self._results.move_to_end(session_id)
+        while len(self._results) > RESULTS_KEPT:
+            self._results.popitem(last=False)
+        if ((self.lane or {}).get("session") or {}).get("sessionId") == session_id:
+            self._result = self._results[session_id]
+            self.query_one("#last-result", Static).add_class("shown")
+            self.fit()
 
     def resume(self, client: Any) -> None:
         """A new connection: every live output view follows again."""
