@@ -114,7 +114,7 @@ class CallView(Vertical, can_focus=True):
             return  # removed (the call settled) before its rows were mounted
         before, self._shown = self._shown, shown
         if before is None or before[:3] != shown[:3]:
-            tty = " (pty: t attaches)" if shown[2] else ""
+            tty = " · pty: t" if shown[2] else ""  # short: the whole title fits at 80
             self.border_title = f"{self.call_id} · {entry.get('name', '?')} · {shown[0]}{tty}"
             command_row.update(Text("$ " + shown[1]), layout=False)
         if self.live is None and (before is None or before[3] != shown[3]):
@@ -137,6 +137,14 @@ class CallView(Vertical, can_focus=True):
         """A new connection: the live view follows again from the next byte it lacks."""
         if self.live is not None:
             self.live.resume(client)
+
+    @property
+    def output_lines(self) -> int:
+        """How many lines of output this box has to show (what it would fill)."""
+        if self.live is not None:
+            return len(self.live.window)
+        text = output_text(self.entry or self._entry_at_start)
+        return text.rstrip("\n").count("\n") + 1 if text else 1
 
     @property
     def shown_output(self) -> str:

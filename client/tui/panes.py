@@ -17,7 +17,8 @@ bounded by ``COMMANDS_KEPT``), the
 result of the last command typed on the command line (its output, however fast it ended) and
 the turn's streaming text (an ended turn's whole last text read back from the log:
 ``client.tui.turnlog``); its rows are shared by priority (``client.tui.fit``: the running
-calls' output and the turn first, the recent list shrinks first) on each batch and resize. :class:`ApprovalsBar` (``client.tui.approvals``, re-exported here)
+calls' output first, newest box first, ``+N more running`` for the boxes that do not fit;
+a one-row header) on each batch and resize. :class:`ApprovalsBar` (``client.tui.approvals``, re-exported here)
 shows the oldest pending request of the lane's ``approvals``, whole, and is hidden when there
 is none; its buttons (mouse) do what its keys do.
 """
@@ -36,8 +37,8 @@ from textual.widgets import DataTable, Static
 
 from client.tui.ansi import strip_controls
 from client.tui.approvals import ApprovalsBar, oldest_approval
-from client.tui.calls import LIVE_VIEWS, TAIL_LINES, CallView, call_command
-from client.tui.fit import CALL_CHROME, share
+from client.tui.calls import LIVE_VIEWS, CallView, call_command
+from client.tui.fit import share
 from client.tui.turnlog import call_commands, final_text
 from client.transport import ConnectionLost, DshClientError
 from protocol.rpc import RpcError
@@ -47,8 +48,8 @@ __all__ = ["SessionsPane", "SessionPane", "ApprovalsBar", "session_row", "sessio
            "oldest_approval",
            "RECENT_SHOWN", "status_word", "update_static"]
 
-#: Recent results listed in the session pane (the lane keeps ≤ 20).
-RECENT_SHOWN = 8
+#: Recent results listed in the session pane, as rows allow (the lane keeps ≤ 20).
+RECENT_SHOWN = 20
 #: Commands of calls remembered (seen running, or read from the log) for the recent list.
 COMMANDS_KEPT = 512
 #: Sessions whose last typed command's result is kept (each shows only in its own session).
@@ -221,7 +222,9 @@ class SessionPane(Vertical):
 
     DEFAULT_CSS = """
     SessionPane { width: 3fr; border: round $primary; }
+    SessionPane #session-header { height: 1; }
     SessionPane #calls { height: 1fr; }
+    SessionPane #more-calls { height: 1; color: $text-muted; display: none; }
     SessionPane #recent { height: auto; max-height: 10; color: $text-muted; }
     SessionPane #last-result { height: auto; max-height: 14; display: none; }
     SessionPane #last-result.shown { display: block; border-top: solid $primary; }
@@ -249,7 +252,8 @@ class SessionPane(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Static(id="session-header")
-        yield VerticalScroll(Static("no session selected", id="no-calls"), id="calls")
+        yield VerticalScroll(Static("no session selected", id="no-calls"),
+                             Static(id="more-calls"), id="calls")
         yield Static(id="last-result")
         yield Static(id="recent")
         yield Static(id="turn")
@@ -265,8 +269,7 @@ class SessionPane(Vertical):
         self._header = Text(
             f"{session_id or ''}  {session.get('cwd', '')}  policy "
             f"{session.get('approvalPolicy', '?')}  sandbox {session.get('sandbox', '?')}",
-            style="dim")
-        update_static(self.query_one("#session-header", Static), self._header)
+            style="dim", no_wrap=True, overflow="ellipsis")  # one row, cut with "…"
         self._show_calls(session.get("sessionId"), (lane or {}).get("tools") or {})
         recent = (lane or {}).get("recent") or []
         self._remember_commands((lane or {}).get("tools") or {})
@@ -296,15 +299,17 @@ class SessionPane(Vertical):
         first, then the last result, then the recent list (which shrinks first)."""
         height = self.size.height
         if height <= 0:
+            update_static(self.query_one("#session-header", Static), self._header)
             update_static(self.query_one("#turn", Static), self._turn_full)
             return
-        views = list(self.query(CallView))
+        update_static(self.query_one("#session-header", Static), cut(self._header, self.size.width))
+        views = self._views()
         result_box = self.query_one("#last-result", Static)
         result = 2 + len(self._result[1]) if self._result is not None else 0
         recent_box = self.query_one("#recent", Static)
         recent = 1 + min(RECENT_SHOWN, len((self.lane or {}).get("recent") or []))
         turn_lines = self._rows(self._turn_full)
-        got = share(height, len(self._rows(self._header)), bool(views), result, recent,
+        got = share(height, 1, [view.output_lines for view in views], result, recent,
                     len(turn_lines) + 1)
         self._set(result_box, "max_height:result", got.result)
         if self._result is not None:  # its header and the END of its output, never wrapped
@@ -322,10 +327,22 @@ class SessionPane(Vertical):
         else:
             update_static(self.query_one("#turn", Static), self._turn_full)
         self._set(self.query_one("#turn", Static), "max_height:turn", got.turn)
-        if views:
-            body = max(3, min(TAIL_LINES, got.calls // len(views) - CALL_CHROME))
-            for view in views:
-                view.set_body_rows(body)
+        for i, view in enumerate(views):  # newest first; a box with no row is not shown
+            if i < len(got.bodies):
+                view.set_body_rows(got.bodies[i])
+            if view.display != (i < len(got.bodies)):
+                view.display = i < len(got.bodies)
+        more = self.query_one("#more-calls", Static)
+        hidden = len(views) - len(got.bodies)
+        update_static(more, f"+{hidden} more running" if hidden else "")
+        if more.display != bool(hidden):
+            more.display = bool(hidden)
+
+    def _views(self) -> list[CallView]:
+        """The running calls' boxes, newest first."""
+        return sorted(self.query(CallView),
+                      key=lambda v: ((v.entry or v._entry_at_start).get("startedAt") or 0,
+                                     v.call_id), reverse=True)
 
     def _remember_commands(self, tools: dict[str, dict[str, Any]]) -> None:
         """The lane's ``recent`` has no args: keep the command of each call seen running."""
@@ -404,8 +421,8 @@ class SessionPane(Vertical):
             if call_id in views:
                 views[call_id].update_entry(tools[call_id])
             else:
-                box.mount(CallView(str(session_id), call_id, tools[call_id],
-                                   client=self.client if call_id in live else None))
+                box.mount(CallView(str(session_id), call_id, tools[call_id],  # newest first
+                                   client=self.client if call_id in live else None), before=0)
         no_calls = self.query_one("#no-calls", Static)
         no_calls.display = not tools
         update_static(no_calls, "no running calls")
