@@ -15,15 +15,20 @@ first, each up to the lines its call has), then the recent list, the result and 
 up to its whole text. Rows are left blank only when nothing has more to show. A part that gets
 fewer rows than its text shows the rows that matter (the boxes and the result the END of
 their output, the recent list its newest entries, the turn its header and the end of its
-streaming text: ``client.tui.panes``).
+streaming text: ``client.tui.panes``). :func:`result_lines`, :func:`cut` and
+:func:`head_line` make those rows: one row each, cut at the edge, never wrapped.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple, Sequence
 
+from rich.text import Text
+
+from client.tui.ansi import strip_controls
+
 __all__ = ["Share", "share", "CALL_CHROME", "CALL_BODY_MIN", "CALLS_MIN", "TURN_MIN",
-           "TURN_FIRST", "RESULT_FIRST", "RECENT_FIRST"]
+           "TURN_FIRST", "RESULT_FIRST", "RECENT_FIRST", "result_lines", "cut", "head_line"]
 
 #: Rows of a call's box that are not output: its border (2), its command (1), its margin (1).
 CALL_CHROME = 4
@@ -37,6 +42,11 @@ TURN_MIN = 5
 TURN_FIRST = 12
 RESULT_FIRST = 8
 RECENT_FIRST = 6
+
+#: The most output lines of a typed result kept to show (its end: the rows given show the
+#: last of them), and the most characters of one line parsed (a 5 MB line is cut, not wrapped).
+RESULT_LINES = 100
+RESULT_LINE_CHARS = 1000
 
 
 class Share(NamedTuple):
@@ -126,3 +136,36 @@ def share(height: int, header: int, calls: Sequence[int], result: int, recent: i
         bodies[-1] += grow
         left -= grow
     return Share(tuple(bodies), more, result_rows, recent_rows, turn_rows)
+
+
+def result_lines(output: str, lines: int = RESULT_LINES,
+                 chars: int = RESULT_LINE_CHARS) -> list[Text]:
+    """The last ``lines`` lines of a result's output, each as a terminal leaves it (after a
+    ``\\r`` only what follows it), cut to ``chars`` before it is parsed and never wrapped."""
+    shown = []
+    for line in output.rstrip("\n").rsplit("\n", lines)[-lines:]:
+        if "\r" in line:
+            line = line.rstrip("\r").rsplit("\r", 1)[-1]
+        text = Text.from_ansi(strip_controls(line[:chars]), no_wrap=True, end="")
+        if "\t" in line:
+            text.expand_tabs()
+        shown.append(text)
+    return shown
+
+
+def cut(text: Text, width: int) -> Text:
+    """``text`` on one row of ``width`` cells: its end cut with "…" (a copy)."""
+    text = text.copy()
+    text.no_wrap = True
+    text.truncate(max(1, width), overflow="ellipsis")
+    return text
+
+
+def head_line(head: Text, width: int) -> Text:
+    """A result's ``$ command → status`` on one row: the command cut, the status kept."""
+    status = head.plain.rsplit(" → ", 1)[-1]
+    if head.cell_len <= width:
+        return head
+    command = head[:len(head.plain) - len(status) - 3]
+    return Text.assemble(cut(command, width - len(status) - 3), " → " + status,
+                         style=head.style)

@@ -3,7 +3,9 @@
 Theory of operation: each pane is fed a plain value and renders it; none of them talks to
 dshd. :class:`SessionsPane` takes the ``session.list`` answer (``SessionInfo`` structs), labels
 each session as the web page does (name, else title, else id: ``session_label``; the session
-pane's header carries the id) and keeps its cursor on the same session across updates (rows keyed by session id, newest first
+pane's header carries the id; a label two sessions share gets its cwd's last part, else its
+id; a compact status: ``▶N`` running, ``!N`` asking, the last exit; the pane 40 cells wide at
+most, 60 on a terminal of ``WIDE_AT`` columns, where the cwd fits) and keeps its cursor on the same session across updates (rows keyed by session id, newest first
 by creation, so rows do not jump while sessions work); a poll updates only the cells that
 changed, so an unchanged list (the usual 1 s poll) repaints nothing; likewise the other
 panes update a text only when it changed (``update_static``: ``Static.update`` lays out the
@@ -38,7 +40,7 @@ from textual.widgets import DataTable, Static
 from client.tui.ansi import strip_controls
 from client.tui.approvals import ApprovalsBar, oldest_approval
 from client.tui.calls import LIVE_VIEWS, CallView, call_command
-from client.tui.fit import share
+from client.tui.fit import cut, head_line, result_lines, share
 from client.tui.turnlog import call_commands, final_text
 from client.transport import ConnectionLost, DshClientError
 from protocol.rpc import RpcError
@@ -54,17 +56,13 @@ RECENT_SHOWN = 20
 COMMANDS_KEPT = 512
 #: Sessions whose last typed command's result is kept (each shows only in its own session).
 RESULTS_KEPT = 64
-#: The most output lines of a typed result kept to show (its end: the rows given show the
-#: last of them), and the most characters of one line parsed (a 5 MB line is cut, not wrapped).
-RESULT_LINES = 100
-RESULT_LINE_CHARS = 1000
 #: Short words for the error codes (EXEC.md), so a narrow column stays readable.
 STATUS_WORDS = {"APPROVAL_REJECTED": "rejected", "APPROVAL_CANCELLED": "cancelled",
                 "APPROVAL_UNAVAILABLE": "no answer", "TOOL_CANCELLED": "cancelled",
                 "TOOL_FAILED": "failed", "TOOL_NOT_STARTED": "not started",
                 "TOOL_OUTCOME_UNKNOWN": "unknown", "TOOL_TIMEOUT": "timed out"}
 #: The sessions pane's columns: the counts before the cwd, so a long path never hides them.
-COLUMNS = ("name", "run", "ask", "exit", "cwd")
+COLUMNS = ("name", "status", "cwd")
 #: The widest cwd shown (cells): longer ones keep their end, after "…".
 CWD_CELLS = 32
 #: The widest title shown as an unnamed session's label (cells): longer ones end in "…".
@@ -97,49 +95,37 @@ def session_label(name: Any, title: Any, session_id: str) -> str:
 
 
 def session_row(info: SessionInfo) -> tuple[str, ...]:
-    """The cells of one session: name (else title, else id), running, pending approvals,
-    last exit, cwd."""
+    """The cells of one session: name (else title, else id), a compact status (``▶N``
+    running calls, ``!N`` pending approvals, the last exit), cwd."""
     if info.damaged is not UNSET:
-        return (info.session_id, "", "", "", f"damaged: {info.damaged}")
+        return (info.session_id, "damaged", f"damaged: {info.damaged}")
     running = _v(info.running, 0)
     pending = _v(info.pending_approvals, 0)
-    return (session_label(info.name, info.title, info.session_id),
-            str(running) if running else "",
-            str(pending) if pending else "", _exit_word(_v(info.last_exit, "")),
+    status = " ".join(part for part in (f"▶{running}" if running else "",
+                                        f"!{pending}" if pending else "",
+                                        _exit_word(_v(info.last_exit, ""))) if part)
+    return (session_label(info.name, info.title, info.session_id), status,
             short_path(_v(info.cwd, "")))
 
 
-def result_lines(output: str, lines: int = RESULT_LINES,
-                 chars: int = RESULT_LINE_CHARS) -> list[Text]:
-    """The last ``lines`` lines of a result's output, each as a terminal leaves it (after a
-    ``\\r`` only what follows it), cut to ``chars`` before it is parsed and never wrapped."""
-    shown = []
-    for line in output.rstrip("\n").rsplit("\n", lines)[-lines:]:
-        if "\r" in line:
-            line = line.rstrip("\r").rsplit("\r", 1)[-1]
-        text = Text.from_ansi(strip_controls(line[:chars]), no_wrap=True, end="")
-        if "\t" in line:
-            text.expand_tabs()
-        shown.append(text)
-    return shown
-
-
-def cut(text: Text, width: int) -> Text:
-    """``text`` on one row of ``width`` cells: its end cut with "…" (a copy)."""
-    text = text.copy()
-    text.no_wrap = True
-    text.truncate(max(1, width), overflow="ellipsis")
-    return text
-
-
-def head_line(head: Text, width: int) -> Text:
-    """A result's ``$ command → status`` on one row: the command cut, the status kept."""
-    status = head.plain.rsplit(" → ", 1)[-1]
-    if head.cell_len <= width:
-        return head
-    command = head[:len(head.plain) - len(status) - 3]
-    return Text.assemble(cut(command, width - len(status) - 3), " → " + status,
-                         style=head.style)
+def session_rows(sessions: list[SessionInfo]) -> list[tuple[str, ...]]:
+    """The rows of ``sessions``: a label two sessions share (20 sessions titled ``true``)
+    gets its cwd's last part, else its id, so each row names one session."""
+    rows = [session_row(info) for info in sessions]
+    seen: dict[str, int] = {}
+    for row in rows:
+        seen[row[0]] = seen.get(row[0], 0) + 1
+    told = []
+    for info, row in zip(sessions, rows):
+        label = row[0]
+        if seen[label] > 1:
+            label = f"{label} · {os.path.basename(_v(info.cwd, '').rstrip('/')) or info.session_id}"
+        told.append((label, *row[1:]))
+    again: dict[str, int] = {}
+    for row in told:
+        again[row[0]] = again.get(row[0], 0) + 1
+    return [(f"{first[0]} · {info.session_id}", *row[1:]) if again[row[0]] > 1 else row
+            for info, first, row in zip(sessions, rows, told)]
 
 
 def status_word(entry: dict[str, Any]) -> str:
@@ -163,6 +149,14 @@ class SessionsPane(DataTable):
     DEFAULT_CSS = """
     SessionsPane { width: 2fr; max-width: 40; height: 1fr; min-width: 30; border: round $accent; }
     """
+    #: The pane's widest (cells) on a terminal of at least ``WIDE_AT`` columns: the cwd shows.
+    WIDE_AT, WIDE_MAX = 160, 60
+
+    def on_resize(self) -> None:
+        wide = self.app.size.width >= self.WIDE_AT
+        if (self.styles.max_width is not None
+                and self.styles.max_width.value != (self.WIDE_MAX if wide else 40)):
+            self.styles.max_width = self.WIDE_MAX if wide else 40
 
     def on_mount(self) -> None:
         self.cursor_type = "row"
@@ -176,13 +170,14 @@ class SessionsPane(DataTable):
                          reverse=True)
         wanted = [s.session_id for s in ordered]
         current = self.selected_id()
+        rows = session_rows(ordered)
         if wanted != [str(k.value) for k in self.rows]:
             self.clear()
-            for info in ordered:
-                self.add_row(*session_row(info), key=info.session_id)
+            for info, row in zip(ordered, rows):
+                self.add_row(*row, key=info.session_id)
         else:
-            for info in ordered:  # only changed cells: an unchanged poll repaints nothing
-                for column, cell in zip(COLUMNS, session_row(info)):
+            for info, row in zip(ordered, rows):  # only changed cells: a same poll repaints nothing
+                for column, cell in zip(COLUMNS, row):
                     if self.get_cell(info.session_id, column) != cell:
                         # update_width: a cell wider than its column widens it (not cut)
                         self.update_cell(info.session_id, column, cell, update_width=True)
