@@ -57,6 +57,7 @@ from client.tui.panes import ApprovalsBar, SessionPane, SessionsPane, session_la
 from client.tui.term import TerminalScreen
 from client.tui.waiting import wait_result
 from client.tui.watching import removed_text, resolve_wanted
+from client.tui.turnlog import raw_tail
 from protocol.approvals import PendingApproval
 from protocol.methods import MAX_TITLE_CHARS, SessionInfo
 from protocol.rpc import RpcError
@@ -323,7 +324,15 @@ class DshApp(App[None], inherit_bindings=False):
                 result = await wait_result(self.feed, client, sid, started.call_id,
                                            lambda text: self.notify(text, severity="warning",
                                                                     timeout=10))
-                self.query_one(SessionPane).show_result(sid, text, result)
+                live = self.feed.client or client  # the wait may have crossed a restart
+                try:  # the raw end: a result's content has no \r (a progress bar's states)
+                    raw: str | None = await raw_tail(live, sid, started.call_id)
+                except (RpcError, DshClientError):
+                    raw = None
+                try:
+                    self.query_one(SessionPane).show_result(sid, text, result, raw)
+                except NoMatches:
+                    return  # the app closed meanwhile
             elif turn:
                 await client.steer_turn(sid, text)
             else:

@@ -137,7 +137,7 @@ class CallView(Vertical, can_focus=True):
             return  # removed (the call settled) before its rows were mounted
         before, self._shown = self._shown, shown
         if before is None or before[:3] != shown[:3]:
-            tty = " (pty: ^o attaches)" if shown[2] else ""
+            tty = " · pty: ^o" if shown[2] else ""  # short: the whole title fits at 80
             self.border_title = (f"{label(self.call_id)} · {label(entry.get('name', '?'))} · "
                                  f"{label(shown[0])}{tty}")
             # One row, cut at its last cell with an ellipsis (not at a word wrap).
@@ -163,6 +163,14 @@ class CallView(Vertical, can_focus=True):
         """A new connection: the live view follows again from the next byte it lacks."""
         if self.live is not None:
             self.live.resume(client)
+
+    @property
+    def output_lines(self) -> int:
+        """How many lines of output this box has to show (what it would fill)."""
+        if self.live is not None:
+            return len(self.live.window)
+        text = output_text(self.entry or self._entry_at_start)
+        return text.rstrip("\n").count("\n") + 1 if text else 1
 
     @property
     def shown_output(self) -> str:

@@ -3,7 +3,9 @@
 Theory of operation: each pane is fed a plain value and renders it; none of them talks to
 dshd. :class:`SessionsPane` takes the ``session.list`` answer (``SessionInfo`` structs), labels
 each session as the web page does (name, else title, else id: ``session_label``; the session
-pane's header carries the id) and keeps its cursor on the same session across updates (rows keyed by session id, newest first
+pane's header carries the id; a label two sessions share gets its cwd's last part, else its
+id; a compact status: ``▶N`` running, ``!N`` asking, the last exit; the pane 40 cells wide at
+most, 60 on a terminal of ``WIDE_AT`` columns, where the cwd fits) and keeps its cursor on the same session across updates (rows keyed by session id, newest first
 by creation, so rows do not jump while sessions work); a poll updates only the cells that
 changed, so an unchanged list (the usual 1 s poll) repaints nothing; likewise the other
 panes update a text only when it changed (``update_static``: ``Static.update`` lays out the
@@ -17,7 +19,8 @@ bounded by ``COMMANDS_KEPT``), the
 result of the last command typed on the command line (its output, however fast it ended) and
 the turn's streaming text (an ended turn's whole last text read back from the log:
 ``client.tui.turnlog``); its rows are shared by priority (``client.tui.fit``: the running
-calls' output and the turn first, the recent list shrinks first) on each batch and resize. :class:`ApprovalsBar` (``client.tui.approvals``, re-exported here)
+calls' output first, newest box first, ``+N more running`` for the boxes that do not fit;
+a one-row header) on each batch and resize. :class:`ApprovalsBar` (``client.tui.approvals``, re-exported here)
 shows the oldest pending request of the lane's ``approvals``, whole, and is hidden when there
 is none; its buttons (mouse) do what its keys do.
 """
@@ -36,10 +39,10 @@ from textual.widgets import DataTable, Static
 
 from rich.markup import escape
 
-from client.tui.ansi import label, strip_controls, visible_line, visible_text
+from client.tui.ansi import label, visible_line, visible_text
 from client.tui.approvals import ApprovalsBar, oldest_approval
-from client.tui.calls import LIVE_VIEWS, TAIL_LINES, CallView, call_command, tail
-from client.tui.fit import CALL_CHROME, share
+from client.tui.calls import LIVE_VIEWS, CallView, call_command
+from client.tui.fit import cut, head_line, result_lines, share
 from client.tui.turnlog import call_commands, final_text
 from client.transport import ConnectionLost, DshClientError
 from protocol.rpc import RpcError
@@ -49,17 +52,19 @@ __all__ = ["SessionsPane", "SessionPane", "ApprovalsBar", "session_row", "sessio
            "oldest_approval",
            "RECENT_SHOWN", "status_word", "update_static"]
 
-#: Recent results listed in the session pane (the lane keeps ≤ 20).
-RECENT_SHOWN = 8
+#: Recent results listed in the session pane, as rows allow (the lane keeps ≤ 20).
+RECENT_SHOWN = 20
 #: Commands of calls remembered (seen running, or read from the log) for the recent list.
 COMMANDS_KEPT = 512
+#: Sessions whose last typed command's result is kept (each shows only in its own session).
+RESULTS_KEPT = 64
 #: Short words for the error codes (EXEC.md), so a narrow column stays readable.
 STATUS_WORDS = {"APPROVAL_REJECTED": "rejected", "APPROVAL_CANCELLED": "cancelled",
                 "APPROVAL_UNAVAILABLE": "no answer", "TOOL_CANCELLED": "cancelled",
                 "TOOL_FAILED": "failed", "TOOL_NOT_STARTED": "not started",
                 "TOOL_OUTCOME_UNKNOWN": "unknown", "TOOL_TIMEOUT": "timed out"}
 #: The sessions pane's columns: the counts before the cwd, so a long path never hides them.
-COLUMNS = ("name", "run", "ask", "exit", "cwd")
+COLUMNS = ("name", "status", "cwd")
 #: The widest cwd shown (cells): longer ones keep their end, after "…".
 CWD_CELLS = 32
 #: The widest title shown as an unnamed session's label (cells): longer ones end in "…".
@@ -95,18 +100,40 @@ def session_label(name: Any, title: Any, session_id: str) -> str:
 
 
 def session_row(info: SessionInfo) -> tuple[str, ...]:
-    """The cells of one session: name (else title, else id), running, pending approvals,
-    last exit, cwd."""
+    """The cells of one session: name (else title, else id), a compact status (``▶N``
+    running calls, ``!N`` pending approvals, the last exit), cwd."""
     if info.damaged is not UNSET:
-        return (label(info.session_id), "", "", "", label(f"damaged: {info.damaged}"))
+        return (label(info.session_id), "damaged", label(f"damaged: {info.damaged}"))
     if info.unreadable is not UNSET:  # dshd could not look at it now (out of fds)
-        return (label(info.session_id), "", "", "", label(f"unreadable: {info.unreadable}"))
+        return (label(info.session_id), "unreadable", label(f"unreadable: {info.unreadable}"))
     running = _v(info.running, 0)
     pending = _v(info.pending_approvals, 0)
-    return (escape(session_label(info.name, info.title, info.session_id)),
-            str(running) if running else "",
-            str(pending) if pending else "", label(_exit_word(_v(info.last_exit, ""))),
+    status = " ".join(part for part in (f"▶{running}" if running else "",
+                                        f"!{pending}" if pending else "",
+                                        label(_exit_word(_v(info.last_exit, "")))) if part)
+    return (escape(session_label(info.name, info.title, info.session_id)), status,
             escape(short_path(visible_line(_v(info.cwd, "")))))
+
+
+def session_rows(sessions: list[SessionInfo]) -> list[tuple[str, ...]]:
+    """The rows of ``sessions``: a label two sessions share (20 sessions titled ``true``)
+    gets its cwd's last part, else its id, so each row names one session."""
+    rows = [session_row(info) for info in sessions]
+    seen: dict[str, int] = {}
+    for row in rows:
+        seen[row[0]] = seen.get(row[0], 0) + 1
+    told = []
+    for info, row in zip(sessions, rows):
+        label = row[0]
+        if seen[label] > 1:
+            where = os.path.basename(_v(info.cwd, "").rstrip("/")) or info.session_id
+            label = f"{label} · {escape(visible_line(where))}"
+        told.append((label, *row[1:]))
+    again: dict[str, int] = {}
+    for row in told:
+        again[row[0]] = again.get(row[0], 0) + 1
+    return [(f"{first[0]} · {info.session_id}", *row[1:]) if again[row[0]] > 1 else row
+            for info, first, row in zip(sessions, rows, told)]
 
 
 def status_word(entry: dict[str, Any]) -> str:
@@ -130,6 +157,14 @@ class SessionsPane(DataTable):
     DEFAULT_CSS = """
     SessionsPane { width: 2fr; max-width: 40; height: 1fr; min-width: 30; border: round $accent; }
     """
+    #: The pane's widest (cells) on a terminal of at least ``WIDE_AT`` columns: the cwd shows.
+    WIDE_AT, WIDE_MAX = 160, 60
+
+    def on_resize(self) -> None:
+        wide = self.app.size.width >= self.WIDE_AT
+        if (self.styles.max_width is not None
+                and self.styles.max_width.value != (self.WIDE_MAX if wide else 40)):
+            self.styles.max_width = self.WIDE_MAX if wide else 40
 
     def on_mount(self) -> None:
         self.cursor_type = "row"
@@ -143,13 +178,14 @@ class SessionsPane(DataTable):
                          reverse=True)
         wanted = [s.session_id for s in ordered]
         current = self.selected_id()
+        rows = session_rows(ordered)
         if wanted != [str(k.value) for k in self.rows]:
             self.clear()
-            for info in ordered:
-                self.add_row(*session_row(info), key=info.session_id)
+            for info, row in zip(ordered, rows):
+                self.add_row(*row, key=info.session_id)
         else:
-            for info in ordered:  # only changed cells: an unchanged poll repaints nothing
-                for column, cell in zip(COLUMNS, session_row(info)):
+            for info, row in zip(ordered, rows):  # only changed cells: a same poll repaints nothing
+                for column, cell in zip(COLUMNS, row):
                     if self.get_cell(info.session_id, column) != cell:
                         # update_width: a cell wider than its column widens it (not cut)
                         self.update_cell(info.session_id, column, cell, update_width=True)
@@ -189,7 +225,9 @@ class SessionPane(Vertical):
 
     DEFAULT_CSS = """
     SessionPane { width: 3fr; border: round $primary; }
+    SessionPane #session-header { height: 1; }
     SessionPane #calls { height: 1fr; }
+    SessionPane #more-calls { height: 1; color: $text-muted; display: none; }
     SessionPane #recent { height: auto; max-height: 10; color: $text-muted; }
     SessionPane #last-result { height: auto; max-height: 14; display: none; }
     SessionPane #last-result.shown { display: block; border-top: solid $primary; }
@@ -209,12 +247,16 @@ class SessionPane(Vertical):
         #: What the rows are shared by (``client.tui.fit``): the texts as made, before a cut.
         self._header = Text()
         self._turn_full = Text()
-        self._result_full: Text | None = None
+        #: The last typed command's result of each session (its header line, its last
+        #: output lines): only the watched session's shows.
+        self._results: OrderedDict[str, tuple[Text, list[Text]]] = OrderedDict()
+        self._result: tuple[Text, list[Text]] | None = None
         self._fitted: dict[str, Any] = {}
 
     def compose(self) -> ComposeResult:
         yield Static(id="session-header")
-        yield VerticalScroll(Static("no session selected", id="no-calls"), id="calls")
+        yield VerticalScroll(Static("no session selected", id="no-calls"),
+                             Static(id="more-calls"), id="calls")
         yield Static(id="last-result")
         yield Static(id="recent")
         yield Static(id="turn")
@@ -232,7 +274,7 @@ class SessionPane(Vertical):
             visible_line(f"{session_id or ''}  {session.get('cwd', '')}  policy "
                          f"{session.get('approvalPolicy', '?')}  sandbox "
                          f"{session.get('sandbox', '?')}"),
-            style="dim")
+            style="dim", no_wrap=True, overflow="ellipsis")  # one row, cut with "…"
         update_static(self.query_one("#session-header", Static), self._header)
         self._show_calls(session.get("sessionId"), (lane or {}).get("tools") or {})
         recent = (lane or {}).get("recent") or []
@@ -240,6 +282,8 @@ class SessionPane(Vertical):
         self._read_commands(session.get("sessionId"), recent)
         update_static(self.query_one("#recent", Static), recent_text(recent, self._commands))
         self._turn_full = self._turn(session.get("sessionId"), lane)
+        self._result = self._results.get(str(session_id)) if session_id else None
+        self.query_one("#last-result", Static).set_class(self._result is not None, "shown")
         self.fit()
 
     def on_resize(self) -> None:
@@ -261,17 +305,25 @@ class SessionPane(Vertical):
         first, then the last result, then the recent list (which shrinks first)."""
         height = self.size.height
         if height <= 0:
+            update_static(self.query_one("#session-header", Static), self._header)
             update_static(self.query_one("#turn", Static), self._turn_full)
             return
-        views = list(self.query(CallView))
+        update_static(self.query_one("#session-header", Static), cut(self._header, self.size.width))
+        views = self._views()
         result_box = self.query_one("#last-result", Static)
-        result = len(self._rows(self._result_full)) + 1 if result_box.has_class("shown") else 0
+        result = 2 + len(self._result[1]) if self._result is not None else 0
         recent_box = self.query_one("#recent", Static)
         recent = 1 + min(RECENT_SHOWN, len((self.lane or {}).get("recent") or []))
         turn_lines = self._rows(self._turn_full)
-        got = share(height, len(self._rows(self._header)), bool(views), result, recent,
+        got = share(height, 1, [view.output_lines for view in views], result, recent,
                     len(turn_lines) + 1)
         self._set(result_box, "max_height:result", got.result)
+        if self._result is not None:  # its header and the END of its output, never wrapped
+            head, lines = self._result
+            lines = lines[len(lines) - max(0, got.result - 2):] if got.result > 2 else []
+            update_static(result_box, Text("\n").join(
+                [head_line(head, self.size.width)]
+                + [cut(line, self.size.width) for line in lines]))
         self._set(recent_box, "max_height:recent", got.recent)
         self._set(recent_box, "display:recent", "block" if got.recent else "none")
         keep = max(1, got.turn - 1)  # less its border
@@ -281,10 +333,22 @@ class SessionPane(Vertical):
         else:
             update_static(self.query_one("#turn", Static), self._turn_full)
         self._set(self.query_one("#turn", Static), "max_height:turn", got.turn)
-        if views:
-            body = max(3, min(TAIL_LINES, got.calls // len(views) - CALL_CHROME))
-            for view in views:
-                view.set_body_rows(body)
+        for i, view in enumerate(views):  # newest first; a box with no row is not shown
+            if i < len(got.bodies):
+                view.set_body_rows(got.bodies[i])
+            if view.display != (i < len(got.bodies)):
+                view.display = i < len(got.bodies)
+        more = self.query_one("#more-calls", Static)
+        hidden = len(views) - len(got.bodies)
+        update_static(more, f"+{hidden} more running" if hidden else "")
+        if more.display != bool(hidden):
+            more.display = bool(hidden)
+
+    def _views(self) -> list[CallView]:
+        """The running calls' boxes, newest first."""
+        return sorted(self.query(CallView),
+                      key=lambda v: ((v.entry or v._entry_at_start).get("startedAt") or 0,
+                                     v.call_id), reverse=True)
 
     def _remember_commands(self, tools: dict[str, dict[str, Any]]) -> None:
         """The lane's ``recent`` has no args: keep the command of each call seen running."""
@@ -363,27 +427,32 @@ class SessionPane(Vertical):
             if call_id in views:
                 views[call_id].update_entry(tools[call_id])
             else:
-                box.mount(CallView(str(session_id), call_id, tools[call_id],
-                                   client=self.client if call_id in live else None))
+                box.mount(CallView(str(session_id), call_id, tools[call_id],  # newest first
+                                   client=self.client if call_id in live else None), before=0)
         no_calls = self.query_one("#no-calls", Static)
         no_calls.display = not tools
         update_static(no_calls, "no running calls")
 
-    def show_result(self, session_id: str, command: str, result: Any) -> None:
+    def show_result(self, session_id: str, command: str, result: Any,
+                    raw: str | None = None) -> None:
         """The result of a command typed on the command line: ``$ command → exit N`` and the
-        last lines of its output window (it may have ended before any batch showed it)."""
-        if ((self.lane or {}).get("session") or {}).get("sessionId") != session_id:
-            return
+        last lines of its output (``raw``: the end of its raw bytes, ``\\r`` kept; else the
+        result's output window; it may have ended before any batch showed it).
+        Kept per session (the last ``RESULTS_KEPT`` sessions): it shows while its session
+        is watched, and only then."""
         status = result.error_code or f"exit {result.exit_code}"
-        text = Text(f"$ {visible_line(command)} → {visible_line(status)}\n",
-                    style="bold red" if result.is_error else "bold")
-        text.append_text(Text.from_ansi(strip_controls(tail(result.content or result.message
-                                                             or ""))))
-        box = self.query_one("#last-result", Static)
-        self._result_full = text
-        box.update(text)
-        box.add_class("shown")
-        self.fit()
+        head = Text.assemble(Text(f"$ {visible_line(' '.join(command.split()))}", no_wrap=True),
+                             f" → {visible_line(status)}",
+                             style="bold red" if result.is_error else "bold")
+        self._results[session_id] = (head, result_lines(
+            raw if raw else result.content or result.message or ""))
+        self._results.move_to_end(session_id)
+        while len(self._results) > RESULTS_KEPT:
+            self._results.popitem(last=False)
+        if ((self.lane or {}).get("session") or {}).get("sessionId") == session_id:
+            self._result = self._results[session_id]
+            self.query_one("#last-result", Static).add_class("shown")
+            self.fit()
 
     def resume(self, client: Any) -> None:
         """A new connection: every live output view follows again."""

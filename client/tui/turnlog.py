@@ -6,6 +6,9 @@ arguments. The TUI reads what it then lacks from the log, bounded: the last
 ``WINDOW_EVENTS`` events only (one page), newest match wins, in a worker of the app's loop,
 never on the UI's own time. :func:`final_text` is an ended turn's last ``message/assistant``
 text; :func:`call_commands` maps call ids to the command of their ``tool/call``.
+:func:`raw_tail` is not the log but the call's raw output (``tool.read``, HOST.md §6): the
+end of an ended call's bytes as the program wrote them, carriage returns and all (a result's
+``content`` drops them, EXEC.md §2, so a progress bar's states ran together there).
 """
 
 from __future__ import annotations
@@ -13,10 +16,27 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["final_text", "call_commands", "WINDOW_EVENTS"]
+__all__ = ["final_text", "call_commands", "raw_tail", "WINDOW_EVENTS", "RAW_TAIL_BYTES"]
 
 #: The most events read back from the end of the log for one look-up.
 WINDOW_EVENTS = 500
+#: The most raw bytes read back from the end of a call's output (one ``tool.read``).
+RAW_TAIL_BYTES = 64 * 1024
+
+
+async def raw_tail(client: Any, session_id: str, call_id: str,
+                   limit: int = RAW_TAIL_BYTES) -> str:
+    """The last ``limit`` bytes of a call's raw output, decoded, from a line's start (the
+    line cut by the read's start is dropped)."""
+    probe = await client.read_output(session_id, call_id, 0, 1, from_first=True)
+    start = max(probe.first_offset, probe.end_offset - limit)
+    if start >= probe.end_offset:
+        return ""
+    piece = await client.read_output(session_id, call_id, start, probe.end_offset - start)
+    text = bytes(piece.data).decode("utf-8", "replace")
+    if piece.offset > probe.first_offset and "\n" in text:
+        text = text.split("\n", 1)[1]
+    return text
 
 
 async def _tail_events(client: Any, session_id: str) -> list[dict[str, Any]]:

@@ -42,7 +42,7 @@ def test_an_unchanged_poll_repaints_nothing_and_a_change_shows():
             pane.show(_sessions(3))
             assert pane._repaint_required, "a changed cell was not redrawn"
             await pilot.pause()
-            assert pane.get_cell("s-new", "run") == "3" and pane.selected_id() == "s-old"
+            assert pane.get_cell("s-new", "status").startswith("▶3") and pane.selected_id() == "s-old"
     run_async(main)
 
 

@@ -15,15 +15,41 @@ from tests.tui.conftest import run_app, screen_text
 
 
 def test_the_calls_and_the_turn_keep_their_rows_and_recent_shrinks_first():
-    got = share(18, header=2, busy=True, result=6, recent=9, turn=9)
+    got = share(18, header=2, calls=[40], result=6, recent=9, turn=9)
     assert got.calls >= CALLS_MIN and got.turn >= TURN_MIN
     assert got.calls + got.result + got.recent + got.turn == 16
     assert got.recent < 9  # the recent list shrank
-    roomy = share(60, header=1, busy=True, result=6, recent=9, turn=9)
-    assert (roomy.result, roomy.recent, roomy.turn) == (6, 9, 9)  # all of each, room left
-    assert roomy.calls == 60 - 1 - 6 - 9 - 9
-    idle = share(18, header=2, busy=False, result=0, recent=3, turn=3)
+    roomy = share(60, header=1, calls=[20], result=6, recent=9, turn=9)
+    assert (roomy.bodies, roomy.result, roomy.recent, roomy.turn) == ((20,), 6, 9, 9)
+    flood = share(60, header=1, calls=[1000], result=6, recent=9, turn=9)
+    assert flood.calls == 60 - 1 - 6 - 6 - 9  # the rest: the call's output first
+    idle = share(18, header=2, calls=[], result=0, recent=3, turn=3)
     assert (idle.recent, idle.turn) == (3, 3)
+
+
+def test_blank_rows_go_to_what_has_more_to_show():
+    """A new user at 200x60: a box kept 12 output lines with 14-30 blank rows below; at
+    80x24 the recent list shrank to its heading alone next to blank rows."""
+    tall = share(56, header=1, calls=[500], result=0, recent=21, turn=2)
+    assert sum((tall.calls, tall.recent, tall.turn)) == 55  # no blank row
+    assert tall.bodies[0] > 12 and tall.recent >= 2
+    short = share(56, header=1, calls=[3], result=0, recent=21, turn=2)
+    assert short.bodies == (3,) and short.recent == 21  # the box's 3 lines; recent the rest
+    for height in range(3, 30):  # never a heading alone
+        for calls in ([], [50], [50, 50]):
+            got = share(height, 1, calls, result=5, recent=9, turn=6)
+            assert got.recent == 0 or got.recent >= 2, (height, calls, got)
+            assert got.calls + got.result + got.recent + got.turn <= height - 1
+
+
+def test_a_box_always_has_an_output_row_else_it_is_counted_as_more():
+    for height in range(1, 40):
+        got = share(height, 1, [50, 50, 50], result=0, recent=3, turn=6)
+        assert all(body >= 1 for body in got.bodies), (height, got)
+        assert got.more == (1 if len(got.bodies) < 3 else 0), (height, got)
+        assert got.calls + got.recent + got.turn <= height - 1, (height, got)
+    two = share(18, 1, [50, 50], result=0, recent=3, turn=6)  # 80x24, two running calls
+    assert len(two.bodies) == 2 or two.more == 1, two
 
 
 def test_at_80x24_a_calls_output_and_the_end_of_the_turns_text_show():

@@ -22,7 +22,7 @@ def test_sessions_appear_live(daemon, workdir):
         assert r.returncode == 0, r.stderr
         await until(pilot, lambda: "alpha" in listed_names(app), "alpha listed")
         row = app.query_one(SessionsPane).get_row("" + app.query_one(SessionsPane).selected_id())
-        assert row[4] == short_path(str(workdir)) and row[3] == "0"  # cwd, last exit
+        assert row[2] == short_path(str(workdir)) and row[1] == "0"  # cwd, last exit
 
     run_app(app, scenario)
 

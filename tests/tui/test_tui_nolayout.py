@@ -67,6 +67,9 @@ def test_a_busy_calls_lane_batches_lay_nothing_out(daemon, workdir):
             await until(pilot, lambda: any("line-" in v.plain for v in app.query(CallView)),
                         "the call's output shown")
             await pilot.pause(0.5)  # its box mounted and sized
+            view = next(iter(app.query(CallView)))  # grown to its share: more lines than rows
+            await until(pilot, lambda: view.output_lines > view.body_rows + 10, "box full")
+            await pilot.pause(0.3)
             pane = app.query_one(SessionPane)
             batches, repaints = [0], [0]
             feed_lane, refresh = app.feed_lane, pane.refresh
