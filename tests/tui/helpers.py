@@ -81,16 +81,19 @@ async def answer(pilot: Any, app: DshApp, key: str) -> None:
     """Press ``key`` on the approvals bar as a person does: f6 to the bar, then the key once
     the request has been shown ``ARM_S`` (a condition, not a sleep)."""
     from client.tui.approvals import ApprovalsBar
-    from tests.tui.conftest import until
     import time
     from tests.tui.conftest import BOUND_S
     bar = app.query_one(ApprovalsBar)
     deadline = time.monotonic() + BOUND_S
-    while not bar.has_focus_within and time.monotonic() < deadline:
-        await pilot.press("f6")  # again if a screen closing gave the focus back meanwhile
+    while True:  # f6 again whenever something else took the focus meanwhile
+        if not bar.has_focus_within:
+            await pilot.press("f6")
+        elif key == "v" or bar.armed():
+            break
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {BOUND_S} s: the bar focused and its request "
+                                 f"armed (focus: {app.focused!r})")
         await pilot.pause(0.1)
-    await until(pilot, lambda: bar.has_focus_within and (key == "v" or bar.armed()),
-                "the bar focused and its request armed")
     await pilot.press(key)
 
 
