@@ -58,10 +58,14 @@ def test_dshd_away_at_start_resolves_once_connected(tui_root, workdir):
     daemon = make_daemon(tui_root)
     daemon.start()
     first = made(daemon, "first", workdir)
-    made(daemon, "newest", workdir)
+    newest = made(daemon, "newest", workdir)
     daemon.stop()
-    assert pick_session(str(daemon.socket), first[:6]) == (first[:6], False)
-    by_prefix = DshApp(socket=daemon.socket, session=first[:6])
+    # The shortest prefix of first that newest does not share (ids made in the same moment
+    # share their time-based start: a fixed 6 characters named both).
+    cut = next(n for n in range(1, len(first) + 1) if first[:n] != newest[:n])
+    prefix = first[:max(cut, 6)]
+    assert pick_session(str(daemon.socket), prefix) == (prefix, False)
+    by_prefix = DshApp(socket=daemon.socket, session=prefix)
     unknown = DshApp(socket=daemon.socket, session="nosuch")
 
     async def prefix(pilot):

@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import pytest
 import trio
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -81,6 +82,28 @@ class Shots:
         driver.save_screenshot(str(path))
         self.paths.append(path)
         return path
+
+
+def page_fixtures(window: tuple[int, int] = WINDOW):
+    """A browser module's ``driver`` (one Chromium of ``window`` for its in-order steps; the
+    module's ``world`` first) and ``page_console`` (autouse: the page's console printed after
+    each step, which pytest shows when the step fails). A module binds both names:
+    ``driver, page_console = page_fixtures()``."""
+
+    @pytest.fixture(scope="module")
+    def driver(world):
+        d = chrome(window)
+        try:
+            yield d
+        finally:
+            d.quit()
+
+    @pytest.fixture(autouse=True)
+    def page_console(driver):
+        yield
+        print(f"\npage console:\n{console(driver)}")
+
+    return driver, page_console
 
 
 def console(driver) -> str:

@@ -18,7 +18,8 @@ import time
 import pytest
 
 from tests.web.browser_support import (LaneWatcher, artifacts_dir, browser_world, chrome,
-                                       chromium_missing, console, dshd_call, until)
+                                       chromium_missing, console, dshd_call, page_fixtures,
+                                       until)
 
 _missing = chromium_missing()
 pytestmark = pytest.mark.skipif(_missing is not None, reason=f"browser tests: {_missing}")
@@ -36,20 +37,7 @@ def world(tmp_path_factory):
         yield world
 
 
-@pytest.fixture(scope="module")
-def driver(world):
-    d = chrome()
-    try:
-        yield d
-    finally:
-        d.quit()
-
-
-@pytest.fixture(autouse=True)
-def page_console(driver):
-    """The page's console of each step, printed (pytest shows it when the step fails)."""
-    yield
-    print(f"\npage console:\n{console(driver)}")
+driver, page_console = page_fixtures()
 
 
 def dsh(world, *args: str, **kw) -> subprocess.Popen:

@@ -18,7 +18,7 @@ import time
 import pytest
 
 from tests.web.browser_support import (artifacts_dir, browser_world, chrome, chromium_missing,
-                                       console, dshd_call, until)
+                                       dshd_call, page_fixtures, until)
 
 _missing = chromium_missing()
 pytestmark = pytest.mark.skipif(_missing is not None, reason=f"browser tests: {_missing}")
@@ -33,19 +33,7 @@ def world(tmp_path_factory):
         yield world
 
 
-@pytest.fixture(scope="module")
-def driver(world):
-    d = chrome((1400, 900))
-    try:
-        yield d
-    finally:
-        d.quit()
-
-
-@pytest.fixture(autouse=True)
-def page_console(driver):
-    yield
-    print(f"\npage console:\n{console(driver)}")
+driver, page_console = page_fixtures((1400, 900))
 
 
 def dsh(world, *args: str) -> subprocess.Popen:

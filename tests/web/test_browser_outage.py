@@ -20,8 +20,8 @@ import sys
 
 import pytest
 
-from tests.web.browser_support import (artifacts_dir, browser_world, chrome, chromium_missing,
-                                       console, dshd_call, until)
+from tests.web.browser_support import (artifacts_dir, browser_world, chromium_missing,
+                                       dshd_call, page_fixtures, until)
 
 _missing = chromium_missing()
 pytestmark = pytest.mark.skipif(_missing is not None, reason=f"browser tests: {_missing}")
@@ -38,19 +38,7 @@ def world(tmp_path_factory):
         yield world
 
 
-@pytest.fixture(scope="module")
-def driver(world):
-    d = chrome()
-    try:
-        yield d
-    finally:
-        d.quit()
-
-
-@pytest.fixture(autouse=True)
-def page_console(driver):
-    yield
-    print(f"\npage console:\n{console(driver)}")
+driver, page_console = page_fixtures()
 
 
 def q(driver, css: str):
