@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
+import resource
 import shutil
 import subprocess
 import sys
@@ -140,3 +141,36 @@ def until(predicate, what: str, bound: float = 30.0):
             return value
         time.sleep(0.05)
     raise AssertionError(f"not within {bound} s: {what}")
+
+
+@contextlib.contextmanager
+def daemon_with_nofile(nofile: int, config: str = ""):
+    """A started ``DaemonProcess`` in a temporary root whose RLIMIT_NOFILE is ``nofile`` (set
+    in the child only: ``subprocess.Popen`` gets a ``preexec_fn`` for this one start), with
+    ``config`` as its dshd.toml when given; closed and removed afterwards."""
+    root = Path(tempfile.mkdtemp(prefix="dsh-fd-"))
+    args: list[str] = []
+    if config:
+        (root / "dshd.toml").write_text(config)
+        args = ["--config", str(root / "dshd.toml")]
+    d = DaemonProcess(root, args) if args else DaemonProcess(root)
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
+    orig_popen = subprocess.Popen
+
+    def popen(*a, **kwargs):
+        kwargs["preexec_fn"] = limit
+        return orig_popen(*a, **kwargs)
+
+    subprocess.Popen = popen  # only for this start; restored at once
+    try:
+        d.start()
+    finally:
+        subprocess.Popen = orig_popen
+    try:
+        yield d
+    finally:
+        d.close()
+        shutil.rmtree(root, ignore_errors=True)

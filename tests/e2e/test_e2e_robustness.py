@@ -7,13 +7,9 @@ from __future__ import annotations
 
 import json
 import os
-import resource
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import pytest
 import trio
@@ -21,7 +17,7 @@ import trio
 from client.api import connect
 from protocol.rpc import RpcError
 
-from .conftest import DaemonProcess, throwaway_user
+from .conftest import daemon_with_nofile, throwaway_user
 
 
 def _raw_subscriber(path, sid: str) -> socket.socket:
@@ -71,29 +67,8 @@ async def test_invalid_session_env_is_refused(daemon, workdir):
 
 @pytest.fixture
 def low_fd_daemon():
-    """dshd whose hard RLIMIT_NOFILE is 64: 100 clients must not kill it."""
-    root = Path(tempfile.mkdtemp(prefix="dsh-fd-"))
-    d = DaemonProcess(root)
-
-    def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-
-    orig_popen = subprocess.Popen
-
-    def popen(*args, **kwargs):
-        kwargs["preexec_fn"] = limit
-        return orig_popen(*args, **kwargs)
-
-    subprocess.Popen = popen  # only for this start; restored at once
-    try:
-        d.start()
-    finally:
-        subprocess.Popen = orig_popen
-    try:
+    with daemon_with_nofile(64) as d:
         yield d
-    finally:
-        d.close()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 async def test_running_out_of_file_descriptors_is_survived(low_fd_daemon, workdir):

@@ -18,12 +18,7 @@ sessions directory cannot be read: the list still answers, with every session.
 from __future__ import annotations
 
 import os
-import resource
-import shutil
 import socket
-import subprocess
-import tempfile
-from pathlib import Path
 
 import pytest
 import trio
@@ -31,7 +26,7 @@ import trio
 from client.api import connect
 from protocol.rpc import RpcError
 
-from .conftest import DaemonProcess, running_daemon
+from .conftest import daemon_with_nofile, running_daemon
 
 BOUND = 8
 CREATES = 20
@@ -85,30 +80,8 @@ async def test_create_past_max_sessions_all_busy_is_refused_naming_the_bound(wor
 @pytest.fixture
 def low_fd_daemon():
     """dshd with RLIMIT_NOFILE 96 and ``max_sessions`` far above what that allows."""
-    root = Path(tempfile.mkdtemp(prefix="dsh-nofile-"))
-    cfg = root / "dshd.toml"
-    cfg.write_text("max_sessions = 1000\n")
-    d = DaemonProcess(root, ["--config", str(cfg)])
-
-    def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (NOFILE, NOFILE))
-
-    orig_popen = subprocess.Popen
-
-    def popen(*args, **kwargs):
-        kwargs["preexec_fn"] = limit
-        return orig_popen(*args, **kwargs)
-
-    subprocess.Popen = popen  # only for this start; restored at once
-    try:
-        d.start()
-    finally:
-        subprocess.Popen = orig_popen
-    try:
+    with daemon_with_nofile(NOFILE, "max_sessions = 1000\n") as d:
         yield d
-    finally:
-        d.close()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 async def test_session_list_answers_when_dshd_is_out_of_fds(low_fd_daemon, workdir):

@@ -9,7 +9,7 @@ from client.tui.app import DshApp
 from client.tui.panes import SessionsPane
 from tests.tui.conftest import run_app, screen_text
 
-SESSIONS = [SessionInfo(session_id=f"s-{n:02d}", title="true", cwd=f"/srv/work/dir{n:02d}",
+SESSIONS = [SessionInfo(session_id=f"s-{n:02d}", title="true", cwd=f"/srv/proj/dir{n:02d}",
                         running=1 if n == 3 else 0, pending_approvals=2 if n == 3 else 0,
                         last_exit=n % 2, updated_at=n, created_at=n) for n in range(20)]
 
@@ -43,6 +43,6 @@ def test_at_200_columns_the_pane_is_wider_and_shows_the_cwd():
         await pilot.pause(0.3)
         assert app.query_one(SessionsPane).outer_size.width > 40
         rows = pane_rows(app)
-        assert any("/srv/work/dir03" in row for row in rows), rows
+        assert any("/srv/proj/dir03" in row for row in rows), rows
 
     run_app(app, scenario, size=(200, 60))
