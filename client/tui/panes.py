@@ -209,13 +209,14 @@ class SessionsPane(DataTable):
         return True
 
 
-def update_static(static: Static, content: Any) -> bool:
+def update_static(static: Static, content: Any, *, layout: bool = True) -> bool:
     """``static.update(content)`` unless it shows that already (a str or a rich ``Text``
     compares by value): a lane batch that changes nothing repaints, and lays out, nothing
-    (``Static.update`` lays out the whole screen). True when it was updated."""
+    (``Static.update`` lays out the whole screen). ``layout=False`` for a row whose height
+    does not depend on its text (a repaint only). True when it was updated."""
     if type(static.content) is type(content) and static.content == content:
         return False
-    static.update(content)
+    static.update(content, layout=layout)
     return True
 
 
@@ -274,8 +275,7 @@ class SessionPane(Vertical):
             visible_line(f"{session_id or ''}  {session.get('cwd', '')}  policy "
                          f"{session.get('approvalPolicy', '?')}  sandbox "
                          f"{session.get('sandbox', '?')}"),
-            style="dim", no_wrap=True, overflow="ellipsis")  # one row, cut with "…"
-        update_static(self.query_one("#session-header", Static), self._header)
+            style="dim", no_wrap=True, overflow="ellipsis")  # one row, cut with "…" by fit()
         self._show_calls(session.get("sessionId"), (lane or {}).get("tools") or {})
         recent = (lane or {}).get("recent") or []
         self._remember_commands((lane or {}).get("tools") or {})
@@ -304,11 +304,12 @@ class SessionPane(Vertical):
         """Share the rows (``client.tui.fit.share``): the running calls' output and the turn
         first, then the last result, then the recent list (which shrinks first)."""
         height = self.size.height
+        header = self.query_one("#session-header", Static)  # one row (CSS): a repaint
         if height <= 0:
-            update_static(self.query_one("#session-header", Static), self._header)
+            update_static(header, self._header, layout=False)
             update_static(self.query_one("#turn", Static), self._turn_full)
             return
-        update_static(self.query_one("#session-header", Static), cut(self._header, self.size.width))
+        update_static(header, cut(self._header, self.size.width), layout=False)
         views = self._views()
         result_box = self.query_one("#last-result", Static)
         result = 2 + len(self._result[1]) if self._result is not None else 0

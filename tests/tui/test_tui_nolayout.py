@@ -10,6 +10,8 @@ real calls, the app's own keys; a layout is counted where the screen performs on
 
 from __future__ import annotations
 
+import pytest
+
 from client.tui.app import DshApp
 from client.tui.calls import CallView
 from client.tui.commandline import CommandLine
@@ -56,7 +58,11 @@ def test_typing_in_the_command_line_lays_nothing_out_and_keeps_the_cursor_in_vie
     run_app(app, scenario, size=(100, 30))
 
 
-def test_a_busy_calls_lane_batches_lay_nothing_out(daemon, workdir):
+@pytest.mark.parametrize("size", [(120, 40), (80, 24)], ids=["wide", "narrow"])
+def test_a_busy_calls_lane_batches_lay_nothing_out(daemon, workdir, size):
+    """Narrow: the session pane's header (id, cwd, policy, sandbox) is wider than the pane
+    and shows cut with "…" -- once each batch set it whole and fit() set it cut again, two
+    layouts a batch."""
     gate = workdir / "stop"
     script = (f"n=0; while [ ! -e {gate} ]; do n=$((n+1)); echo line-$n; sleep 0.01; done")
     assert daemon.dsh("run", "--name", "busy", "--", "true", cwd=str(workdir)).returncode == 0
@@ -91,8 +97,12 @@ def test_a_busy_calls_lane_batches_lay_nothing_out(daemon, workdir):
             assert "line-" in shown
             assert layouts[0] == 0, f"{layouts[0]} layouts for {batches[0]} lane batches"
             assert repaints[0] == 0, f"the session pane repainted {repaints[0]} times"
+            if size == (80, 24):
+                header = app.query_one("#session-header").render()
+                assert str(header).endswith("…") or "…" in screen_text(app), \
+                    "the header is cut in the narrow case (what this case is for)"
         finally:
             gate.write_text("")
             proc.wait(timeout=60)
 
-    run_app(app, scenario)
+    run_app(app, scenario, size=size)
