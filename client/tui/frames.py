@@ -8,8 +8,9 @@ frame, measured by ``bench/bench_tui_latency.py`` under a 1 GiB flood:
   (Textual's ``TEXTUAL_FPS`` setting, 60 by default): a change waits for the grid's next
   tick, and when the tick before it drew a flood's redraw, for the one after. A key's frame
   waited up to two frames (13-48 ms) with nothing to do. ``dsh tui`` sets the cap to
-  ``MAX_FPS`` (240: the grid's wait is at most 4.2 ms), unless the person set
-  ``TEXTUAL_FPS`` themselves. The cap bounds how often a frame *may* be drawn; how often
+  ``MAX_FPS`` (1000: the grid's wait is at most 2 ms -- after a late frame Textual skips to
+  the next free tick, one to two ticks away, which at 240 was up to 8.3 ms), unless the
+  person set ``TEXTUAL_FPS`` themselves. The cap bounds how often a frame *may* be drawn; how often
   one *is* drawn stays bounded by each view's own rate (``OutputView.REDRAWS_PER_S``, the
   panes' one poll a second): nothing draws more because the cap is higher. Textual reads
   the setting once, when ``textual.constants`` is imported: :func:`set_frame_cap` runs in
@@ -35,8 +36,10 @@ import sys
 
 __all__ = ["MAX_FPS", "set_frame_cap", "freeze_long_lived", "thaw_long_lived"]
 
-#: The most frames a second Textual may draw (module doc): the grid's wait <= 1 / MAX_FPS.
-MAX_FPS = 240
+#: The most frames a second Textual may draw (module doc). After a frame that ran late
+#: Textual skips to the grid's next free tick (1-2 ticks away): at 1000 a key's frame waits
+#: at most 2 ms for it (8.3 ms at 240).
+MAX_FPS = 1000
 
 
 def set_frame_cap() -> int | None:

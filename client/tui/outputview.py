@@ -24,8 +24,9 @@ screen, each from its line's bytes decoded then and there, its ANSI colours pars
 ``rich.text.Text.from_ansi`` (each line on its own: a colour left on at a line's end is not
 carried to the next), after a carriage return only what follows it (as a terminal overwrites
 a progress line); drawn lines are cached by offset (``LINE_CACHE`` entries). While the view
-is at the bottom it follows the end; scrolled up it stays on the lines it shows while the
-window moves under it.
+is at the bottom it follows the end, with no scrollbar (Textual would draw it again on every
+redraw); scrolled up it shows its scrollbar and stays on the lines it shows while the window
+moves under it.
 
 Scroll-back beyond the window: Page Up (or Up, Home) at the top reads the ``SCROLLBACK_READ``
 bytes before the window with ``tool.read`` and puts them in front (the newest lines drop out
@@ -104,7 +105,7 @@ class OutputView(ScrollView, can_focus=True):
     """A call's raw output, following live, windowed (module doc)."""
 
     DEFAULT_CSS = """
-    OutputView { height: 1fr; overflow-x: hidden; }
+    OutputView { height: 1fr; overflow-x: hidden; overflow-y: hidden; }
     """
     BINDINGS = [
         Binding("up", "line_up", "Up", show=False),
@@ -142,14 +143,33 @@ class OutputView(ScrollView, can_focus=True):
         self.dropped_bytes = 0  # bytes never shown: gaps, and floods the view skipped
         #: Output comes faster than a redraw takes it: the tail is sampled (module doc).
         self.flooding = False
-        #: The view sits at the bottom and moves with new output (until scrolled up).
-        self.following = True
+        self._following = True  # ``following``: the scrollbar is hidden (CSS) while it is
         self._tick_pending = False
         self._yielded = 0  # frames in a row the redraw of new output waited for input
         self._busy = False  # a tool.read for scroll-back or End is under way
         self._cache: OrderedDict[tuple[int, int], Strip] = OrderedDict()
         self._style: Any = None  # the widget's rich style of the redraw under way
         self._width: int | None = None  # and its width in cells
+
+    @property
+    def following(self) -> bool:
+        """The view sits at the bottom and moves with new output (until scrolled up)."""
+        return self._following
+
+    @following.setter
+    def following(self, value: bool) -> None:
+        if value != self._following:
+            self._following = value
+            # The scrollbar shows only while scrolled back: at the end it tells nothing (the
+            # thumb sits at the bottom of a bounded window), and Textual draws it again on
+            # every redraw of new output -- under a flood as long as the output's own rows.
+            self.styles.overflow_y = "hidden" if value else "auto"
+
+    @property
+    def allow_vertical_scroll(self) -> bool:
+        """Scrolling is the view's own (following, scroll-back), with or without its
+        scrollbar shown (Textual ties the two: ``overflow-y: hidden`` forbids it)."""
+        return not self._check_disabled()
 
     # -- the client and the follow ----------------------------------------------------------
     @property

@@ -1,4 +1,4 @@
-"""``client.tui.frames``: ``dsh tui`` loads Textual with its frame cap (240 a second, a
+"""``client.tui.frames``: ``dsh tui`` loads Textual with its frame cap (1000 a second, a
 person's ``TEXTUAL_FPS`` kept, nothing leaked to child processes, the CLI loading no Textual
 before the command does) and freezes its long-lived objects while its screen is up.
 

@@ -1,7 +1,8 @@
 """A redraw of new output repaints the OutputView alone (issue 17, the keypress latency under
 a flood): the view's scrollable size follows its lines without a layout of the screen (a
 layout on every redraw cost a flood's frames tens of ms, which a key's frame waited behind),
-and the scrollbar and the bottom still follow the new lines. Real daemon, real call; the
+and the scroll and the bottom still follow the new lines (the scrollbar shows only once
+scrolled back). Real daemon, real call; the
 bytes are handed to the view the way its follow hands them (``_receive``)."""
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ def test_new_lines_resize_the_scroll_without_a_layout_and_show(daemon, workdir):
             async with app.run_test(size=(60, 12)) as pilot:
                 await until(lambda: view.ended, "the short call followed", pilot=pilot)
                 view._receive(view.position, b"".join(b"first-%d\n" % n for n in range(20)))
-                view._apply_pending()  # taller than the view: the scrollbar appears (a layout)
+                view._apply_pending()  # taller than the view: it scrolls
                 await pilot.pause()
-                assert view.show_vertical_scrollbar and not app.screen._layout_required
+                # Following the end it shows no scrollbar (drawn again on every redraw).
+                assert not view.show_vertical_scrollbar and not app.screen._layout_required
                 fresh = b"".join(b"line-%d\n" % n for n in range(40))
                 view._receive(view.position, fresh)
                 view._apply_pending()
@@ -34,11 +36,13 @@ def test_new_lines_resize_the_scroll_without_a_layout_and_show(daemon, workdir):
                 assert not view._layout_required
                 assert view.virtual_size.height == len(view.window)
                 assert view.max_scroll_y == len(view.window) - view.scrollable_content_region.height
-                assert view.vertical_scrollbar.window_virtual_size == len(view.window)
                 await until(lambda: any("line-39" in line for line in screen_lines(view)),
                             "the newest line shown at the bottom", pilot=pilot)
                 view.action_home_older()
                 await pilot.pause()
                 assert any(line.strip() == "1" for line in screen_lines(view)), \
                     "scrolled to the top of the window"
+                assert view.show_vertical_scrollbar, "scrolled back: the scrollbar shows"
+                assert view.vertical_scrollbar.window_virtual_size == len(view.window)
+                assert view.vertical_scrollbar.position == 0
     run_async(main)

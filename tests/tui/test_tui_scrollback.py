@@ -38,6 +38,9 @@ def test_the_focused_box_scrolls_back_and_stays_while_output_goes_on(daemon, wor
                 break
             await pilot.press("tab")
         assert box.has_focus or box.has_focus_within, app.focused
+        # Following the end, the box shows no scrollbar (Textual drew it again on every
+        # redraw of new output); scrolled back it does, and the keys scroll either way.
+        assert view.following and not view.show_vertical_scrollbar
         await pilot.press("pageup", "up", "up", "up")
         before = await until(pilot, lambda: shown(view), "lines shown")
         last = before[-1]
@@ -48,9 +51,11 @@ def test_the_focused_box_scrolls_back_and_stays_while_output_goes_on(daemon, wor
         await pilot.pause(0.2)
         assert shown(view) == before, "the box went on following the end"
         assert not view.following
+        assert view.show_vertical_scrollbar, "scrolled back: the scrollbar shows where"
         await pilot.press("end")
         await until(pilot, lambda: shown(view) and shown(view)[-1] > last + 3 * rows
                     and view.following, "End follows the end again")
+        assert not view.show_vertical_scrollbar
         await pilot.press("home")
         await until(pilot, lambda: shown(view)[:1] == [1], "Home: the first line")
         top = shown(view)
