@@ -160,15 +160,13 @@ class OutputView(ScrollView, can_focus=True):
     def following(self, value: bool) -> None:
         if value != self._following:
             self._following = value
-            # The scrollbar shows only while scrolled back: at the end it tells nothing (the
-            # thumb sits at the bottom of a bounded window), and Textual draws it again on
-            # every redraw of new output -- under a flood as long as the output's own rows.
+            # The scrollbar only while scrolled back (module doc): at the end it tells nothing,
+            # and Textual draws it again on every redraw, costly as the rows under a flood.
             self.styles.overflow_y = "hidden" if value else "auto"
 
     @property
     def allow_vertical_scroll(self) -> bool:
-        """Scrolling is the view's own (following, scroll-back), with or without its
-        scrollbar shown (Textual ties the two: ``overflow-y: hidden`` forbids it)."""
+        """Scrolling is the view's own, scrollbar shown or not (Textual ties the two)."""
         return not self._check_disabled()
 
     # -- the client and the follow ----------------------------------------------------------

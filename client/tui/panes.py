@@ -220,7 +220,6 @@ def update_static(static: Static, content: Any, *, layout: bool = True) -> bool:
     return True
 
 
-
 class SessionPane(Vertical):
     """The watched session: header, running calls, recent results, the turn."""
 
