@@ -171,8 +171,8 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # -- adopt room (issue 13, HOST.md §7): calls across a daemon restart ------------------
     #: What a daemon stop (SIGTERM, ``make stop``, systemctl) does to running calls: "detach"
     #: leaves their call hosts running (the next start re-adopts them; approvals are asked
-    #: again), "cancel" ends them (TOOL_CANCELLED). A ``session.close`` and idle eviction
-    #: always cancel. Also decides the host's ``on_daemon_loss`` ("keep" / "terminate").
+    #: again), "cancel" ends them (TOOL_CANCELLED). ``session.delete`` with ``force`` cancels
+    #: them whatever this says. Also decides the host's ``on_daemon_loss`` ("keep" / "terminate").
     on_stop: Literal["detach", "cancel"] = "detach"
     #: A re-asked approval (pending across a restart) waits this long for an answerer to
     #: attach before it is ``unavailable``, seconds: 0 .. 86400 (room asks).
