@@ -7,7 +7,9 @@ parameters. :func:`strip_controls` removes, in one regex pass, OSC (ended by BEL
 unended: to the end of the text), DCS/SOS/PM/APC strings, every CSI that is not a plain SGR
 (``ESC [ digits;… m``: cursor movement, erase, modes, private SGR such as ``ESC[>4;2m``),
 other escapes (``ESC ( B``, ``ESC 7``), 8-bit C1 controls and C0 controls but tab, line feed
-and carriage return (the line view handles ``\\r``). A full terminal is the attach screen.
+and carriage return (the line view handles ``\\r``); the bidi embeddings, overrides and
+isolates (U+202A-202E, U+2066-2069), which would reorder the rest of a line so that it reads
+as something else, show as ``\\uXXXX`` escapes. A full terminal is the attach screen.
 :func:`visible_text` is for text a person decides on (an approval's command): every character
 that reorders or hides text (bidi overrides and isolates, zero-width ones, controls) becomes a
 ``\\uXXXX`` escape, as ``dsh approvals`` shows it; it also escapes the line and paragraph
@@ -25,8 +27,9 @@ from __future__ import annotations
 import re
 
 from rich.markup import escape
+from rich.text import Text
 
-__all__ = ["strip_controls", "visible_text", "visible_line", "label"]
+__all__ = ["strip_controls", "output_line", "visible_text", "visible_line", "label"]
 
 _CONTROLS = re.compile(
     r"\x1b\][^\x07\x1b]*(?:\x07|\x1b\\|$)"      # OSC
@@ -35,14 +38,32 @@ _CONTROLS = re.compile(
     r"|\x1b\[[0-?]*[ -/]*[@-~]"                # any other CSI
     r"|\x1b[ -/]*[0-~]"                        # other escapes
     r"|\x1b$"                                  # a lone ESC at the end
-    r"|[\x00-\x08\x0b\x0c\x0e-\x1a\x1c-\x1f\x7f\x80-\x9f]")
+    r"|[\x00-\x08\x0b\x0c\x0e-\x1a\x1c-\x1f\x7f\x80-\x9f]"
+    "|([\u202a-\u202e\u2066-\u2069])")      # bidi embeddings, overrides, isolates: shown
+
+
+def _kept(match: re.Match) -> str:
+    sgr, bidi = match.group(1, 2)
+    return sgr or (f"\\u{ord(bidi):04x}" if bidi else "")
 
 
 def strip_controls(text: str) -> str:
-    """``text`` with every control sequence but SGR removed (module doc)."""
+    """``text`` with every control sequence but SGR removed, and the bidi controls that
+    reorder what follows them shown as ``\\uXXXX`` (module doc)."""
     if "\x1b" not in text and text.isprintable():
         return text
-    return _CONTROLS.sub(lambda m: m.group(1) or "", text)
+    return _CONTROLS.sub(_kept, text)
+
+
+def output_line(line: str) -> Text:
+    """One line of output as drawn: after a carriage return only what follows it (as a
+    terminal overwrites a progress line), SGR colours kept, tabs expanded."""
+    if "\r" in line:
+        line = line.rstrip("\r").rsplit("\r", 1)[-1]
+    text = Text.from_ansi(strip_controls(line), no_wrap=True, end="")
+    if "\t" in line:
+        text.expand_tabs()
+    return text
 
 
 # Bidi embeddings, overrides, isolates and marks, zero-width characters, line and paragraph

@@ -38,7 +38,9 @@ has (the per-call disk cap, ``firstOffset``) end the scroll-back there.
 The client is given (a ``client.api.Client``, or a callable returning the current one); when
 the connection is replaced, ``resume(client)`` follows again from the next offset not yet
 received: no byte is lost, none shown twice. The follow ends with the call's end
-(``ended``, ``exit_code``; an ``OutputView.Ended`` message is posted).
+(``ended``, ``exit_code``; an ``OutputView.Ended`` message is posted). While the window has
+fewer lines than a pane has rows, a change of its line count posts ``OutputView.Grew``: the
+session pane shares its rows by them (``SessionPane.fit``), not only on lane batches.
 """
 
 from __future__ import annotations
@@ -48,7 +50,6 @@ from typing import Any
 
 import anyio
 from rich.segment import Segment
-from rich.text import Text
 from textual.binding import Binding
 from textual.geometry import Size
 from textual.message import Message
@@ -57,7 +58,7 @@ from textual.strip import Strip
 
 from client.raw import READ_LIMIT, Broken, Chunk, End, Gap
 from client.transport import ConnectionLost, DshClientError
-from client.tui.ansi import strip_controls, visible_line
+from client.tui.ansi import output_line, visible_line
 from client.tui.tailbuffer import MAX_WINDOW_BYTES, MAX_WINDOW_LINES, LineWindow
 from protocol.rpc import RpcError
 
@@ -71,34 +72,25 @@ INITIAL_REPLAY = 256 * 1024
 SCROLLBACK_READ = 256 * 1024
 #: The most times a second incoming output is moved into the window and redrawn.
 REDRAWS_PER_S = 30
-#: The most received bytes waiting for the next redraw. A flood faster than this per redraw
-#: (7.5 MiB/s at 30 redraws a second) keeps its newest bytes and skips the rest: moving more
-#: into the window would cost the keypress its frame, and no one reads 30 MiB/s; what was
-#: skipped is read again from the daemon by scroll-back (End, Page Up) like older output.
+#: The most received bytes waiting for the next redraw. A flood faster than this a redraw
+#: (7.5 MiB/s at 30 a second) keeps its newest bytes and skips the rest (more would cost a
+#: key its frame); what was skipped is read again by scroll-back (End, Page Up).
 PENDING_BOUND = 256 * 1024
-#: Under a flood, how much of the output's end is read (``tool.read``) each redraw, and how
-#: many redraws a second: a full repaint costs Textual's compositor several ms, text that
-#: changes 10 times a second is as unreadable as at 30, and the keys get the frames between.
+#: Under a flood, how much of the output's end is read (``tool.read``) a redraw, and how many
+#: redraws a second (a repaint costs several ms; text changing 10 times a second is as
+#: unreadable as at 30, and the keys get the frames between).
 FLOOD_SAMPLE = 64 * 1024
 FLOOD_REDRAWS_PER_S = 10
 #: How many drawn lines are kept (by offset) so that a redraw does not parse them again.
 LINE_CACHE = 512
-#: Output yields to input: while the app has messages waiting (a key not yet handled) or
-#: the screen has something else to draw (a key's effect), a redraw of new output waits a
-#: frame, at most this many frames in a row (so a flood still shows while keys are held).
+#: Output yields to input (module doc): a redraw of new output waits a frame at most this
+#: many frames in a row (so a flood still shows while keys are held).
 YIELD_FRAMES = 6
 FRAME_S = 1 / 60
+#: A line count below this (more rows than a pane has) posts ``Grew`` when it changes.
+SHARE_LINES = 200
 
 assert SCROLLBACK_READ <= READ_LIMIT and INITIAL_REPLAY <= READ_LIMIT
-
-
-def _line_text(line: str) -> Text:
-    if "\r" in line:
-        line = line.rstrip("\r").rsplit("\r", 1)[-1]
-    text = Text.from_ansi(strip_controls(line), no_wrap=True, end="")  # SGR only
-    if "\t" in line:
-        text.expand_tabs()
-    return text
 
 
 class OutputView(ScrollView, can_focus=True):
@@ -122,6 +114,9 @@ class OutputView(ScrollView, can_focus=True):
         def __init__(self, view: "OutputView", exit_code: int | None) -> None:
             super().__init__()
             self.view, self.exit_code = view, exit_code
+
+    class Grew(Message):
+        """The line count changed below ``SHARE_LINES``: rows shared by it are shared again."""
 
     def __init__(self, client: Any, session_id: str, call_id: str, *, name: str | None = None,
                  id: str | None = None, classes: str | None = None) -> None:
@@ -217,8 +212,7 @@ class OutputView(ScrollView, can_focus=True):
         self.refresh()
 
     async def _drain(self, follow: Any) -> bool:
-        """Take one follow's items; True to go on (Broken: follow again; a flood: sample the
-        tail), False when the call ended."""
+        """Take one follow's items; True to go on (Broken, or a flood), False at the end."""
         async for item in follow:
             if isinstance(item, Chunk):
                 self._receive(item.offset, item.data)
@@ -239,9 +233,8 @@ class OutputView(ScrollView, can_focus=True):
         return False
 
     async def _sample_tail(self, client: Any) -> None:
-        """A flood: instead of every byte, the last ``FLOOD_SAMPLE`` bytes before the end,
-        read each redraw, until the output grows by less than ``PENDING_BOUND`` a redraw
-        (then the follow goes on, lossless, from the last byte sampled)."""
+        """A flood: the last ``FLOOD_SAMPLE`` bytes before the end, read each redraw, until
+        the output grows by less than ``PENDING_BOUND`` a redraw (module doc)."""
         while True:
             await anyio.sleep(1 / FLOOD_REDRAWS_PER_S)
             probe = await client.read_output(self.session_id, self.call_id,
@@ -296,10 +289,9 @@ class OutputView(ScrollView, can_focus=True):
         self._apply_pending()
 
     def _input_waits(self) -> bool:
-        """A key is on its way to the screen: the app (keys from the driver), the focused
-        widget (the key's target) or the screen has messages not yet handled, or a change
-        not yet drawn; a redraw of output now would go into, and delay, that frame. (Textual
-        has no public way to ask: these are its queues and refresh flags.)"""
+        """A key is on its way to the screen: the app, the focused widget or the screen has
+        messages not yet handled, or a change not yet drawn (Textual's queues and refresh
+        flags: it has no public way to ask)."""
         app, screen = self.app, self.screen
         focused = app.focused
         for pump in (app, screen, focused):
@@ -332,11 +324,13 @@ class OutputView(ScrollView, can_focus=True):
         self.refresh()
 
     def _size_virtual(self) -> None:
-        """The scrollable size follows the window's line count. Set without a layout: the
-        view's own size (CSS) does not depend on it, and a layout of the whole screen on
-        every redraw of new output (the reactive's default) costs a flood's frames tens of
-        ms, which a key's frame waits behind; the scrollbars are updated here instead."""
+        """The scrollable size follows the window's line count, set without a layout (the
+        view's own size does not depend on it; a layout of the screen on every redraw cost a
+        flood's frames tens of ms); the scrollbars are updated here instead."""
         size = Size(self.scrollable_content_region.width, len(self.window))
+        if size.height != self.virtual_size.height and min(size.height, self.virtual_size.height) \
+                < SHARE_LINES:
+            self.post_message(self.Grew())
         if size != self.virtual_size:
             self.set_reactive(ScrollView.virtual_size, size)
             self._scroll_update(size)
@@ -384,7 +378,7 @@ class OutputView(ScrollView, can_focus=True):
         if line.isascii() and line.isprintable():
             cells = line[:width]
             return Strip([Segment(cells.ljust(width), style)], width)
-        text = _line_text(line)
+        text = output_line(line)
         text.stylize_before(style)  # under the ANSI colours
         return Strip(text.render(self.app.console), text.cell_len).crop_extend(0, width, style)
 
@@ -395,8 +389,7 @@ class OutputView(ScrollView, can_focus=True):
 
     # -- keys: scroll, scroll back, follow --------------------------------------------------
     def _move(self, rows: int) -> None:
-        """Scroll by ``rows`` (negative: up); past the top, read older output and go on
-        moving up into it once it is there."""
+        """Scroll by ``rows`` (negative: up); past the top, read older output, then go on."""
         beyond = self.scroll_y + rows
         if rows < 0 and beyond < 0:
             self._load_older(beyond)

@@ -2,12 +2,11 @@
 
 Theory of operation: each pane is fed a plain value and renders it; none of them talks to
 dshd. :class:`SessionsPane` takes the ``session.list`` answer (``SessionInfo`` structs), labels
-each session as the web page does (name, else title, else id: ``session_label``; the session
-pane's header carries the id; a label two sessions share gets its cwd's last part, else its
-id; a compact status: ``▶N`` running, ``!N`` asking, the last exit; the pane 40 cells wide at
-most, 60 on a terminal of ``WIDE_AT`` columns, where the cwd fits) and keeps its cursor on the same session across updates (rows keyed by session id, newest first
-by creation, so rows do not jump while sessions work); a poll updates only the cells that
-changed, so an unchanged list (the usual 1 s poll) repaints nothing; likewise the other
+each session as the web page does (name, else title, else id: ``session_label``; a label two
+sessions share gets its cwd's last part, else its id; a compact status: ``▶N`` running, ``!N``
+asking, the last exit; 40 cells wide at most, 60 on a terminal of ``WIDE_AT`` columns) and
+keeps its cursor on the same session across updates (rows keyed by session id, newest first
+by creation, so rows do not jump); a poll updates only the cells that changed, and the other
 panes update a text only when it changed (``update_static``: ``Static.update`` lays out the
 whole screen, and a key's frame would wait behind it).
 :class:`SessionPane` takes one lane view (PROTOCOL.md §3.3) and shows the session's header,
@@ -15,14 +14,14 @@ one ``client.tui.calls.CallView`` per running call (mounted and removed as calls
 go; the ``LIVE_VIEWS`` newest follow their raw output live, the others show the tail of the
 lane's bounded window), the recent results (status word first, then the command: kept from
 the ``tools`` entry while the call ran, else read from the log's ``tool/call`` in a worker,
-bounded by ``COMMANDS_KEPT``), the
-result of the last command typed on the command line (its output, however fast it ended) and
-the turn's streaming text (an ended turn's whole last text read back from the log:
-``client.tui.turnlog``); its rows are shared by priority (``client.tui.fit``: the running
-calls' output first, newest box first, ``+N more running`` for the boxes that do not fit;
-a one-row header) on each batch and resize. :class:`ApprovalsBar` (``client.tui.approvals``, re-exported here)
-shows the oldest pending request of the lane's ``approvals``, whole, and is hidden when there
-is none; its buttons (mouse) do what its keys do.
+bounded by ``COMMANDS_KEPT``), the result of the last command typed on the command line (its
+output, however fast it ended) and the turn's streaming text (an ended turn's whole last text
+read back from the log: ``client.tui.turnlog``); its rows are shared by priority
+(``client.tui.fit``: the running calls' output first, newest box first, ``+N more running``
+for the boxes that do not fit; a one-row header) on each batch, resize and live box's change
+of line count (``OutputView.Grew``). :class:`ApprovalsBar` (``client.tui.approvals``,
+re-exported here) shows the oldest pending request of the lane's ``approvals``, whole, and is
+hidden when there is none; its buttons (mouse) do what its keys do.
 """
 
 from __future__ import annotations
@@ -39,10 +38,13 @@ from textual.widgets import DataTable, Static
 
 from rich.markup import escape
 
-from client.tui.ansi import label, visible_line, visible_text
+from client.tui.ansi import label, visible_line
 from client.tui.approvals import ApprovalsBar, oldest_approval
 from client.tui.calls import LIVE_VIEWS, CallView, call_command
 from client.tui.fit import cut, head_line, result_lines, share
+from client.tui.outputview import OutputView
+from client.tui.sessiontext import (RECENT_SHOWN, exit_word, recent_text, status_word,
+                                    turn_text)
 from client.tui.turnlog import call_commands, final_text
 from client.transport import ConnectionLost, DshClientError
 from protocol.rpc import RpcError
@@ -52,17 +54,10 @@ __all__ = ["SessionsPane", "SessionPane", "ApprovalsBar", "session_row", "sessio
            "oldest_approval",
            "RECENT_SHOWN", "status_word", "update_static"]
 
-#: Recent results listed in the session pane, as rows allow (the lane keeps ≤ 20).
-RECENT_SHOWN = 20
 #: Commands of calls remembered (seen running, or read from the log) for the recent list.
 COMMANDS_KEPT = 512
 #: Sessions whose last typed command's result is kept (each shows only in its own session).
 RESULTS_KEPT = 64
-#: Short words for the error codes (EXEC.md), so a narrow column stays readable.
-STATUS_WORDS = {"APPROVAL_REJECTED": "rejected", "APPROVAL_CANCELLED": "cancelled",
-                "APPROVAL_UNAVAILABLE": "no answer", "TOOL_CANCELLED": "cancelled",
-                "TOOL_FAILED": "failed", "TOOL_NOT_STARTED": "not started",
-                "TOOL_OUTCOME_UNKNOWN": "unknown", "TOOL_TIMEOUT": "timed out"}
 #: The sessions pane's columns: the counts before the cwd, so a long path never hides them.
 COLUMNS = ("name", "status", "cwd")
 #: The widest cwd shown (cells): longer ones keep their end, after "…".
@@ -110,7 +105,7 @@ def session_row(info: SessionInfo) -> tuple[str, ...]:
     pending = _v(info.pending_approvals, 0)
     status = " ".join(part for part in (f"▶{running}" if running else "",
                                         f"!{pending}" if pending else "",
-                                        label(_exit_word(_v(info.last_exit, "")))) if part)
+                                        label(exit_word(_v(info.last_exit, "")))) if part)
     return (escape(session_label(info.name, info.title, info.session_id)), status,
             escape(short_path(visible_line(_v(info.cwd, "")))))
 
@@ -134,21 +129,6 @@ def session_rows(sessions: list[SessionInfo]) -> list[tuple[str, ...]]:
         again[row[0]] = again.get(row[0], 0) + 1
     return [(f"{first[0]} · {info.session_id}", *row[1:]) if again[row[0]] > 1 else row
             for info, first, row in zip(sessions, rows, told)]
-
-
-def status_word(entry: dict[str, Any]) -> str:
-    """A result's status in a few letters: ``exit N``, or a word for its error code."""
-    code = entry.get("errorCode")
-    if code:
-        return STATUS_WORDS.get(str(code), str(code).lower().replace("_", " "))
-    return f"exit {entry.get('exitCode')}"
-
-
-def _exit_word(last: Any) -> str:
-    """A session's last exit (an exit code, or an error code: its word)."""
-    if isinstance(last, str) and last and not last.lstrip("-").isdigit():
-        return STATUS_WORDS.get(last, last.lower().replace("_", " "))
-    return str(last)
 
 
 class SessionsPane(DataTable):
@@ -286,6 +266,10 @@ class SessionPane(Vertical):
         self.fit()
 
     def on_resize(self) -> None:
+        self.fit()
+
+    def on_output_view_grew(self, event: OutputView.Grew) -> None:
+        event.stop()
         self.fit()
 
     def _rows(self, text: Text | None) -> list[Text]:
@@ -471,30 +455,3 @@ class SessionPane(Vertical):
     def call_ids(self) -> list[str]:
         return list(((self.lane or {}).get("tools") or {}))
 
-
-def recent_text(recent: list[dict[str, Any]], commands: dict[str, str] | None = None) -> Text:
-    """The last results, one line each: the status first (always seen), then the command
-    (else the tool's name and call id), cut at the pane's edge."""
-    text = Text("recent: ", style="bold", no_wrap=True, overflow="ellipsis")
-    if not recent:
-        return text.append("none", style="dim")
-    for entry in recent[:RECENT_SHOWN]:
-        command = (commands or {}).get(str(entry.get("callId")))
-        style = "red" if entry.get("isError") else "green"
-        text.append("\n  ")
-        text.append(f"{visible_line(status_word(entry)):<10}", style=style)
-        text.append(visible_line(command if command
-                                 else f"{entry.get('name')} {entry.get('callId')}"))
-    return text
-
-
-def turn_text(turn: dict[str, Any] | None) -> Text:
-    if not turn:
-        return Text("no turn running (ctrl+t: chat mode, or type '> text')", style="dim")
-    text = Text(visible_line(f"turn {turn.get('turnId')} · {turn.get('state')} · step "
-                             f"{turn.get('step')}") + "\n", style="bold")
-    text.append(visible_text(str(turn.get("text") or "")))
-    for call in turn.get("calls") or []:
-        text.append("\n  → " + visible_line(f"{call.get('name')} {call.get('callId')} "
-                                            f"{call.get('state')}"), style="dim")
-    return text

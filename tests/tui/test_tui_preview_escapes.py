@@ -29,10 +29,23 @@ def test_strip_controls_keeps_sgr_and_drops_the_rest():
     assert strip_controls("plain\ttext\r\n") == "plain\ttext\r\n"
 
 
+def test_bidi_controls_in_output_show_as_escapes():
+    """An override or isolate would make the rest of the line read as something else (the
+    "Trojan Source" trick: ``rm -rf`` shown reversed); each shows as its escape, while
+    right-to-left text itself and other non-ASCII text are drawn as they are."""
+    from client.tui.ansi import strip_controls
+
+    line = "ok \u202eflog\u202c \u2066isolated\u2069 \u202a\u202b\u202d \u05e9\u05dc\u05d5\u05dd é"
+    assert strip_controls(line) == ("ok \\u202eflog\\u202c \\u2066isolated\\u2069 "
+                                    "\\u202a\\u202b\\u202d \u05e9\u05dc\u05d5\u05dd é")
+    assert strip_controls("\x1b[31m\u202e\x1b[0m") == "\x1b[31m\\u202e\x1b[0m"
+
+
 def test_a_calls_preview_has_no_title_leftovers(daemon, workdir):
     gate = workdir / "go"
     script = ("printf '\\033]0;tester16@vm: ~/src/cproj\\007visible-line "
               "\\033[31mred-word\\033[0m\\033[2K\\n'; "
+              "printf 'bidi-line \\342\\200\\256reversed\\n'; "  # U+202E in UTF-8
               f"while [ ! -e {gate} ]; do sleep 0.05; done")
     app = DshApp(socket=daemon.socket)
 
@@ -49,6 +62,9 @@ def test_a_calls_preview_has_no_title_leftovers(daemon, workdir):
             rows = [line.strip("│ ") for line in shown.splitlines()
                     if "visible-line red-word" in line]  # output rows (not the $ command)
             assert rows and all(row.startswith("visible-line red-word") for row in rows), shown
+            await until(pilot, lambda: "bidi-line \\u202ereversed" in screen_text(app),
+                        "the override shown as its escape")
+            assert "\u202e" not in screen_text(app)
         finally:
             gate.write_text("")
             proc.wait(timeout=60)
