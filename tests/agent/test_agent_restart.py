@@ -31,7 +31,10 @@ class Ev(NamedTuple):
     data: dict
 
 
-BUILD = "echo ran >> marker.txt; sleep 4; echo built-$((6 * 7))"
+# Runs until the test opens its gate (the file ``go``) once dshd is back: a fixed sleep ended
+# before a slow restart did (the call then ended while dshd was away). Bounded: 60 s.
+BUILD = ("echo ran >> marker.txt; i=0; while [ ! -e go ] && [ $i -lt 1200 ]; do sleep 0.05; "
+         "i=$((i+1)); done; echo built-$((6 * 7))")
 
 
 @pytest.fixture
@@ -100,6 +103,7 @@ async def test_a_turn_waiting_on_a_long_call_resumes_after_a_restart(root, workd
         await wait_until(marker.exists)
         daemon.kill9() if how == "kill9" else daemon.stop()
         daemon.start()
+        (workdir / "go").write_text("")  # the build ends now, with dshd running
         async with connect(daemon.socket) as c:
             end = await wait_turn_end(c, sid, turn_id)
             events = await events_of(c, sid)
