@@ -6,8 +6,10 @@ its sentence as the content; one that ran has its output as the content and the 
 ``message``. A command's outcome (:func:`outcome_result`) is an error when its exit code is
 not 0 or it timed out, was cancelled or failed (a timeout's or a cancel's ``error``, a call
 host killed for not answering, is added to its ``message``); the sandbox's note says when
-confinement was partial. A call settled from the exit record of a host that ended while no daemon ran carries
-:data:`FINISHED_WHILE_DOWN` in its ``message`` (HOST.md §7).
+confinement was partial. A call settled from the exit record of a host whose command ended
+while no daemon ran -- its ``endedAt`` before this daemon started (:func:`while_down_note`) --
+carries :data:`FINISHED_WHILE_DOWN` in its ``message`` (HOST.md §7); one that ended after the
+start, before the daemon re-attached, carries no note: nothing of it was missed.
 """
 
 from __future__ import annotations
@@ -24,6 +26,18 @@ from ..results import sentence
 #: The note of a result settled from its host's exit record after a restart (HOST.md §7).
 FINISHED_WHILE_DOWN = ("dshd was not running when the command ended (or lost its record of the "
                        "end); its output and exit code were recorded by its call host")
+
+
+def while_down_note(exit_record: dict | None, since: float) -> str | None:
+    """:data:`FINISHED_WHILE_DOWN` when the exit record says the command ended before
+    ``since`` (Unix time this daemon started) or does not say when; None when it ended while
+    this daemon ran (re-attaching to its host, or its session not yet open) or has not ended."""
+    if exit_record is None:
+        return None
+    ended = exit_record.get("endedAt")
+    if isinstance(ended, (int, float)) and not isinstance(ended, bool) and ended >= since:
+        return None
+    return FINISHED_WHILE_DOWN
 
 
 def zero_truncation(config: Config) -> Truncation:

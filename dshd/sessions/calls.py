@@ -479,15 +479,17 @@ class CallTable:
 
         self.host.spawn(self._run, call, lambda c: self._pipeline(c, gate))
 
-    def adopt(self, call_id: str, record: dict | None, exit_record: dict | None) -> None:
+    def adopt(self, call_id: str, record: dict | None, exit_record: dict | None,
+              since: float) -> None:
         """Re-adopt a logged call whose host outlived the daemon (``record``: its live
-        ``host.json``) or settle it from its host's ``exit_record`` (``dshd.sessions.resumed``)."""
+        ``host.json``) or settle it from its host's ``exit_record`` (``dshd.sessions.resumed``;
+        ``since``: when this daemon started)."""
         call = resumed.rebuild(self, call_id, "exec", "running")
-        self.host.spawn(self._run_adopted, call, record, exit_record)
+        self.host.spawn(self._run_adopted, call, record, exit_record, since)
 
     async def _run_adopted(self, call: Call, record: dict | None,
-                           exit_record: dict | None) -> None:
-        await self._run(call, lambda c: resumed.run_adopted(self, c, record, exit_record))
+                           exit_record: dict | None, since: float) -> None:
+        await self._run(call, lambda c: resumed.run_adopted(self, c, record, exit_record, since))
 
     def sync_outputs(self, publisher_task: bool) -> None:
         """Copy changed capture state onto the lane (the publisher's ``before_flush``)."""

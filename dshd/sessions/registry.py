@@ -114,6 +114,9 @@ DAMAGED_MAX = 65_536
 class SessionRegistry:
     def __init__(self, config: Config, state_dir: Path, sandbox, daemon_lock=None) -> None:
         self.config = config
+        #: Unix time this daemon started (its registry was made): a call's command that ended
+        #: before it ended while no daemon ran (HOST.md §7).
+        self.started = time.time()
         #: The daemon's `DaemonLock` (None in tests that build a registry without one).
         self._daemon_lock = daemon_lock
         self._moved_logged = False
@@ -415,6 +418,7 @@ class SessionRegistry:
         limits = ShellOutputLimits(max_bytes=self.config.output_max_bytes,
                                    max_lines=self.config.output_max_lines)
         plan.windows = await tail_windows(session_dir, plan.unknown, limits)
+        plan.since = self.started
         return plan
 
     async def delete(self, session_id: str, *, force: bool, by: int | None, why: str) -> dict:

@@ -15,7 +15,10 @@ and ``tool.cancel`` reaches it). Then:
   naming its death; one that cannot be reached is killed and settles ``TOOL_FAILED``.
 * **finished** (its host ended while no daemon ran): the outcome is the host's exit record
   (``dshd.execution.hosted.finished_outcome``), the output read from the log, and the result's
-  ``message`` says so (:data:`~dshd.sessions.call_results.FINISHED_WHILE_DOWN`).
+  ``message`` says so (:data:`~dshd.sessions.call_results.FINISHED_WHILE_DOWN`) when its
+  ``endedAt`` is before this daemon started (``plan.since``); a command that ended after the
+  start, before its session opened or its host was re-attached, has no such note. So has a
+  lingering adopted host whose command ended while no daemon ran.
 * **reask** (its approval was pending): ``CallTable.reask`` runs the usual pipeline with
   ``ApprovalDesk.reask`` as the gate (room asks).
 
@@ -57,9 +60,9 @@ async def resume(table: CallTable, plan, session) -> None:
     every other call dir settled (:func:`mark_dirs_settled`, a worker thread)."""
     if plan:
         for call_id, record in plan.adopt.items():
-            table.adopt(call_id, record, None)
+            table.adopt(call_id, record, None, plan.since)
         for call_id, exit_record in plan.finished.items():
-            table.adopt(call_id, None, exit_record)
+            table.adopt(call_id, None, exit_record, plan.since)
         for call_id, approval_id in plan.reask.items():
             table.reask(call_id, approval_id)
         for turn_id in sorted(plan.turns):
@@ -113,10 +116,10 @@ def rebuild(table: CallTable, call_id: str, stage: str, state: str) -> Call:
 
 
 async def run_adopted(table: CallTable, call: Call, record: dict | None,
-                      exit_record: dict | None) -> ToolResult | None:
+                      exit_record: dict | None, since: float) -> ToolResult | None:
     """Run a re-adopted call to its result (``record``: its live host's ``host.json``), or
-    settle one whose host ended while no daemon ran (``exit_record``); None when it was
-    detached again by a daemon stop."""
+    settle one whose host ended before its session opened (``exit_record``); None when it was
+    detached again by a daemon stop. ``since``: when this daemon started (the note)."""
     call_dir = table.call_dir(call.call_id)
     notes = (record or host_record(call_dir) or {}).get("daemon") or {}
     completeness = str(notes.get("completeness") or "full")
@@ -128,11 +131,12 @@ async def run_adopted(table: CallTable, call: Call, record: dict | None,
             cwd=table.log.header.cwd)
         return call_results.outcome_result(
             call.call_id, call.arguments, call.capture, outcome, completeness,
-            table.sandbox.name, table.stopping, note=call_results.FINISHED_WHILE_DOWN)
+            table.sandbox.name, table.stopping,
+            note=call_results.while_down_note(exit_record, since))
     assert record is not None
     call.keeps = record.get("onDaemonLoss") == "keep"
     # A lingering host whose command ended while no daemon ran: its result says so.
-    note = call_results.FINISHED_WHILE_DOWN if record_on_disk(call_dir) is not None else None
+    note = call_results.while_down_note(record_on_disk(call_dir), since)
     call.pending = PendingOutput(table.dir, call.call_id)
 
     def hosted(handle: HostHandle) -> None:

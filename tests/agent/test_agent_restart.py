@@ -31,8 +31,9 @@ class Ev(NamedTuple):
     data: dict
 
 
-# Runs until the test opens its gate (the file ``go``) once dshd is back: a fixed sleep ended
-# before a slow restart did (the call then ended while dshd was away). Bounded: 60 s.
+# Runs until the test opens its gate (the file ``go``) once dshd is back, so the command ends
+# while dshd runs (a fixed sleep could end before a slow restart did). Bounded: 60 s. It may end
+# before the host is re-attached: its result must not then say dshd was away.
 BUILD = ("echo ran >> marker.txt; i=0; while [ ! -e go ] && [ $i -lt 1200 ]; do sleep 0.05; "
          "i=$((i+1)); done; echo built-$((6 * 7))")
 

@@ -216,6 +216,41 @@ def test_a_host_that_ended_while_the_daemon_was_down_settles_from_exit_json(rest
     assert result["content"] == "1\n2\n3\n"
 
 
+def test_a_command_that_ended_after_the_start_has_no_while_down_note(restartable, work):
+    """The note says dshd was not running when the command ended only when its ``endedAt`` is
+    before this daemon started. Two sessions' commands wait for a gate the test opens after the
+    restart, under ``max_sessions = 1``: the first id's session opens at the start and re-adopts
+    its host; the other opens only when asked, after its command ended (it is settled from
+    ``exit.json``, as a call that ended while no daemon ran would be). Neither result has the
+    note: dshd was running when both ended (CI saw it on a call re-adopted just after it ended)."""
+    d = restartable()
+    rpc = d.rpc()
+    calls, names = {}, {}
+    for name in ("a", "b"):
+        sid = rpc.session(work)
+        names[sid] = name
+        calls[sid] = rpc.start(sid, f"echo {name} >> {work / 'started'}; "
+                                    f"while [ ! -e {work / 'go'} ]; do sleep 0.05; done; "
+                                    f"echo {name}; exit 4")
+    wait_for(lambda: (work / "started").exists()
+             and len((work / "started").read_text().split()) == 2, "both commands started")
+    rpc.close()
+    assert d.stop(signal.SIGTERM) == 0
+    (d.root / "dshd.toml").write_text("max_sessions = 1\n")
+    d.start()
+    (work / "go").write_text("")
+    rpc = d.rpc()
+    first, later = sorted(calls)
+    for sid in (first, later):  # the first settles before the later one may open (the bound)
+        cid = calls[sid]
+        if sid == later:
+            wait_for(lambda: (call_dir(d, sid, cid) / "exit.json").exists(), "exit.json")
+        result = rpc.wait(sid, cid)
+        assert result["exitCode"] == 4 and "errorCode" not in result, result
+        assert "not running" not in result.get("message", ""), result
+        assert result["content"] == f"{names[sid]}\n", result
+
+
 @pytest.mark.parametrize("sidecar", ["kept", "lost"])
 def test_a_host_killed_while_the_daemon_was_down_is_outcome_unknown(restartable, work, sidecar):
     """The host died too (kill -9 while no daemon ran): ``TOOL_OUTCOME_UNKNOWN`` with the last
