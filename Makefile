@@ -37,7 +37,7 @@ SERVICE_ENV   = PYTHON=$(PYTHON) PREFIX=$(PREFIX) UNITDIR=$(UNITDIR) DOCDIR=$(DO
 # How long `make stop` waits for dshd to exit (it settles calls and flushes in < 10 s).
 STOP_WAIT    ?= 20
 
-.PHONY: install install-test run start stop status test bench crash-test clean \
+.PHONY: install install-test bytecode run start stop status test bench crash-test clean \
         install-system uninstall-system install-user uninstall-user day vendor-web
 
 $(BIN)/python:
@@ -57,8 +57,14 @@ install: $(VENV)/.installed
 
 install-test: $(VENV)/.installed-test
 
+# Bytecode of the project's own packages (the editable install leaves none): where
+# PYTHONDONTWRITEBYTECODE is set, as on CI machines, every dshd, dsh and call host compiled
+# them from source again at each start. compileall redoes only what changed.
+bytecode: | $(BIN)/python
+	@$(BIN)/python -m compileall -q -j 0 protocol dshd client
+
 # Start dshd in the background (embedded defaults; socket and state under ./.run), unless running.
-start: install
+start: install bytecode
 	@mkdir -p $(RUNDIR)
 	@if $(BIN)/dsh status >/dev/null 2>&1; then echo "dshd already running at $$DSH_SOCKET"; else \
 	  env -u MAKELEVEL -u MAKEFLAGS -u MFLAGS -u MAKE_TERMOUT -u MAKE_TERMERR nohup $(BIN)/dshd --log-format json >>$(RUNDIR)/dshd.log 2>&1 & \
@@ -100,10 +106,10 @@ stop:
 	elif [ "$$n" -gt 0 ]; then echo "stopped dshd (pid $$pid); $$n tool call(s) keep running in their call hosts: the next 'make start' re-adopts them (list: $(BIN)/python -m dshd hosts; end: make clean CANCEL=1)"; \
 	else echo "stopped dshd (pid $$pid)"; fi
 
-test: install-test
+test: install-test bytecode
 	$(BIN)/python -m pytest -q -n 4 --dist loadfile
 
-bench: install-test
+bench: install-test bytecode
 	$(BIN)/python -m bench
 
 # Kill -9 campaign (STORAGE.md, HOST.md §7): >= 300 SIGKILLs of dshd under load, half of them

@@ -4,7 +4,9 @@ Theory of operation: the ``[model]`` table names a provider; :func:`open_provide
 for the duration of one turn (the openai-compatible provider's HTTP connection pool lives
 exactly as long as the turn that uses it; the scripted one loads its script). It sits apart
 from ``model`` (the interface both providers implement), so that the providers depend on the
-interface and nothing depends back.
+interface and nothing depends back. The openai-compatible provider (httpx, stamina: about
+half a second of imports) is imported by the first turn that uses it, not by every daemon
+start.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from typing import AsyncIterator
 
 from ..config import ModelConfig
 from .model import Provider
-from .openai import OpenAICompatible
 from .scripted import Scripted
 
 
@@ -23,6 +24,8 @@ async def open_provider(config: ModelConfig) -> AsyncIterator[Provider]:
     """The configured provider, open for one turn. Raises ModelError when it cannot start
     (a missing or malformed script, for instance)."""
     if config.provider == "openai-compatible":
+        from .openai import OpenAICompatible  # module doc: on first use
+
         async with OpenAICompatible.open(config) as provider:
             yield provider
     else:
