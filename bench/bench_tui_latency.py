@@ -70,6 +70,9 @@ FRAME_S = 1 / 60
 FLOOD = "head -c {size} /dev/urandom | base64"
 #: The same flood at a lower CPU priority (both of its processes): whether what is left above
 #: a frame is this machine's scheduling (the flood's processes taking both cores from the TUI).
+#: Where the kernel groups tasks by session (``/proc/sys/kernel/sched_autogroup_enabled``), a
+#: nice inside the call's own session weighs it only against that session's other processes,
+#: not against the TUI's: the two conditions then differ by noise.
 NICE_FLOOD = "nice -n 10 sh -c '" + FLOOD + "'"
 
 
