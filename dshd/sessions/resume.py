@@ -75,8 +75,9 @@ class ResumePlan:
     #: The events of the turn that resumes, from its ``turn/start`` on (``resume_turn``'s).
     turn_events: list[Any] = field(default_factory=list)
     #: Unix time this daemon started: a command that ended before it ended while no daemon ran
-    #: (``dshd.sessions.call_results.while_down_note``).
-    since: float = 0.0
+    #: (``dshd.sessions.call_results.while_down_note``). The registry sets it; unset, every
+    #: exit record counts as one from while no daemon ran.
+    since: float = float("inf")
 
     @property
     def keep_calls(self) -> frozenset[str]:

@@ -13,12 +13,13 @@ and ``tool.cancel`` reaches it). Then:
   new call would: ``tool.wait``/``follow``/``read``/``write``/``resize``/``signal``/``cancel``
   work through ``Call.host``. A host that dies while the daemon is up settles ``TOOL_FAILED``
   naming its death; one that cannot be reached is killed and settles ``TOOL_FAILED``.
-* **finished** (its host ended while no daemon ran): the outcome is the host's exit record
-  (``dshd.execution.hosted.finished_outcome``), the output read from the log, and the result's
-  ``message`` says so (:data:`~dshd.sessions.call_results.FINISHED_WHILE_DOWN`) when its
-  ``endedAt`` is before this daemon started (``plan.since``); a command that ended after the
-  start, before its session opened or its host was re-attached, has no such note. So has a
-  lingering adopted host whose command ended while no daemon ran.
+* **finished** (its host ended before its session was opened): the outcome is the host's
+  exit record (``dshd.execution.hosted.finished_outcome``) and the output read from the log.
+  The result's ``message`` says dshd was not running when the command ended
+  (:data:`~dshd.sessions.call_results.FINISHED_WHILE_DOWN`) only when the record's
+  ``endedAt`` is before this daemon started (``plan.since``): a command that ended after the
+  start, before its session opened or its host was re-attached, has no note. An adopted host
+  still lingering after a command that ended before the start has the note too.
 * **reask** (its approval was pending): ``CallTable.reask`` runs the usual pipeline with
   ``ApprovalDesk.reask`` as the gate (room asks).
 
