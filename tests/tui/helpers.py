@@ -92,7 +92,9 @@ async def answer(pilot: Any, app: DshApp, key: str) -> None:
             break
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {BOUND_S} s: the bar focused and its request "
-                                 f"armed (focus: {app.focused!r})")
+                                 f"armed (focus: {app.focused!r}; request shown: "
+                                 f"{bar.approval is not None}, elsewhere: {bar.elsewhere}, "
+                                 f"armed: {bar.armed()}, screen: {app.screen!r})")
         await pilot.pause(0.1)
     await pilot.press(key)
 
