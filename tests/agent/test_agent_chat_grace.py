@@ -54,7 +54,8 @@ def chat_killed_while_asked(daemon, workdir, tmp_path) -> tuple[str, Pane]:
     pidfile = tmp_path / "chat.pid"
     pane.run(f"sh -c 'echo $$ > {pidfile}; exec dsh chat --name ch4 look around'")
     pane.until(r"run it\? \[y/N\]")
-    sid = pane.until(r"^session (\w+)").group(1)
+    # The shell's "# " prompt may land before the line when it was late (a loaded machine).
+    sid = pane.until(r"^(?:[#$] )?session (\w+)").group(1)
     os.kill(int(pidfile.read_text()), signal.SIGKILL)
     pane.until(r"^DONE1-")
     return sid, pane
