@@ -17,7 +17,6 @@ closing one stream, the bounds on refusing one connection. How it meets systemd'
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -138,7 +137,7 @@ class Daemon:
         self.refusing_peers = 0  # peers being refused -32001; they hold a connection slot
         self.line_budget = LineBudget(config.max_buffered_bytes)
         self.parse_limiter = trio.CapacityLimiter(PARSE_THREADS)
-        self.started_at = time.time_ns() // 1_000_000
+        self.started_at = int(self.registry.started * 1000)  # one start time (ms), the registry's
         self.pid = os.getpid()
         self._allowed_uids = {os.getuid(), 0}
         if config.system:
